@@ -1,0 +1,380 @@
+"""The Redis store: the paper's pools (§1.1) as Redis keys, one round trip per ``URL_set``.
+
+Key names carry the paper's names under a configurable prefix, so several simulated
+hosts can share one server and ``redis-cli --scan`` reads like the paper::
+
+    <prefix>:finish_URL:<bucket>      fingerprint set (bucketed intsets, below)
+    <prefix>:URL_pool                 stream of newly extracted URLs
+    <prefix>:task_pool                stream of URLs this host is to crawl
+    <prefix>:task_URL                 stream of admitted URLs at a center
+    <prefix>:local_reduce_pool        hash number -> stored frame (§2.3)
+    <prefix>:dist_reduce_pool         hash number -> stored frame (§2.4)
+    <prefix>:number_seq               the host's persisted ``number`` sequence
+
+Fingerprint sets are split into ``2**bucket_bits`` Redis sets by the top bits of
+the 64-bit fingerprint; each member is the remaining bits as an integer. Small
+all-integer sets are stored by Redis as *intsets*: 8 bytes a URL instead of the
+~50 of one big set of strings (measured in bench/bench_store.py). Correctness never
+depends on the encoding: past ``set-max-intset-entries`` Redis converts a bucket to
+an ordinary set and only memory grows. The embedded server raises that limit.
+
+Every operation on a batch is one round trip: commands are packed into one write
+(the fingerprint commands with numpy, which is what makes 400k+ URLs/s possible
+from Python) and all replies are read back at once. Connection loss is retried with
+exponential back-off, then surfaces as :class:`~dedupnet.errors.StoreUnavailable`.
+Every batch is safe to resend (set adds/removes are idempotent; a stream entry
+added twice is a duplicate URL, which de-dup removes).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import hiredis
+import numpy as np
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from .errors import StoreUnavailable
+
+log = logging.getLogger("dedupnet.store")
+
+T = TypeVar("T")
+
+#: Errors after which a batch is resent on a fresh connection.
+TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+# Local host pools (§1.1).
+FINISH_URL = "finish_URL"
+TASK_POOL = "task_pool"
+URL_POOL = "URL_pool"
+# Center host pools (§1.1).
+TASK_URL = "task_URL"
+LOCAL_REDUCE_POOL = "local_reduce_pool"
+DIST_REDUCE_POOL = "dist_reduce_pool"
+
+# Members are written with a fixed number of decimal digits so that numpy can
+# build every member's RESP bulk string in one vectorised step.
+_MEMBER_OFFSET = 10**16
+_MEMBER_DIGITS = 17
+_MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How long to keep trying a Redis that went away: exponential back-off, capped."""
+
+    attempts: int = 6
+    first_delay: float = 0.05
+    max_delay: float = 2.0
+
+    def delays(self) -> Iterator[float]:
+        delay = self.first_delay
+        for _ in range(self.attempts - 1):
+            yield delay
+            delay = min(delay * 2, self.max_delay)
+
+
+def _bulk(arg: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+
+
+def _encode_arg(arg: Any) -> bytes:
+    if isinstance(arg, bytes):
+        return arg
+    if isinstance(arg, str):
+        return arg.encode()
+    if isinstance(arg, (int, np.integer)):
+        return b"%d" % int(arg)
+    if isinstance(arg, float):
+        return repr(arg).encode()
+    raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+
+
+def pack_command(*args: Any) -> bytes:
+    """One command in RESP."""
+    parts = [b"*%d\r\n" % len(args)]
+    parts.extend(_bulk(_encode_arg(a)) for a in args)
+    return b"".join(parts)
+
+
+class Batch:
+    """Commands to send in one write and answer in one read: one round trip.
+
+    ``add`` queues a command and returns its index; ``fingerprints`` queues one
+    command per bucket touched and returns a handle whose results map back to the
+    caller's order. Nothing is sent until :meth:`Store.execute`.
+    """
+
+    def __init__(self, bucket_bits: int):
+        self.bucket_bits = bucket_bits
+        self._shift = np.uint64(64 - bucket_bits)
+        self._mask = np.uint64((1 << (64 - bucket_bits)) - 1)
+        self._chunks: list[bytes] = []
+        self._replies = 0
+
+    def __len__(self) -> int:
+        return self._replies
+
+    def add(self, *args: Any) -> int:
+        self._chunks.append(pack_command(*args))
+        self._replies += 1
+        return self._replies - 1
+
+    def fingerprints(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
+        """Queue ``command`` (SADD/SREM/SMISMEMBER) for each bucket of ``fps`` under ``key``."""
+        fps = np.asarray(fps, dtype=np.uint64)
+        first = self._replies
+        if len(fps) == 0:
+            return FingerprintReplies(first, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        buckets = (fps >> self._shift).astype(np.int64)
+        order = np.argsort(buckets, kind="stable")
+        buckets = buckets[order]
+        members = (fps[order] & self._mask) + np.uint64(_MEMBER_OFFSET)
+        records = np.empty((len(fps), _MEMBER_RECORD), dtype=np.uint8)
+        records[:, :5] = np.frombuffer(b"$%d\r\n" % _MEMBER_DIGITS, dtype=np.uint8)
+        records[:, 5:-2] = members.astype(f"S{_MEMBER_DIGITS}").view(np.uint8).reshape(-1, _MEMBER_DIGITS)
+        records[:, -2:] = np.frombuffer(b"\r\n", dtype=np.uint8)
+        body = records.tobytes()
+        starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
+        ends = np.r_[starts[1:], len(buckets)]
+        prefix = key.encode() + b":"
+        for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
+            bkey = prefix + b"%d" % bucket
+            self._chunks.append(
+                b"*%d\r\n%s%s" % (end - start + 2, _bulk(command), _bulk(bkey))
+                + body[start * _MEMBER_RECORD : end * _MEMBER_RECORD]
+            )
+        self._replies += len(starts)
+        return FingerprintReplies(first, order, ends - starts, len(fps))
+
+    def payload(self) -> bytes:
+        return b"".join(self._chunks)
+
+
+@dataclass(frozen=True)
+class FingerprintReplies:
+    """Where one :meth:`Batch.fingerprints` call's replies sit in the batch's results."""
+
+    first: int
+    order: np.ndarray
+    counts: np.ndarray
+    size: int
+
+    def _slice(self, results: list) -> list:
+        return results[self.first : self.first + len(self.counts)]
+
+    def flags(self, results: list) -> np.ndarray:
+        """Per-fingerprint 0/1 replies (SMISMEMBER) in the caller's original order."""
+        out = np.zeros(self.size, dtype=bool)
+        if self.size:
+            flat = np.fromiter(
+                (v for reply in self._slice(results) for v in reply), dtype=np.int8, count=self.size
+            )
+            out[self.order] = flat.astype(bool)
+        return out
+
+    def total(self, results: list) -> int:
+        """Sum of integer replies (SADD/SREM: how many were added/removed)."""
+        return int(sum(self._slice(results)))
+
+
+class Store:
+    """Synchronous access to one Redis server under one key prefix.
+
+    Trio code uses it through :class:`dedupnet.aio.AsyncStore`, which runs these
+    calls in worker threads; the benchmark and the demo call it directly.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        prefix: str,
+        *,
+        bucket_bits: int = 10,
+        retry: RetryPolicy = RetryPolicy(),
+        socket_timeout: float = 30.0,
+    ):
+        if not 1 <= bucket_bits <= 24:
+            raise ValueError("bucket_bits must be within 1..24")
+        self.url = url
+        self.prefix = prefix
+        self.bucket_bits = bucket_bits
+        self.retry = retry
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, protocol=2
+        )
+        self.round_trips = 0
+        self.reconnects = 0
+
+    def key(self, pool: str) -> str:
+        return f"{self.prefix}:{pool}"
+
+    def batch(self) -> Batch:
+        return Batch(self.bucket_bits)
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # -- one round trip, with retry ------------------------------------------------
+    def execute(self, batch: Batch) -> list:
+        """Send the batch in one write and read every reply. Error replies come back
+        as :class:`ResponseError` objects in the list rather than raising, so one bad
+        command cannot desynchronise the connection."""
+        if not len(batch):
+            return []
+        payload = batch.payload()
+        return self._with_retry(lambda: self._round_trip(payload, len(batch)))
+
+    def _round_trip(self, payload: bytes, replies: int) -> list:
+        pool = self.redis.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command([payload], check_health=False)
+            # Replies are parsed here with our own hiredis reader straight off the
+            # connection's socket: redis-py's per-reply path costs ~5 us a reply, and
+            # a batch has thousands. Nothing is left unread on the connection.
+            reader = hiredis.Reader(replyError=ResponseError)
+            results: list = []
+            sock = conn._sock
+            while len(results) < replies:
+                data = sock.recv(1 << 18)
+                if not data:
+                    raise RedisConnectionError("connection closed by server")
+                reader.feed(data)
+                while (reply := reader.gets()) is not False:
+                    results.append(reply)
+            self.round_trips += 1
+            return results
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
+
+    def _with_retry(self, call: Callable[[], T]) -> T:
+        delays = self.retry.delays()
+        while True:
+            try:
+                return call()
+            except TRANSIENT_ERRORS as e:
+                delay = next(delays, None)
+                if delay is None:
+                    raise StoreUnavailable(f"Redis at {self.url} unreachable: {e}") from e
+                self.reconnects += 1
+                log.warning("Redis at %s: %s; retrying in %.2fs", self.url, e, delay)
+                time.sleep(delay)
+
+    def command(self, *args: Any) -> Any:
+        """One plain command (status, admin), with the same retry as batches."""
+        batch = self.batch()
+        batch.add(*args)
+        (reply,) = self.execute(batch)
+        if isinstance(reply, ResponseError):
+            raise reply
+        return reply
+
+    # -- fingerprint sets (finish_URL, admitted records) --------------------------
+    def fp_add(self, pool: str, fps: np.ndarray) -> int:
+        """Add fingerprints; returns how many were new."""
+        batch = self.batch()
+        handle = batch.fingerprints(b"SADD", self.key(pool), fps)
+        return handle.total(self.execute(batch))
+
+    def fp_contains(self, pool: str, fps: np.ndarray) -> np.ndarray:
+        """Membership of each fingerprint, in order, as a bool array."""
+        batch = self.batch()
+        handle = batch.fingerprints(b"SMISMEMBER", self.key(pool), fps)
+        return handle.flags(self.execute(batch))
+
+    def fp_remove(self, pool: str, fps: np.ndarray) -> int:
+        batch = self.batch()
+        handle = batch.fingerprints(b"SREM", self.key(pool), fps)
+        return handle.total(self.execute(batch))
+
+    def fp_count(self, pool: str) -> int:
+        """Size of a fingerprint set (one SCARD per bucket, one round trip)."""
+        batch = self.batch()
+        key = self.key(pool)
+        for bucket in range(1 << self.bucket_bits):
+            batch.add(b"SCARD", f"{key}:{bucket}")
+        return int(sum(self.execute(batch)))
+
+    # -- streams (URL_pool, task_pool, task_URL) ----------------------------------
+    def stream_add(self, pool: str, urls: Iterable[str]) -> list[bytes]:
+        """Append URLs, one entry each; returns their entry ids."""
+        batch = self.batch()
+        key = self.key(pool)
+        for url in urls:
+            batch.add(b"XADD", key, b"*", b"u", url)
+        return self.execute(batch)
+
+    def stream_len(self, pool: str) -> int:
+        return int(self.command(b"XLEN", self.key(pool)))
+
+    def ensure_group(self, pool: str, group: str) -> None:
+        """Create the consumer group that reads ``pool`` (no-op if it exists)."""
+        try:
+            self.command(b"XGROUP", b"CREATE", self.key(pool), group, b"0", b"MKSTREAM")
+        except ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def stream_take(
+        self, pool: str, group: str, consumer: str, count: int, *, pending: bool = False
+    ) -> list[tuple[bytes, str]]:
+        """Up to ``count`` entries ``(id, url)`` for this consumer. New entries by
+        default; with ``pending=True`` the ones it took earlier and has not acked
+        (what a restarted host must finish). Taken entries stay in the stream."""
+        reply = self.command(
+            b"XREADGROUP", b"GROUP", group, consumer, b"COUNT", count,
+            b"STREAMS", self.key(pool), b"0" if pending else b">",
+        )
+        if not reply:
+            return []
+        entries = reply[0][1]
+        return [(eid, fields[1].decode()) for eid, fields in entries if fields]
+
+    def stream_done(self, pool: str, group: str, ids: Sequence[bytes]) -> int:
+        """Acknowledge and delete entries: they have left the pool for good."""
+        if not ids:
+            return 0
+        batch = self.batch()
+        key = self.key(pool)
+        batch.add(b"XACK", key, group, *ids)
+        batch.add(b"XDEL", key, *ids)
+        return int(self.execute(batch)[1])
+
+    # -- the number sequence (§2.1) ------------------------------------------------
+    def next_sequences(self, n: int = 1) -> range:
+        """Reserve ``n`` consecutive sequence values, persisted before use."""
+        top = int(self.command(b"INCRBY", self.key("number_seq"), n))
+        return range(top - n + 1, top + 1)
+
+    # -- housekeeping ----------------------------------------------------------------
+    def used_memory(self) -> int:
+        return int(self.redis.info("memory")["used_memory"])
+
+    def delete_prefix(self) -> int:
+        """Remove every key under this prefix (tests and the demo clean up with it)."""
+        removed = 0
+        for keys in _chunked(self.redis.scan_iter(match=f"{self.prefix}:*", count=1000), 1000):
+            removed += self.redis.unlink(*keys)
+        return removed
+
+
+def _chunked(it: Iterable[T], n: int) -> Iterator[list[T]]:
+    chunk: list[T] = []
+    for item in it:
+        chunk.append(item)
+        if len(chunk) == n:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk

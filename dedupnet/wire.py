@@ -1,0 +1,375 @@
+"""Wire format: messages framed on a byte stream, sans-I/O (in the style of h11).
+
+No sockets, no trio, no Redis here: :func:`encode` turns a message into bytes, and a
+:class:`Decoder` turns bytes received (in any chunking) back into messages. The trio
+transport feeds it whatever ``receive_some`` returns and sends whatever ``encode`` made.
+
+Every message is a fixed 16-byte header, a JSON body (orjson, UTF-8) and an optional
+authentication tag::
+
+    offset  size  field       value
+    ------  ----  ----------  -----------------------------------------------------------
+         0     2  magic       b"DN"
+         2     1  version     1
+         3     1  kind        messages.Kind: 1 frame, 2 register, 3 heartbeat, 4 ack,
+                              5 task, 6 status, 7 error
+         4     4  body_len    uint32, big-endian: bytes of JSON body after the header
+         8     1  tag_len     bytes of authentication tag after the body (0 today;
+                              an HMAC tag later). The tag is not part of body_len.
+         9     7  reserved    must be zero
+        16     -  body        body_len bytes: a JSON object valid against
+                              schemas/<kind>.schema.json
+    16+body    -  tag         tag_len bytes
+
+All integers are big-endian (network order). A frame's total size is
+``16 + body_len + tag_len``; the receiver's ``max_frame_size`` limits ``body_len``
+(default 4 MiB) and is checked as soon as the header is complete, before any of the
+body is buffered.
+
+Broadcast: encode a frame once and send the same bytes to every peer — :func:`encode`
+is pure, its output can be shared by any number of sends.
+
+Errors are :class:`~dedupnet.errors.ProtocolError` with a ``reason`` label:
+
+=============  ===============================================================
+reason         cause
+=============  ===============================================================
+bad-magic      the stream does not start with b"DN" (checked byte by byte)
+bad-version    version byte is not 1
+bad-kind       kind byte is not a known :class:`~dedupnet.messages.Kind`
+bad-header     a reserved byte is not zero
+too-large      body_len > max_frame_size
+bad-json       body is not valid JSON (orjson)
+schema         body is JSON but not a valid message of its kind
+bad-flag       a frame's flag is not the integer 1, 2 or 3
+bad-ip         an IP field is not an IPv4/IPv6 address
+too-many-urls  more URLs in a set than the decoder's max_urls
+truncated      :meth:`Decoder.eof` / :func:`decode_one` with an incomplete frame
+trailing-data  :func:`decode_one` given bytes after one complete frame
+=============  ===============================================================
+
+A stream cannot be resynchronised after a bad header (there are no frame delimiters),
+and a peer that sends an invalid body is broken, so after any error the
+:class:`Decoder` is poisoned: every later call raises the same error. The owner must
+count it (``error.reason``), optionally send an :class:`~dedupnet.messages.Error`, and
+close the connection.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Literal
+
+import orjson
+
+from .errors import ProtocolError
+from .messages import MAX_URLS, Frame, Kind, Message, from_json
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "HEADER_SIZE",
+    "MAX_TAG",
+    "MAX_BODY",
+    "DEFAULT_MAX_FRAME_SIZE",
+    "NEED_DATA",
+    "header",
+    "pack",
+    "encode",
+    "encode_frame",
+    "Decoder",
+    "decode_one",
+]
+
+MAGIC = b"DN"
+VERSION = 1
+HEADER = struct.Struct(">2sBBIB7s")
+HEADER_SIZE = HEADER.size  # 16
+MAX_TAG = 255  # tag_len is one byte
+MAX_BODY = 2**32 - 1  # body_len is a uint32
+DEFAULT_MAX_FRAME_SIZE = 4 * 1024 * 1024
+_RESERVED = bytes(7)
+_KINDS = {kind.value: kind for kind in Kind}
+
+assert HEADER_SIZE == 16
+
+
+class _Sentinel(enum.Enum):
+    NEED_DATA = "NEED_DATA"
+
+    def __repr__(self) -> str:
+        return self.value
+
+
+NEED_DATA = _Sentinel.NEED_DATA
+"""Returned by :meth:`Decoder.next_message` when no complete message is buffered."""
+
+
+# --- encoding ---------------------------------------------------------------------------
+
+
+def header(kind: Kind | int, body_len: int, tag_len: int = 0) -> bytes:
+    """The 16-byte header for a body of ``body_len`` bytes and a tag of ``tag_len`` bytes.
+
+    An authenticator computes its tag over ``header(kind, len(body), TAG_LEN) + body``.
+    """
+    if not 0 <= body_len <= MAX_BODY:
+        raise ValueError(f"body of {body_len} bytes does not fit the header's uint32 length")
+    if not 0 <= tag_len <= MAX_TAG:
+        raise ValueError(f"tag of {tag_len} bytes is longer than {MAX_TAG}")
+    return HEADER.pack(MAGIC, VERSION, Kind(kind), body_len, tag_len, _RESERVED)
+
+
+def pack(kind: Kind | int, body: bytes, *, tag: bytes = b"") -> bytes:
+    """Frame an already-encoded JSON ``body`` of ``kind`` (no validation of the body)."""
+    return b"".join((header(kind, len(body), len(tag)), body, tag))
+
+
+def encode(msg: Message, *, tag: bytes = b"") -> bytes:
+    """The bytes of ``msg`` on the wire: header, orjson body, ``tag``.
+
+    Encode a frame once and send the same bytes to every peer of a broadcast. The message
+    is not validated here (the receiver's :class:`Decoder` is the gate); build messages
+    with valid values.
+    """
+    try:
+        kind = msg.KIND
+    except AttributeError:
+        raise TypeError(f"not a dedupnet message: {type(msg).__name__}") from None
+    return pack(kind, orjson.dumps(msg.to_json()), tag=tag)
+
+
+def encode_frame(frame: Frame, *, tag: bytes = b"") -> bytes:
+    """Fast path of :func:`encode` for the paper's frame (the hot message)."""
+    body = orjson.dumps({"URL_set": frame.URL_set, "IP": frame.IP, "number": frame.number, "flag": frame.flag})
+    if len(body) > MAX_BODY or len(tag) > MAX_TAG:
+        return pack(Kind.FRAME, body, tag=tag)  # raises ValueError
+    return b"".join((HEADER.pack(MAGIC, VERSION, 1, len(body), len(tag), _RESERVED), body, tag))
+
+
+# --- decoding ---------------------------------------------------------------------------
+
+
+class Decoder:
+    """Incremental decoder of one byte stream (one connection).
+
+    ``feed`` it bytes as they arrive, then call :meth:`next_message` until it returns
+    :data:`NEED_DATA` (or iterate: ``for msg in decoder``)::
+
+        decoder.feed(await stream.receive_some(65536))
+        for msg in decoder:
+            handle(msg, decoder.last_tag)
+
+    Memory: :meth:`feed` keeps a reference to each chunk (no copy); the decoder copies
+    into its own buffer only the frame it is assembling, one header at a time, so that
+    buffer never holds more than ``16 + max_frame_size + 255`` bytes (:attr:`max_buffer`).
+    The header's body length is checked against ``max_frame_size`` before any body byte is
+    copied. Bytes fed but not yet decoded are reported by :attr:`pending`; draining after
+    every ``feed`` (as above) keeps them below one frame plus one chunk.
+
+    ``verify_tag``, if given, is called as ``verify_tag(header_and_body, tag)`` for every
+    frame before its body is parsed; it raises :class:`ProtocolError` to reject it. The tag
+    of the last message returned is :attr:`last_tag`.
+
+    After a :class:`ProtocolError` the decoder is poisoned: every later ``feed``,
+    ``next_message`` or ``eof`` raises the same error; close the connection.
+    """
+
+    def __init__(
+        self,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_urls: int = MAX_URLS,
+        *,
+        verify_tag: Callable[[bytes, bytes], None] | None = None,
+    ) -> None:
+        if not 1 <= max_frame_size <= MAX_BODY:
+            raise ValueError(f"max_frame_size must be 1..{MAX_BODY}, got {max_frame_size}")
+        if max_urls < 0:
+            raise ValueError(f"max_urls must be >= 0, got {max_urls}")
+        self.max_frame_size = max_frame_size
+        self.max_urls = max_urls
+        self.verify_tag = verify_tag
+        self.last_tag = b""
+        self.messages = 0  # messages returned so far
+        self._chunks: deque[bytes] = deque()  # fed, not yet copied into _buf
+        self._offset = 0  # bytes of _chunks[0] already consumed
+        self._unread = 0  # bytes in _chunks after _offset
+        self._buf = bytearray()  # the frame being assembled (header first)
+        self._need = HEADER_SIZE  # len(_buf) needed for the next step
+        self._kind: Kind | None = None  # set once the header is parsed
+        self._body_len = 0
+        self._error: ProtocolError | None = None
+
+    # -- introspection --
+
+    @property
+    def max_buffer(self) -> int:
+        """Upper bound of :attr:`buffered`: ``16 + max_frame_size + 255``."""
+        return HEADER_SIZE + self.max_frame_size + MAX_TAG
+
+    @property
+    def buffered(self) -> int:
+        """Bytes in the decoder's own buffer (part of the frame being assembled)."""
+        return len(self._buf)
+
+    @property
+    def pending(self) -> int:
+        """Bytes fed and not yet returned as messages."""
+        return self._unread + len(self._buf)
+
+    @property
+    def error(self) -> ProtocolError | None:
+        """The error that poisoned the decoder, if any."""
+        return self._error
+
+    # -- input --
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Add bytes received from the stream (any chunking; ``b""`` is a no-op)."""
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        if not data:
+            return
+        if type(data) is not bytes:
+            data = bytes(data)  # the caller may reuse a mutable buffer
+        self._chunks.append(data)
+        self._unread += len(data)
+
+    def eof(self) -> None:
+        """The peer closed the stream. Call after :meth:`next_message` returned NEED_DATA.
+
+        Raises ``ProtocolError("truncated")`` if part of a frame was received.
+        """
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        if self.pending:
+            exc = ProtocolError(f"stream closed inside a frame ({self.pending} bytes pending)", "truncated")
+            self._poison(exc)
+            raise exc
+
+    # -- output --
+
+    def next_message(self) -> Message | Literal[_Sentinel.NEED_DATA]:
+        """The next complete message, or :data:`NEED_DATA`. Raises :class:`ProtocolError`."""
+        if self._error is not None:
+            raise self._error.with_traceback(None)
+        try:
+            return self._next()
+        except ProtocolError as exc:
+            self._poison(exc)
+            raise
+
+    def events(self) -> Iterator[Message]:
+        """Yield every complete message buffered now."""
+        while True:
+            msg = self.next_message()
+            if msg is NEED_DATA:
+                return
+            yield msg
+
+    __iter__ = events
+
+    # -- internals --
+
+    def _poison(self, exc: ProtocolError) -> None:
+        self._error = exc
+        self._chunks.clear()
+        self._unread = 0
+        self._buf = bytearray()
+
+    def _fill(self) -> bool:
+        """Copy from the fed chunks into _buf until it holds _need bytes; False if short."""
+        buf = self._buf
+        want = self._need - len(buf)
+        chunks = self._chunks
+        while want > 0 and chunks:
+            chunk = chunks[0]
+            offset = self._offset
+            avail = len(chunk) - offset
+            if avail <= want:
+                buf += memoryview(chunk)[offset:] if offset else chunk
+                chunks.popleft()
+                self._offset = 0
+                self._unread -= avail
+                want -= avail
+            else:
+                buf += memoryview(chunk)[offset : offset + want]
+                self._offset = offset + want
+                self._unread -= want
+                want = 0
+        return want == 0
+
+    def _check_partial_header(self) -> None:
+        buf = self._buf
+        n = len(buf)
+        if n >= 1 and (buf[0] != MAGIC[0] or (n >= 2 and buf[1] != MAGIC[1])):
+            raise ProtocolError(f"bad magic {bytes(buf[:2])!r}, expected {MAGIC!r} (not a dedupnet stream)",
+                                "bad-magic")
+        if n >= 3 and buf[2] != VERSION:
+            raise ProtocolError(f"unsupported protocol version {buf[2]} (this side speaks {VERSION})",
+                                "bad-version")
+        if n >= 4 and buf[3] not in _KINDS:
+            raise ProtocolError(f"unknown message kind {buf[3]}", "bad-kind")
+
+    def _parse_header(self) -> None:
+        self._check_partial_header()
+        _magic, _version, kind, body_len, tag_len, reserved = HEADER.unpack_from(self._buf)
+        if reserved != _RESERVED:
+            raise ProtocolError(f"reserved header bytes must be zero, got {reserved.hex()}", "bad-header")
+        if body_len > self.max_frame_size:
+            raise ProtocolError(f"{Kind(kind).name.lower()} body of {body_len} bytes exceeds the limit of "
+                                f"{self.max_frame_size}", "too-large")
+        self._kind = _KINDS[kind]
+        self._body_len = body_len
+        self._need = HEADER_SIZE + body_len + tag_len
+
+    def _next(self) -> Message | Literal[_Sentinel.NEED_DATA]:
+        if self._kind is None:
+            if not self._fill():
+                self._check_partial_header()
+                return NEED_DATA
+            self._parse_header()
+        if not self._fill():
+            return NEED_DATA
+        kind = self._kind
+        buf = self._buf
+        end = HEADER_SIZE + self._body_len
+        tag = bytes(buf[end:])
+        if self.verify_tag is not None:
+            self.verify_tag(bytes(memoryview(buf)[:end]), tag)
+        view = memoryview(buf)
+        try:
+            body = view[HEADER_SIZE:end]
+            try:
+                obj = orjson.loads(body)
+            except orjson.JSONDecodeError as exc:
+                raise ProtocolError(f"{kind.name.lower()} body is not valid JSON: {exc}", "bad-json") from None
+            finally:
+                body.release()
+        finally:
+            view.release()
+        # Reset for the next frame before validating, so a valid frame never leaves state.
+        buf.clear()
+        self._kind = None
+        self._need = HEADER_SIZE
+        msg = from_json(kind, obj, max_urls=self.max_urls)
+        self.last_tag = tag
+        self.messages += 1
+        return msg
+
+
+def decode_one(
+    data: bytes, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, max_urls: int = MAX_URLS
+) -> Message:
+    """Decode exactly one complete frame (for tests and conformance vectors)."""
+    decoder = Decoder(max_frame_size, max_urls)
+    decoder.feed(data)
+    msg = decoder.next_message()
+    if msg is NEED_DATA:
+        raise ProtocolError(f"incomplete frame ({len(data)} bytes)", "truncated")
+    if decoder.pending:
+        raise ProtocolError(f"{decoder.pending} bytes after the frame", "trailing-data")
+    return msg
