@@ -1,0 +1,590 @@
+"""The center's side of the protocol as a pure state machine (paper §2.3, §2.4).
+
+Events in, actions out; no sockets, no trio, no Redis. This module is the one
+place that holds a set's life at a center:
+
+own set   flag=1 from a LAN host ──> ``local_reduce_pool`` (stage LAN)
+          ──flag=2 to the LAN's other live hosts, answers merged──>
+          ``dist_reduce_pool`` (stage DIST) ──flag=2 to the peer networks,
+          answers merged──> admitted: ``task_URL`` ──Task──> one host's ``task_pool``
+
+foreign   flag=2 from a peer network ──> ``dist_reduce_pool`` (stage FOREIGN)
+set       ──flag=2 to the LAN's live hosts, answers merged──> flag=3 to the origin
+
+The adapter (center_host/daemon.py, or a conformance runner) executes the actions
+of one event in order and in one Redis transaction, and answers a
+:class:`Lookup` with :class:`LookupDone` before it feeds any other event, so the
+machine never sees a half-applied state. Exact mode's claims (docs/PROTOCOL.md,
+"Exact mode") are decided here too; only their storage is outside.
+"""
+
+from __future__ import annotations
+
+import enum
+import ipaddress
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Union
+
+import orjson
+import xxhash
+
+from dedupnet import wire
+from dedupnet.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.metrics import Counters
+from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+from dedupnet.urls import site_of
+
+log = logging.getLogger("dedupnet.center")
+
+
+class Stage(str, enum.Enum):
+    LAN = "lan"  # own set, asking the LAN's hosts (§2.3), held in local_reduce_pool
+    DIST = "dist"  # own set, asking the other networks (§2.4), held in dist_reduce_pool
+    FOREIGN = "foreign"  # another network's set, asking our LAN (§2.4), in dist_reduce_pool
+
+
+POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOREIGN: DIST_REDUCE_POOL}
+
+
+# -- who sent / receives a message ---------------------------------------------------
+@dataclass(frozen=True)
+class Host:
+    ip: str
+
+    def __str__(self) -> str:
+        return self.ip
+
+
+@dataclass(frozen=True)
+class Peer:
+    network: int
+
+    def __str__(self) -> str:
+        return f"net:{self.network}"
+
+
+Member = Union[Host, Peer]
+
+
+def member_from_str(text: str) -> Member:
+    return Peer(int(text[4:])) if text.startswith("net:") else Host(text)
+
+
+# -- events -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Received:
+    sender: Member
+    message: object
+
+
+@dataclass(frozen=True)
+class Joined:
+    member: Member
+
+
+@dataclass(frozen=True)
+class Left:
+    member: Member
+
+
+@dataclass(frozen=True)
+class TimerFired:
+    number: int
+
+
+@dataclass(frozen=True)
+class LookupDone:
+    """Answers to a :class:`Lookup`, index-aligned with its ``urls``."""
+
+    number: int
+    concluded: bool  # the number was concluded before (a repeated frame)
+    admitted: list[bool]  # URL is in this center's admitted record
+    claims: list[int | None]  # number of another network's set that claims the URL here
+
+
+@dataclass(frozen=True)
+class Resume:
+    """After a restart: the stored records of every pool (see :meth:`SetRecord.dump`)."""
+
+    sets: list[bytes]
+    tasks: dict[str, list[str]]  # task key "number:host" -> URLs
+
+
+# -- actions ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Send:
+    to: tuple[Member, ...]
+    data: bytes  # encoded once, the same bytes for every receiver
+
+
+@dataclass(frozen=True)
+class Save:
+    pool: str
+    number: int
+    record: bytes
+
+
+@dataclass(frozen=True)
+class Drop:
+    pool: str
+    number: int
+
+
+@dataclass(frozen=True)
+class SetTimer:
+    number: int
+    delay: float
+
+
+@dataclass(frozen=True)
+class CancelTimer:
+    number: int
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Look up ``urls`` in the admitted record and the claims, and whether ``number``
+    was concluded; answer with :class:`LookupDone` before any other event."""
+
+    number: int
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class RecordClaims:
+    """Exact mode: from now on ``number`` (another network's set) claims these URLs here."""
+
+    number: int
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Admit:
+    """These URLs are admitted: record them (never admit again) and mark ``number`` concluded."""
+
+    number: int
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Conclude:
+    """``number`` is finished here; remember it so a repeated frame is recognised."""
+
+    number: int
+    complete: bool
+
+
+@dataclass(frozen=True)
+class SaveTask:
+    key: str  # "number:host"
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class DropTask:
+    key: str
+
+
+Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, RecordClaims, Admit, Conclude, SaveTask, DropTask]
+
+
+# -- configuration -------------------------------------------------------------------
+@dataclass(frozen=True)
+class CenterConfig:
+    network: int
+    lan: str  # CIDR of this center's LAN
+    peers: dict[int, str] = field(default_factory=dict)  # network id -> CIDR
+    mode: str = "exact"
+    answer_timeout: float = 2.0
+    max_resends: int = 2
+    #: After a restart, how long members get to reconnect before a stored set is asked again.
+    resume_grace: float = 5.0
+
+    def network_of(self, ip: str) -> int | None:
+        addr = ipaddress.ip_address(ip)
+        if addr in ipaddress.ip_network(self.lan):
+            return self.network
+        for net, cidr in self.peers.items():
+            if addr in ipaddress.ip_network(cidr):
+                return net
+        return None
+
+
+# -- a set in flight ------------------------------------------------------------------
+@dataclass
+class SetRecord:
+    """What ``local_reduce_pool``/``dist_reduce_pool`` hold for one ``number``: the
+    stored frame (flag=2, its current URL_set) plus who was asked and who answered."""
+
+    frame: Frame
+    stage: Stage
+    origin: str  # originating host IP (own sets) or "net:N" (foreign sets)
+    awaiting: set[str]
+    answered: set[str] = field(default_factory=set)
+    attempts: int = 1
+    incomplete: bool = False
+
+    @property
+    def number(self) -> int:
+        return self.frame.number
+
+    def dump(self) -> bytes:
+        return orjson.dumps({
+            "frame": self.frame.to_json(), "stage": self.stage.value, "origin": self.origin,
+            "awaiting": sorted(self.awaiting), "answered": sorted(self.answered),
+            "attempts": self.attempts, "incomplete": self.incomplete,
+        })
+
+    @classmethod
+    def load(cls, data: bytes) -> "SetRecord":
+        d = orjson.loads(data)
+        f = d["frame"]
+        return cls(Frame(dict(f["URL_set"]), f["IP"], f["number"], f["flag"]), Stage(d["stage"]), d["origin"],
+                   set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"])
+
+
+class Rejected(Exception):
+    """Input the protocol does not allow; ``reason`` names it (and labels its counter)."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def owner_of(url: str, hosts: Iterable[str]) -> str:
+    """The host whose ``task_pool`` gets ``url``: rendezvous hashing on the URL's site,
+    so one site stays with one host (politeness) and a host that leaves moves only
+    its own sites (paper gap 8, related-systems A)."""
+    site = site_of(url).encode()
+    return max(hosts, key=lambda h: xxhash.xxh3_64_intdigest(site + b"@" + h.encode()))
+
+
+class CenterProtocol:
+    """One center's protocol state. Call :meth:`handle` with each event; it returns the
+    actions to carry out. Protocol violations are counted, logged and dropped."""
+
+    def __init__(self, config: CenterConfig, counters: Counters | None = None):
+        self.config = config
+        self.exact = config.mode == "exact"
+        self.counters = counters or Counters()
+        self.sets: dict[int, SetRecord] = {}
+        self.hosts: set[str] = set()  # live LAN members
+        self.peers: set[int] = set()  # connected peer networks
+        self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
+        self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
+        self._lookups: dict[int, tuple[str, object]] = {}  # number -> why we asked
+
+    # -- entry point -------------------------------------------------------------------
+    def handle(self, event: object) -> list[Action]:
+        try:
+            return self._dispatch(event)
+        except Rejected as e:
+            self.counters.inc("rejected", reason=e.reason)
+            log.warning("rejected %s: %s", e.reason, e)
+            return []
+
+    def _dispatch(self, event: object) -> list[Action]:
+        if isinstance(event, Received):
+            return self._received(event.sender, event.message)
+        if isinstance(event, LookupDone):
+            return self._lookup_done(event)
+        if isinstance(event, TimerFired):
+            return self._timer(event.number)
+        if isinstance(event, Joined):
+            return self._joined(event.member)
+        if isinstance(event, Left):
+            return self._left(event.member)
+        if isinstance(event, Resume):
+            return self._resume(event)
+        raise TypeError(f"not a center event: {event!r}")
+
+    def _received(self, sender: Member, message: object) -> list[Action]:
+        if isinstance(message, Frame):
+            if isinstance(sender, Host):
+                return self._frame_from_host(sender, message)
+            return self._frame_from_peer(sender, message)
+        if isinstance(message, Ack) and isinstance(sender, Host):
+            return self._task_acked(sender, message.number)
+        raise Rejected("unexpected-message", f"{type(message).__name__} from {sender} is not expected at a center")
+
+    # -- §2.3: frames from LAN hosts ----------------------------------------------------
+    def _frame_from_host(self, sender: Host, frame: Frame) -> list[Action]:
+        self.counters.inc("frames_in", stage="lan", flag=str(frame.flag))
+        if frame.flag == FLAG_REQUEST:
+            if frame.IP != sender.ip:
+                raise Rejected("ip-mismatch", f"flag=1 number {frame.number} from {sender} carries IP {frame.IP}")
+            if frame.number in self.sets:  # stored already: the ack was lost, repeat it
+                self.counters.inc("repeated_frames")
+                return [Send((sender,), wire.encode(Ack(frame.number, "duplicate")))]
+            self._lookups[frame.number] = ("own", (sender, frame))
+            return [Lookup(frame.number, tuple(frame.URL_set))]
+        if frame.flag == FLAG_ANSWER:
+            return self._answer(sender, frame)
+        raise Rejected("flag2-from-lan", f"flag=2 number {frame.number} from LAN host {sender} (§2.4: not handled)")
+
+    def _own_set_arrived(self, sender: Host, frame: Frame, found: LookupDone) -> list[Action]:
+        ack = Send((sender,), wire.encode(Ack(frame.number, "duplicate" if found.concluded else "stored")))
+        if found.concluded:
+            self.counters.inc("repeated_frames")
+            return [ack]
+        urls = {}
+        for url, admitted, claim in zip(frame.URL_set, found.admitted, found.claims):
+            if self.exact and (admitted or claim is not None or url in self.claims):
+                self.counters.inc("urls_dropped", stage="center-record")
+                continue
+            urls[url] = 0
+            if self.exact:
+                self.claims[url] = frame.number
+        self.counters.inc("urls_in", stage="lan", amount=len(frame.URL_set))
+        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, sender.ip,
+                        {h for h in self.hosts if h != sender.ip})
+        self.sets[frame.number] = rec
+        log.info("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
+                 frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))
+        # Durable first (§ gap 7: the host lets the URLs go on this ack), then ask.
+        return [Save(LOCAL_REDUCE_POOL, frame.number, rec.dump()), ack, *self._ask(rec)]
+
+    def _ask(self, rec: SetRecord) -> list[Action]:
+        """Broadcast the stored frame to the members still awaited, or move on if none."""
+        if not rec.frame.URL_set and rec.stage is not Stage.FOREIGN:
+            return self._stage_done(rec)
+        if not rec.awaiting:
+            return self._stage_done(rec)
+        data = wire.encode(rec.frame)
+        return [Send(tuple(member_from_str(m) for m in sorted(rec.awaiting)), data),
+                SetTimer(rec.number, self.config.answer_timeout)]
+
+    def _answer(self, sender: Member, frame: Frame) -> list[Action]:
+        rec = self.sets.get(frame.number)
+        if rec is None:
+            raise Rejected("unknown-number", f"answer for unknown number {frame.number} from {sender}")
+        who = str(sender)
+        if who in rec.answered:
+            self.counters.inc("repeated_answers")
+            return []
+        if who not in rec.awaiting:
+            raise Rejected("not-asked", f"answer for {frame.number} from {sender}, which was not asked")
+        seen = [u for u, v in frame.URL_set.items() if v and u in rec.frame.URL_set]
+        if rec.stage is Stage.FOREIGN:
+            # §2.4, with gap 1 resolved: a non-zero answer marks the URL as seen.
+            for url in seen:
+                rec.frame.URL_set[url] = 1
+        else:
+            for url in seen:  # §2.3 / §2.4: seen elsewhere, so not ours to admit
+                del rec.frame.URL_set[url]
+                if self.claims.get(url) == rec.number:
+                    del self.claims[url]
+            self.counters.inc("urls_dropped", stage=rec.stage.value, amount=len(seen))
+        rec.awaiting.discard(who)
+        rec.answered.add(who)
+        if rec.awaiting:
+            return [Save(POOL_OF[rec.stage], rec.number, rec.dump())]
+        return [CancelTimer(rec.number), *self._stage_done(rec)]
+
+    # -- §2.4: frames from other networks ---------------------------------------------
+    def _frame_from_peer(self, sender: Peer, frame: Frame) -> list[Action]:
+        self.counters.inc("frames_in", stage="dist", flag=str(frame.flag))
+        origin = self.config.network_of(frame.IP)
+        if frame.flag == FLAG_ANSWER:
+            if origin != self.config.network:
+                raise Rejected("not-our-set", f"flag=3 number {frame.number} from {sender} for IP {frame.IP} of another network")
+            return self._answer(sender, frame)
+        if frame.flag != FLAG_BROADCAST:
+            raise Rejected("flag1-from-peer", f"flag={frame.flag} number {frame.number} from {sender}")
+        if origin == self.config.network:
+            raise Rejected("flag2-own-network", f"flag=2 number {frame.number} for our own IP {frame.IP} from {sender}")
+        if origin is None or origin != sender.network:
+            raise Rejected("not-a-peer", f"flag=2 number {frame.number}: IP {frame.IP} is not of peer {sender}")
+        if frame.number in self.sets:
+            self.counters.inc("repeated_frames")
+            return []
+        rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_BROADCAST),
+                        Stage.FOREIGN, str(sender), set(self.hosts))
+        self.sets[frame.number] = rec
+        self.counters.inc("urls_in", stage="foreign", amount=len(frame.URL_set))
+        log.info("set %d from %s: %d URLs; asking %d hosts", frame.number, sender, len(frame.URL_set), len(rec.awaiting))
+        return [Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
+
+    # -- the end of a stage --------------------------------------------------------------
+    def _stage_done(self, rec: SetRecord) -> list[Action]:
+        if rec.stage is Stage.LAN and rec.frame.URL_set and self.peers_to_ask():
+            rec.stage, rec.awaiting, rec.answered, rec.attempts = Stage.DIST, self.peers_to_ask(), set(), 1
+            log.info("set %d: LAN de-dup done, %d URLs left; asking %d networks",
+                     rec.number, len(rec.frame.URL_set), len(rec.awaiting))
+            return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
+        if rec.stage is Stage.FOREIGN:
+            if self.exact:
+                self._lookups[rec.number] = ("foreign", rec)
+                return [Lookup(rec.number, tuple(rec.frame.URL_set))]
+            return self._reply_foreign(rec, None)
+        return self._admit(rec)
+
+    def peers_to_ask(self) -> set[str]:
+        """Paper gap 4: the peer networks connected at this moment."""
+        return {str(Peer(n)) for n in self.peers}
+
+    def _admit(self, rec: SetRecord) -> list[Action]:
+        urls = list(rec.frame.URL_set)
+        for url in urls:
+            self.claims.pop(url, None)
+        del self.sets[rec.number]
+        self.counters.inc("urls_admitted", amount=len(urls))
+        self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
+        log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
+        actions: list[Action] = [Admit(rec.number, tuple(urls)), Drop(POOL_OF[rec.stage], rec.number),
+                                 Conclude(rec.number, not rec.incomplete)]
+        return actions + self._assign(rec.number, urls)
+
+    def _reply_foreign(self, rec: SetRecord, found: LookupDone | None) -> list[Action]:
+        """Answer another network (§2.4) and, in exact mode, apply the claim rule."""
+        actions: list[Action] = []
+        claimed: list[str] = []
+        answer = rec.frame.URL_set
+        if found is not None:
+            for url, admitted, foreign in zip(list(answer), found.admitted, found.claims):
+                if answer[url]:
+                    continue
+                own = self.claims.get(url)
+                holder = own if own is not None else foreign
+                if admitted or (holder is not None and holder < rec.number):
+                    answer[url] = 1
+                    continue
+                # The requesting set wins the URL: lower number (or nobody here holds it).
+                if own is not None:
+                    actions += self._lose(url, own)
+                claimed.append(url)
+            if claimed:
+                actions.append(RecordClaims(rec.number, tuple(claimed)))
+        del self.sets[rec.number]
+        self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
+        log.info("set %d of %s: answered, %d of %d URLs seen here", rec.number, rec.origin,
+                 sum(answer.values()), len(answer))
+        reply = wire.encode(rec.frame.with_flag(FLAG_ANSWER))
+        return [*actions, Send((member_from_str(rec.origin),), reply), Drop(DIST_REDUCE_POOL, rec.number),
+                Conclude(rec.number, not rec.incomplete)]
+
+    def _lose(self, url: str, number: int) -> list[Action]:
+        """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered set."""
+        del self.claims[url]
+        rec = self.sets[number]
+        del rec.frame.URL_set[url]
+        self.counters.inc("urls_dropped", stage="tie-break")
+        return [Save(POOL_OF[rec.stage], number, rec.dump())]
+
+    # -- look-up results ---------------------------------------------------------------
+    def _lookup_done(self, found: LookupDone) -> list[Action]:
+        why = self._lookups.pop(found.number, None)
+        if why is None:
+            raise Rejected("unknown-lookup", f"look-up result for {found.number}, which asked none")
+        kind, ctx = why
+        if kind == "own":
+            sender, frame = ctx
+            return self._own_set_arrived(sender, frame, found)
+        return self._reply_foreign(ctx, found)
+
+    # -- timers and membership ---------------------------------------------------------
+    def _timer(self, number: int) -> list[Action]:
+        rec = self.sets.get(number)
+        if rec is None:
+            return []
+        live = {m for m in rec.awaiting if self._live(m)}  # gap 3: the dead are not waited for
+        rec.incomplete |= live != rec.awaiting
+        rec.awaiting = live
+        if rec.awaiting and rec.attempts <= self.config.max_resends:
+            rec.attempts += 1
+            self.counters.inc("resends", stage=rec.stage.value)
+            log.info("set %d: no answer from %s; re-sending (attempt %d)", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
+            return [Save(POOL_OF[rec.stage], number, rec.dump()), *self._ask(rec)]
+        if rec.awaiting:
+            rec.incomplete = True
+            self.counters.inc("concluded_incomplete", stage=rec.stage.value)
+            log.warning("set %d: concluded without %s after %d attempts", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
+            rec.awaiting = set()
+        return self._stage_done(rec)
+
+    def _live(self, member: str) -> bool:
+        m = member_from_str(member)
+        return m.ip in self.hosts if isinstance(m, Host) else m.network in self.peers
+
+    def _joined(self, member: Member) -> list[Action]:
+        if not isinstance(member, Host):
+            self.peers.add(member.network)
+            return []
+        self.hosts.add(member.ip)
+        # Admitted while no host was there: hand them out now. A host that comes
+        # back is sent again the tasks it has not acknowledged.
+        actions = self._reassign("")
+        return actions + [Send((member,), wire.encode(Task(int(k.split(":")[0]), tuple(urls))))
+                          for k, urls in self.tasks.items() if k.split(":", 1)[1] == member.ip]
+
+    def _left(self, member: Member) -> list[Action]:
+        who = str(member)
+        if isinstance(member, Host):
+            self.hosts.discard(member.ip)
+        else:
+            self.peers.discard(member.network)
+        actions: list[Action] = []
+        for rec in list(self.sets.values()):
+            if who in rec.awaiting:
+                rec.awaiting.discard(who)
+                rec.incomplete = True
+                if not rec.awaiting:
+                    actions += [CancelTimer(rec.number), *self._stage_done(rec)]
+        if isinstance(member, Host):
+            actions += self._reassign(member.ip)
+        return actions
+
+    # -- task_URL -> task_pool (gap 8) -------------------------------------------------
+    def _assign(self, number: int, urls: list[str]) -> list[Action]:
+        if not urls:
+            return []
+        if not self.hosts:
+            # Nobody to crawl them yet: keep them in task_URL for the first host that joins.
+            key = f"{number}:"
+            self.tasks[key] = self.tasks.get(key, []) + list(urls)
+            return [SaveTask(key, tuple(self.tasks[key]))]
+        per_host: dict[str, list[str]] = {}
+        for url in urls:
+            per_host.setdefault(owner_of(url, self.hosts), []).append(url)
+        actions: list[Action] = []
+        for host, batch in sorted(per_host.items()):
+            key = f"{number}:{host}"
+            self.tasks[key] = self.tasks.get(key, []) + batch
+            actions += [SaveTask(key, tuple(self.tasks[key])),
+                        Send((Host(host),), wire.encode(Task(number, tuple(self.tasks[key]))))]
+        return actions
+
+    def _reassign(self, gone: str) -> list[Action]:
+        actions: list[Action] = []
+        for key in [k for k in self.tasks if k.split(":", 1)[1] == gone]:
+            urls = self.tasks.pop(key)
+            actions.append(DropTask(key))
+            actions += self._assign(int(key.split(":")[0]), urls)
+            if gone:
+                self.counters.inc("tasks_reassigned", amount=len(urls))
+        return actions
+
+    def _task_acked(self, sender: Host, number: int) -> list[Action]:
+        key = f"{number}:{sender.ip}"
+        if self.tasks.pop(key, None) is None:
+            self.counters.inc("repeated_answers")
+            return []
+        return [DropTask(key)]
+
+    # -- restart (durability) ----------------------------------------------------------
+    def _resume(self, event: Resume) -> list[Action]:
+        """Pick up every stored set: it is asked again once its timer fires, and members
+        that have not come back by then are no longer waited for."""
+        actions: list[Action] = []
+        for data in event.sets:
+            rec = SetRecord.load(data)
+            self.sets[rec.number] = rec
+            if self.exact and rec.stage is not Stage.FOREIGN:
+                for url in rec.frame.URL_set:
+                    self.claims[url] = rec.number
+            actions.append(SetTimer(rec.number, self.config.resume_grace))
+        self.tasks.update({k: list(v) for k, v in event.tasks.items()})
+        log.info("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
+        return actions

@@ -1,0 +1,673 @@
+"""trio transport: dedupnet messages framed on TCP streams, a listener and a reconnecting client.
+
+This is the I/O adapter around the sans-I/O codec in :mod:`dedupnet.wire`: it reads bytes
+from a :class:`trio.SocketStream`, feeds them to a :class:`~dedupnet.wire.Decoder` and
+hands out messages; it takes bytes already encoded with :func:`~dedupnet.wire.encode` and
+writes them out. It knows nothing of the protocol's decisions beyond the handshake.
+
+Why it is shaped this way
+-------------------------
+
+* **A stalled peer never blocks anyone else.** Every connection has a bounded outgoing
+  queue (a trio memory channel, ``max_queue`` messages) drained by its own writer task.
+  :meth:`Connection.send_nowait` never waits: a center broadcasting one encoded frame to
+  every host calls it per peer, and a peer whose queue is full is closed (and counted)
+  instead of holding up the broadcast. :meth:`Connection.send` waits for room, but at most
+  ``send_timeout`` seconds; the writer's own ``send_all`` has the same deadline.
+* **Bad input costs one connection, never the daemon.** A :class:`~dedupnet.errors.ProtocolError`
+  from the decoder is logged once, counted under its reason, answered with an
+  :class:`~dedupnet.messages.Error` (best effort, short deadline) and the connection is
+  closed; the stream cannot be resynchronised anyway (see :mod:`dedupnet.wire`).
+* **The sender is the connection, not the frame.** A connection starts with a
+  :class:`~dedupnet.messages.Register`; with ``verify_source`` (the default) the server
+  accepts it only if its ``IP`` is the TCP peer address, so everything arriving later on
+  that connection is attributed to an address the kernel vouches for (paper gap 2 in
+  ``source-protocol.md``). Clients therefore bind their source address to their own IP
+  (``local_ip``); on Linux any 127.x.y.z can be bound, which is how one machine hosts a
+  whole simulated system.
+* **Every wait has a deadline**: connect, handshake, each send, the writer's
+  ``send_all``, the best-effort error and the flush on close. The one exception is
+  :meth:`Connection.receive`, which waits as long as its caller wants (pass ``timeout=``
+  or wrap it; the daemons' heartbeat deadline is that bound).
+
+Running a connection
+--------------------
+
+A :class:`Connection` is an async context manager: entering it starts its writer task in
+an internal nursery; leaving it closes the connection (flushing the queue for up to
+``close_timeout`` seconds if the block ended normally, at once if it raised). Exceptions
+from the block propagate unchanged (not wrapped in an ExceptionGroup)::
+
+    async with await connect("127.0.0.1", 7000, register, local_ip="127.0.0.5",
+                             counters=counters) as conn:
+        conn.send_nowait(encode(frame))
+        msg = await conn.receive()
+
+:func:`serve` enters the connection for its handler, and :func:`connect_forever` for its
+``on_connected`` session; their callbacks get a running connection. Only one task may
+call :meth:`Connection.receive` at a time; any number may send.
+
+Counters (in the :class:`~dedupnet.metrics.Counters` passed in)
+---------------------------------------------------------------
+
+=======================================  =======================================================
+``frames_received{kind[,flag]}``         messages decoded; ``flag`` only for kind ``frame``
+``bytes_received``                       bytes read from sockets
+``frames_sent{kind}``, ``bytes_sent``    messages / bytes written (counted once written)
+``bad_input{reason}``                    ProtocolError reasons (bad-magic, too-large, ...)
+``send_overflow``                        send_nowait found the queue full (peer closed)
+``send_timeout``                         send / the writer waited past ``send_timeout``
+``connections_accepted``                 server: TCP connections accepted
+``handshake_failed{reason}``             server: timeout, not-register, bad-role,
+                                         source-mismatch, closed, bad-input
+``handler_error``                        server: a handler raised (logged with traceback)
+``connected``, ``connect_failed``        client: connections made / attempts failed
+``session_error``                        client: ``on_connected`` raised (logged)
+=======================================  =======================================================
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import logging
+import random
+import struct
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+import trio
+
+from .errors import ProtocolError
+from .messages import MAX_URLS, Error, Frame, Kind, Message, Register, normalize_ip
+from .metrics import Counters
+from .wire import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, MAGIC, NEED_DATA, Decoder, encode
+
+__all__ = [
+    "ConnectionClosed",
+    "Connection",
+    "Handler",
+    "serve",
+    "connect",
+    "connect_forever",
+]
+
+log = logging.getLogger("dedupnet.transport")
+
+RECEIVE_CHUNK = 64 * 1024  # bytes per receive_some
+DEFAULT_MAX_QUEUE = 1024  # messages waiting for the writer, per connection
+DEFAULT_SEND_TIMEOUT = 10.0
+DEFAULT_CLOSE_TIMEOUT = 1.0  # flush on a normal close
+DEFAULT_ERROR_TIMEOUT = 1.0  # best-effort Error message before closing
+LINGER_BYTES = 256 * 1024  # input read and discarded after an Error (see _linger)
+MAX_ERROR_MESSAGE = 1000  # characters of the Error message we send (schema allows 4096)
+
+_KIND_NAMES = {kind.value: kind.name.lower() for kind in Kind}
+_BODY_AND_TAG = struct.Struct(">IB")  # body_len, tag_len at offset 4 of the header
+
+Handler = Callable[["Connection"], Awaitable[None]]
+
+
+class ConnectionClosed(Exception):
+    """The connection is closed (by the peer, by bad input, a timeout, an overflow or us).
+
+    Handlers may let it escape: :func:`serve` and :func:`connect_forever` treat it as the
+    normal end of a connection.
+    """
+
+
+def _peer_ip(address: Any) -> str:
+    """The peer's IP in canonical text; IPv4-mapped IPv6 (dual-stack sockets) as IPv4."""
+    host = address[0] if isinstance(address, tuple) else str(address)
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host  # e.g. a scoped IPv6 address; compared as given
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return normalize_ip(host)
+
+
+def _only_closed(exc: BaseException) -> bool:
+    """True for ConnectionClosed, or an exception group made only of ConnectionClosed
+    (a handler with its own nursery reports it that way)."""
+    if isinstance(exc, ConnectionClosed):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.split(ConnectionClosed)[1] is None
+    return False
+
+
+def _sent_kinds(data: bytes) -> list[str]:
+    """The kinds of the messages in ``data`` (normally one), from their headers: byte 3 of
+    each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
+    kinds = []
+    offset = 0
+    while offset + HEADER_SIZE <= len(data) and data[offset : offset + 2] == MAGIC:
+        kinds.append(_KIND_NAMES.get(data[offset + 3], "unknown"))
+        body_len, tag_len = _BODY_AND_TAG.unpack_from(data, offset + 4)
+        offset += HEADER_SIZE + body_len + tag_len
+    return kinds or ["unknown"]
+
+
+class Connection:
+    """One framed TCP connection: decoding receiver, bounded queue, writer task.
+
+    Attributes:
+        stream: the :class:`trio.SocketStream`.
+        peer_ip: the remote address, canonical text (the identity ``verify_source`` checks).
+        peer: ``ip:port`` of the remote end, for log lines.
+        register: the peer's :class:`Register` once the handshake accepted it (server
+            side), or the one we sent (client side, set by :func:`connect`).
+        counters: where this connection counts what it does.
+        close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``send-overflow``,
+            ``send-timeout``, ``broken``, ``local``), None while open.
+
+    Use it as an async context manager (see the module docstring); the writer runs only
+    inside the ``async with`` block. Messages queued before entering are sent once the
+    writer starts.
+    """
+
+    def __init__(
+        self,
+        stream: trio.SocketStream,
+        *,
+        counters: Counters,
+        max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        max_urls: int = MAX_URLS,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        send_timeout: float = DEFAULT_SEND_TIMEOUT,
+        close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+        error_timeout: float = DEFAULT_ERROR_TIMEOUT,
+    ) -> None:
+        if max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {max_queue}")
+        self.stream = stream
+        self.counters = counters
+        address = stream.socket.getpeername()  # OSError if the peer is already gone
+        self.peer_ip = _peer_ip(address)
+        port = address[1] if isinstance(address, tuple) and len(address) > 1 else 0
+        self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
+        self.register: Register | None = None
+        self.close_reason: str | None = None
+        self.send_timeout = send_timeout
+        self.close_timeout = close_timeout
+        self.error_timeout = error_timeout
+        self._decoder = Decoder(max_frame_size, max_urls)
+        self._send_ch, self._recv_ch = trio.open_memory_channel[bytes](max_queue)
+        self._closing = False  # no more sends accepted (flushing or closed)
+        self._closed = False  # socket closed
+        self._writer_running = False
+        self._writer_done = trio.Event()
+        self._exit_stack: contextlib.AsyncExitStack | None = None
+        self._nursery: trio.Nursery | None = None
+
+    def __repr__(self) -> str:
+        state = f"closed ({self.close_reason})" if self._closing else "open"
+        return f"<Connection {self.peer} {state}>"
+
+    @property
+    def closed(self) -> bool:
+        """True once the connection stopped accepting messages (closing or closed)."""
+        return self._closing
+
+    # -- lifecycle --
+
+    async def __aenter__(self) -> Connection:
+        if self._exit_stack is not None:
+            raise RuntimeError("a Connection can be entered only once")
+        stack = contextlib.AsyncExitStack()
+        self._nursery = await stack.enter_async_context(trio.open_nursery())
+        self._exit_stack = stack
+        try:
+            await self._nursery.start(self._writer)
+        except BaseException:
+            self._close_now("local")
+            with trio.CancelScope(shield=True):
+                await stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool:
+        # The block's exception is not passed into the nursery: with strict exception
+        # groups it would come out wrapped. The writer never raises (it closes the
+        # connection instead), so the nursery only has to be cancelled and waited for.
+        try:
+            if exc_type is None:
+                await self.aclose()
+            else:
+                self._close_now("local")
+        finally:
+            assert self._nursery is not None and self._exit_stack is not None
+            self._nursery.cancel_scope.cancel()
+            with trio.CancelScope(shield=True):
+                await self._exit_stack.aclose()
+        return False
+
+    def _close_now(self, reason: str) -> None:
+        """Close at once (synchronously): drop the queue, close the socket. Tasks blocked
+        in receive or in the writer's send_all get ClosedResourceError."""
+        if self.close_reason is None:
+            self.close_reason = reason
+        self._closing = True
+        if self._closed:
+            return
+        self._closed = True
+        self._send_ch.close()
+        self._recv_ch.close()  # frees the queued bytes now
+        self.stream.socket.close()
+
+    async def aclose(self, *, flush_timeout: float | None = None) -> None:
+        """Close the connection, first letting the writer send what is queued for up to
+        ``flush_timeout`` seconds (default ``close_timeout``; 0 closes at once)."""
+        timeout = self.close_timeout if flush_timeout is None else flush_timeout
+        if not self._closing and self._writer_running and timeout > 0:
+            self._closing = True
+            self._send_ch.close()  # the writer drains the queue, then ends
+            with trio.move_on_after(timeout):
+                await self._writer_done.wait()
+        self._close_now("local")
+        await trio.lowlevel.checkpoint()
+
+    async def close_with_error(self, reason: str, message: str) -> None:
+        """Tell the peer why (an :class:`Error` message, best effort) and close.
+
+        Waits at most ``error_timeout`` seconds: the Error goes out after what is already
+        queued, then the write side is shut down and input is read and discarded until the
+        peer closes (at most LINGER_BYTES), so that closing does not reset the connection
+        before the peer has read the Error.
+        """
+        if self._closing:
+            self._close_now("local")
+            await trio.lowlevel.checkpoint()
+            return
+        data = encode(Error(reason, message[:MAX_ERROR_MESSAGE]))
+        with trio.move_on_after(self.error_timeout):
+            try:
+                if self._writer_running:
+                    self._send_ch.send_nowait(data)  # WouldBlock: queue full, skip the Error
+                    self._closing = True
+                    self._send_ch.close()
+                    await self._writer_done.wait()
+                else:
+                    self._closing = True
+                    await self.stream.send_all(data)
+                    self._count_sent(data)
+                if not self._closed:
+                    await self.stream.send_eof()
+                    await self._linger()
+            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError,
+                    trio.BusyResourceError, OSError):
+                pass
+        self._close_now(f"error:{reason}")
+        await trio.lowlevel.checkpoint()
+
+    async def _linger(self) -> None:
+        received = 0
+        while received < LINGER_BYTES:
+            data = await self.stream.receive_some(RECEIVE_CHUNK)
+            if not data:
+                return
+            received += len(data)
+
+    # -- receiving --
+
+    async def receive(self, *, timeout: float | None = None) -> Message:
+        """The next message from the peer.
+
+        Raises :class:`ConnectionClosed` at EOF, when the connection is closed, and after
+        bad input (which is logged, counted, answered with an Error, and closes the
+        connection). With ``timeout``, raises :class:`trio.TooSlowError` if no complete
+        message arrived in time; the connection stays usable (nothing is lost).
+        """
+        if timeout is None:
+            return await self._receive()
+        with trio.fail_after(timeout):
+            return await self._receive()
+
+    async def _receive(self) -> Message:
+        decoder = self._decoder
+        while True:
+            try:
+                msg = decoder.next_message()
+                if msg is not NEED_DATA:
+                    self._count_received(msg)
+                    return msg
+                if self._closed:
+                    raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
+                try:
+                    data = await self.stream.receive_some(RECEIVE_CHUNK)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self._close_now("broken")
+                    raise ConnectionClosed(f"connection to {self.peer} lost: {exc}") from None
+                if not data:
+                    decoder.eof()  # ProtocolError("truncated") inside a frame
+                    self._close_now("eof")
+                    raise ConnectionClosed(f"{self.peer} closed the connection")
+                self.counters.inc("bytes_received", len(data))
+                decoder.feed(data)
+            except ProtocolError as exc:
+                await self._bad_input(exc)
+                raise ConnectionClosed(f"bad input from {self.peer}: {exc.reason}") from exc
+
+    def _count_received(self, msg: Message) -> None:
+        if type(msg) is Frame:
+            self.counters.inc("frames_received", kind="frame", flag=str(msg.flag))
+            return
+        self.counters.inc("frames_received", kind=_KIND_NAMES[msg.KIND])
+        if type(msg) is Error:
+            log.warning("%s sent error: %s: %s", self.peer, msg.reason, msg.message)
+
+    async def _bad_input(self, exc: ProtocolError) -> None:
+        log.warning("bad input from %s: %s: %s", self.peer, exc.reason, exc)
+        self.counters.inc("bad_input", reason=exc.reason)
+        if self.close_reason is None:
+            self.close_reason = f"bad-input:{exc.reason}"
+        await self.close_with_error(exc.reason, str(exc))
+
+    # -- sending --
+
+    def send_nowait(self, data: bytes) -> bool:
+        """Queue encoded bytes (one message) for the writer; never blocks.
+
+        Returns False if the connection is closed, or if the queue is full — then the
+        peer is too slow to keep up: the connection is closed, logged and counted
+        (``send_overflow``) so that it cannot hold up anyone else.
+        """
+        if self._closing:
+            return False
+        try:
+            self._send_ch.send_nowait(data)
+        except trio.WouldBlock:
+            log.warning("send queue to %s is full (%d messages): closing the connection",
+                        self.peer, self._send_ch.statistics().max_buffer_size)
+            self.counters.inc("send_overflow")
+            self._close_now("send-overflow")
+            return False
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            return False
+        return True
+
+    async def send(self, data: bytes) -> None:
+        """Queue encoded bytes, waiting up to ``send_timeout`` seconds for room.
+
+        Raises :class:`ConnectionClosed` if the connection is (or gets) closed or the wait
+        times out (which closes it and counts ``send_timeout``).
+        """
+        if self._closing:
+            raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
+        with trio.move_on_after(self.send_timeout):
+            try:
+                await self._send_ch.send(data)
+            except (trio.ClosedResourceError, trio.BrokenResourceError):
+                raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})") from None
+            return
+        log.warning("send queue to %s stayed full for %.1f s: closing the connection", self.peer, self.send_timeout)
+        self.counters.inc("send_timeout")
+        self._close_now("send-timeout")
+        raise ConnectionClosed(f"send to {self.peer} timed out")
+
+    def _count_sent(self, data: bytes) -> None:
+        for kind in _sent_kinds(data):
+            self.counters.inc("frames_sent", kind=kind)
+        self.counters.inc("bytes_sent", len(data))
+
+    async def _writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Send queued bytes in order until the queue is closed. Never raises: any failure
+        closes the connection, which the receiving side then sees as ConnectionClosed."""
+        self._writer_running = True
+        task_status.started()
+        try:
+            async for data in self._recv_ch:
+                with trio.move_on_after(self.send_timeout) as scope:
+                    await self.stream.send_all(data)
+                if scope.cancelled_caught:
+                    log.warning("%s took no data for %.1f s: closing the connection", self.peer, self.send_timeout)
+                    self.counters.inc("send_timeout")
+                    self._close_now("send-timeout")
+                    return
+                self._count_sent(data)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError) as exc:
+            if not self._closed:
+                log.info("connection to %s lost while sending: %s", self.peer, exc)
+            self._close_now("broken")
+        except Exception:
+            log.exception("writer for %s failed", self.peer)
+            self.counters.inc("writer_error")
+            self._close_now("broken")
+        finally:
+            self._writer_running = False
+            self._writer_done.set()
+
+
+# --- server -------------------------------------------------------------------------------
+
+
+async def _handshake(
+    conn: Connection, handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...]
+) -> Register | None:
+    """The peer's Register if acceptable; otherwise log, count, tell the peer, close."""
+    counters = conn.counters
+    msg: Message | None = None
+    with trio.move_on_after(handshake_timeout):
+        try:
+            msg = await conn.receive()
+        except ConnectionClosed:
+            if conn.close_reason and conn.close_reason.startswith("bad-input"):
+                counters.inc("handshake_failed", reason="bad-input")  # logged by receive()
+            else:
+                log.info("%s closed the connection before registering", conn.peer)
+                counters.inc("handshake_failed", reason="closed")
+            return None
+    if msg is None:
+        reason, text = "timeout", f"no register message within {handshake_timeout:g} s"
+    elif type(msg) is not Register:
+        reason, text = "not-register", f"the first message must be a register, got {_KIND_NAMES[msg.KIND]}"
+    elif msg.role not in accept_roles:
+        reason, text = "bad-role", f"role {msg.role!r} is not accepted here (accepting {', '.join(accept_roles)})"
+    elif verify_source and msg.IP != conn.peer_ip:
+        reason, text = "source-mismatch", f"register IP {msg.IP} is not the connection's source address {conn.peer_ip}"
+    else:
+        return msg
+    log.warning("handshake with %s failed: %s: %s", conn.peer, reason, text)
+    counters.inc("handshake_failed", reason=reason)
+    await conn.close_with_error(reason, text)
+    return None
+
+
+async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Counters,
+                     handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...],
+                     conn_options: dict[str, Any]) -> None:
+    """One accepted connection: handshake, handler, close. Never raises except Cancelled."""
+    try:
+        try:
+            conn = Connection(stream, counters=counters, **conn_options)
+        except OSError as exc:  # the peer left before we could look at it
+            log.info("accepted connection vanished: %s", exc)
+            counters.inc("handshake_failed", reason="closed")
+            await trio.aclose_forcefully(stream)
+            return
+        counters.inc("connections_accepted")
+        async with conn:
+            register = await _handshake(conn, handshake_timeout, verify_source, accept_roles)
+            if register is None:
+                return
+            conn.register = register
+            log.info("%s registered: role %s, network %d, listen %s", conn.peer, register.role,
+                     register.network, register.listen)
+            try:
+                await handler(conn)
+            except Exception as exc:
+                if not _only_closed(exc):
+                    log.exception("handler for %s failed", conn.peer)
+                    counters.inc("handler_error")
+                    conn._close_now("local")
+    except Exception:  # a bug in this module: still never take the server down
+        log.exception("internal error serving %s", stream)
+        counters.inc("handler_error")
+        await trio.aclose_forcefully(stream)
+
+
+async def serve(
+    host: str | None,
+    port: int,
+    handler: Handler,
+    *,
+    counters: Counters,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    max_urls: int = MAX_URLS,
+    handshake_timeout: float = 5.0,
+    verify_source: bool = True,
+    accept_roles: tuple[str, ...] = ("host", "center"),
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    send_timeout: float = DEFAULT_SEND_TIMEOUT,
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Listen on ``host:port`` and run ``await handler(conn)`` per registered connection.
+
+    Each accepted connection must first send a :class:`Register` within
+    ``handshake_timeout`` seconds, with a role in ``accept_roles`` and (if
+    ``verify_source``) an ``IP`` equal to the TCP source address; otherwise it is logged,
+    counted (``handshake_failed{reason}``), sent an Error and closed. The handler gets a
+    running :class:`Connection` with ``conn.register`` set; when it returns (or raises
+    ConnectionClosed) the connection is closed, queued messages flushed first if it
+    returned. Any other exception is logged with its traceback and counted
+    (``handler_error``); it ends that connection only.
+
+    ``port`` 0 picks a free port; the bound port is reported through ``task_status``:
+    ``port = await nursery.start(partial(serve, counters=c), "127.0.0.1", 0, handler)``.
+    ``host`` None listens on all addresses (IPv4 and IPv6; peers' IPv4-mapped addresses
+    are reported as IPv4). Runs until cancelled.
+    """
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("listening on %s:%d", host or "*", bound)
+    conn_options = dict(max_frame_size=max_frame_size, max_urls=max_urls, max_queue=max_queue,
+                        send_timeout=send_timeout, close_timeout=close_timeout)
+    accept_roles = tuple(accept_roles)
+
+    async def on_accept(stream: trio.SocketStream) -> None:
+        await _serve_one(stream, handler, counters, handshake_timeout, verify_source, accept_roles, conn_options)
+
+    task_status.started(bound)
+    await trio.serve_listeners(on_accept, listeners)
+
+
+# --- client -------------------------------------------------------------------------------
+
+
+async def connect(
+    host: str,
+    port: int,
+    register: Register,
+    *,
+    local_ip: str | None = None,
+    counters: Counters,
+    connect_timeout: float = 5.0,
+    max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+    max_urls: int = MAX_URLS,
+    max_queue: int = DEFAULT_MAX_QUEUE,
+    send_timeout: float = DEFAULT_SEND_TIMEOUT,
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+) -> Connection:
+    """Connect to ``host:port`` from ``local_ip`` (if given) and send ``register`` first.
+
+    Returns a :class:`Connection` that is not yet running: use it as
+    ``async with await connect(...) as conn``. Raises :class:`OSError` on failure
+    (:class:`TimeoutError` if the connection or the Register took longer than
+    ``connect_timeout``). A server that rejects the Register answers with an
+    :class:`Error` message and closes; :meth:`Connection.receive` returns that Error and
+    then raises ConnectionClosed.
+    """
+    try:
+        with trio.fail_after(connect_timeout):
+            stream = await trio.open_tcp_stream(host, port, local_address=local_ip)
+    except trio.TooSlowError:
+        raise TimeoutError(f"connecting to {host}:{port} took more than {connect_timeout:g} s") from None
+    try:
+        conn = Connection(stream, counters=counters, max_frame_size=max_frame_size, max_urls=max_urls,
+                          max_queue=max_queue, send_timeout=send_timeout, close_timeout=close_timeout)
+        data = encode(register)
+        with trio.fail_after(connect_timeout):
+            await stream.send_all(data)
+        conn._count_sent(data)
+    except trio.TooSlowError:
+        await trio.aclose_forcefully(stream)
+        raise TimeoutError(f"sending register to {host}:{port} took more than {connect_timeout:g} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await trio.aclose_forcefully(stream)
+        raise ConnectionResetError(f"connection to {host}:{port} lost while registering: {exc}") from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    conn.register = register
+    counters.inc("connected")
+    return conn
+
+
+_jitter = random.Random()
+
+
+async def connect_forever(
+    host: str,
+    port: int,
+    register: Register,
+    on_connected: Handler,
+    *,
+    local_ip: str | None = None,
+    counters: Counters,
+    backoff_initial: float = 0.1,
+    backoff_max: float = 5.0,
+    log_interval: float = 5.0,
+    **connect_options: Any,
+) -> None:
+    """Stay connected: connect, run ``await on_connected(conn)``, reconnect when it ends.
+
+    Runs until cancelled. A failed attempt is counted (``connect_failed``) and logged at
+    most once per ``log_interval`` seconds (with the number of failures since the last
+    line); the next attempt waits an exponential back-off (``backoff_initial`` doubling up
+    to ``backoff_max``) with jitter (a random 50-100 % of it), so that many hosts whose
+    center restarts do not reconnect in lock step. The back-off also applies after a
+    session ends; it is reset by a session that lasted at least ``backoff_max`` seconds,
+    so a server that accepts and immediately drops us is not hammered.
+
+    ``on_connected`` gets a running :class:`Connection`; ConnectionClosed from it is the
+    normal end of a session; any other exception is logged with its traceback, counted
+    (``session_error``) and followed by a reconnect. ``connect_options`` are passed to
+    :func:`connect` (``connect_timeout``, ``max_queue``, ``send_timeout``, ...).
+    """
+    delay = backoff_initial
+    last_log = -float("inf")
+    failures_unlogged = 0
+    while True:
+        try:
+            conn = await connect(host, port, register, local_ip=local_ip, counters=counters, **connect_options)
+        except OSError as exc:
+            counters.inc("connect_failed")
+            failures_unlogged += 1
+            now = trio.current_time()
+            if now - last_log >= log_interval:
+                log.warning("cannot connect to %s:%d from %s: %s (%d failed attempt(s) since last report); "
+                            "retrying", host, port, local_ip or "any address", exc, failures_unlogged)
+                last_log = now
+                failures_unlogged = 0
+        else:
+            failures_unlogged = 0
+            started = trio.current_time()
+            log.info("connected to %s:%d from %s", host, port, local_ip or "any address")
+            async with conn:
+                try:
+                    await on_connected(conn)
+                except Exception as exc:
+                    if not _only_closed(exc):
+                        log.exception("session with %s:%d failed", host, port)
+                        counters.inc("session_error")
+            log.info("connection to %s:%d ended (%s); reconnecting", host, port, conn.close_reason)
+            if trio.current_time() - started >= backoff_max:
+                delay = backoff_initial
+        await trio.sleep(delay * _jitter.uniform(0.5, 1.0))
+        delay = min(delay * 2, backoff_max)

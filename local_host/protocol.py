@@ -1,0 +1,223 @@
+"""A local host's side of the protocol as a pure state machine (paper §2.2, §2.3).
+
+Events in, actions out; no sockets, no trio, no Redis. The host
+
+* de-dups what its crawler found (§2.2) and sends each ``URL_set`` with flag=1,
+  keeping it in ``URL_pool`` until the center acknowledges the frame (gap 7);
+* answers the center's flag=2 requests (§2.3), except its own (its ``IP``);
+* takes the tasks the center assigns into ``task_pool``, acknowledging them.
+
+As at the center, the adapter answers a :class:`Lookup` with :class:`LookupDone`
+before feeding any other event.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Union
+
+import numpy as np
+
+from dedupnet import wire
+from dedupnet.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
+from dedupnet.metrics import Counters
+from dedupnet.numbers import make_number
+from dedupnet.urls import fingerprint_many
+
+from .local_dedup import local_reduce
+
+log = logging.getLogger("dedupnet.local")
+
+
+# -- events -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Found:
+    """Entries ``(id, url)`` taken from ``URL_pool`` (normalised URLs)."""
+
+    entries: list[tuple[bytes, str]]
+
+
+@dataclass(frozen=True)
+class FromCenter:
+    message: object
+
+
+@dataclass(frozen=True)
+class Connected:
+    """The connection to the center is (re-)established."""
+
+
+@dataclass(frozen=True)
+class LookupDone:
+    token: tuple[str, int]
+    seen: list[bool]  # index-aligned with the Lookup's urls
+    sequences: range = range(0)  # reserved numbers' sequences (for "found" look-ups)
+
+
+@dataclass(frozen=True)
+class Resume:
+    """After a restart: frames sent but never acknowledged, number -> (frame bytes, entry ids)."""
+
+    unacked: dict[int, tuple[bytes, list[bytes]]]
+
+
+# -- actions ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Send:
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Lookup:
+    """Which ``urls`` this host has seen: ``finish_URL``, and in exact mode ``task_pool``.
+    For ``found`` look-ups also reserve ``sets`` sequence numbers."""
+
+    token: tuple[str, int]
+    urls: tuple[str, ...]
+    sets: int = 0
+
+
+@dataclass(frozen=True)
+class SaveUnacked:
+    number: int
+    frame: bytes
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Release:
+    """The center holds ``number`` durably: its URLs leave ``URL_pool``."""
+
+    number: int
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class Forget:
+    """Entries that leave ``URL_pool`` here: crawled already, or repeated in the batch (§2.2 step 2)."""
+
+    ids: tuple[bytes, ...]
+
+
+@dataclass(frozen=True)
+class AddTasks:
+    urls: tuple[str, ...]
+
+
+Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks]
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    ip: str
+    network: int
+    host_id: int
+    set_size: int = 1000
+    mode: str = "exact"
+    #: Frames in flight before the host stops taking from URL_pool (back-pressure).
+    max_unacked: int = 64
+
+
+@dataclass
+class HostProtocol:
+    config: HostConfig
+    counters: Counters = field(default_factory=Counters)
+    unacked: dict[int, tuple[bytes, list[bytes]]] = field(default_factory=dict)
+    _pending: dict[tuple[str, int], object] = field(default_factory=dict)
+    _batches: int = 0
+
+    def __post_init__(self) -> None:
+        self.ip = normalize_ip(self.config.ip)
+
+    @property
+    def can_take(self) -> bool:
+        return len(self.unacked) < self.config.max_unacked
+
+    def handle(self, event: object) -> list[Action]:
+        if isinstance(event, Found):
+            return self._found(event.entries)
+        if isinstance(event, LookupDone):
+            return self._lookup_done(event)
+        if isinstance(event, FromCenter):
+            return self._from_center(event.message)
+        if isinstance(event, Connected):
+            # Gap 7: whatever the center has not acknowledged is sent again (it de-dups by number).
+            self.counters.inc("frames_resent", amount=len(self.unacked))
+            return [Send(data) for data, _ in self.unacked.values()]
+        if isinstance(event, Resume):
+            self.unacked.update(event.unacked)
+            return []
+        raise TypeError(f"not a host event: {event!r}")
+
+    # -- §2.2 --------------------------------------------------------------------------
+    def _found(self, entries: list[tuple[bytes, str]]) -> list[Action]:
+        if not entries:
+            return []
+        self._batches += 1
+        token = ("found", self._batches)
+        self._pending[token] = entries
+        urls = tuple(u for _, u in entries)
+        return [Lookup(token, urls, sets=-(-len(urls) // self.config.set_size))]
+
+    def _reduce(self, entries: list[tuple[bytes, str]], done: LookupDone) -> list[Action]:
+        urls = [u for _, u in entries]
+        ids = [i for i, _ in entries]
+        result = local_reduce(urls, fingerprint_many(urls), np.asarray(done.seen, dtype=bool), self.config.set_size)
+        gone = result.crawled + result.repeated
+        actions: list[Action] = [Forget(tuple(ids[i] for i in gone))] if gone else []
+        self.counters.inc("urls_dropped", stage="host", amount=len(gone))
+        index = {u: i for i, u in reversed(list(enumerate(urls)))}
+        for seq, url_set in zip(done.sequences, result.url_sets):
+            number = make_number(self.config.network, self.config.host_id, seq)
+            data = wire.encode(Frame(url_set, self.ip, number, FLAG_REQUEST))
+            set_ids = tuple(ids[index[u]] for u in url_set)
+            self.unacked[number] = (data, list(set_ids))
+            self.counters.inc("sets_sent")
+            log.info("set %d: %d URLs to the center", number, len(url_set))
+            actions += [SaveUnacked(number, data, set_ids), Send(data)]
+        return actions
+
+    # -- messages from the center ------------------------------------------------------
+    def _from_center(self, message: object) -> list[Action]:
+        if isinstance(message, Frame):
+            if message.flag != FLAG_BROADCAST:
+                self.counters.inc("rejected", reason="unexpected-flag")
+                log.warning("rejected unexpected-flag: flag=%d number %d from the center", message.flag, message.number)
+                return []
+            if message.IP == self.ip:
+                # §2.3: the host made this frame; it does not answer its own request.
+                self.counters.inc("own_requests_dropped")
+                return []
+            token = ("answer", message.number)
+            self._pending[token] = message
+            return [Lookup(token, tuple(message.URL_set))]
+        if isinstance(message, Ack):
+            entry = self.unacked.pop(message.number, None)
+            if entry is None:
+                self.counters.inc("repeated_acks")
+                return []
+            return [Release(message.number, tuple(entry[1]))]
+        if isinstance(message, Task):
+            token = ("task", message.number)
+            self._pending[token] = message
+            return [Lookup(token, tuple(message.URLs))]
+        self.counters.inc("rejected", reason="unexpected-message")
+        log.warning("rejected unexpected-message: %s from the center", type(message).__name__)
+        return []
+
+    def _lookup_done(self, done: LookupDone) -> list[Action]:
+        ctx = self._pending.pop(done.token)
+        kind = done.token[0]
+        if kind == "found":
+            return self._reduce(ctx, done)
+        if kind == "answer":
+            # §2.3: seen URLs get value 1, then flag=3 back to the center.
+            answer = {u: int(s) for u, s in zip(ctx.URL_set, done.seen)}
+            self.counters.inc("answers_sent")
+            return [Send(wire.encode(Frame(answer, ctx.IP, ctx.number, FLAG_ANSWER)))]
+        # A task: what this host has seen already is not queued twice.
+        new = tuple(dict.fromkeys(u for u, s in zip(ctx.URLs, done.seen) if not s))
+        self.counters.inc("tasks_received", amount=len(new))
+        return [AddTasks(new), Send(wire.encode(Ack(ctx.number, "stored")))]
+

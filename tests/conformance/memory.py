@@ -1,0 +1,153 @@
+"""In-memory adapters for the sans-I/O cores: pools as Python sets and dicts.
+
+They carry out the cores' actions exactly as the daemons do against Redis, but
+synchronously, so the conformance vectors and the randomised interleaving tests can
+drive the protocol without I/O. Nothing here decides anything about the protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from center_host import protocol as cp
+from dedupnet import wire
+from dedupnet.metrics import Counters
+from local_host import protocol as hp
+
+
+@dataclass
+class MemoryCenter:
+    core: cp.CenterProtocol
+    local_reduce_pool: dict[int, bytes] = field(default_factory=dict)
+    dist_reduce_pool: dict[int, bytes] = field(default_factory=dict)
+    task_URL: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    admitted: set[str] = field(default_factory=set)
+    claims: dict[str, int] = field(default_factory=dict)
+    concluded: set[int] = field(default_factory=set)
+    timers: dict[int, float] = field(default_factory=dict)
+    outbox: list[tuple[cp.Member, bytes]] = field(default_factory=list)
+    admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+
+    @classmethod
+    def make(cls, **config) -> "MemoryCenter":
+        return cls(cp.CenterProtocol(cp.CenterConfig(**config), Counters()))
+
+    def pool(self, name: str) -> dict[int, bytes]:
+        return self.local_reduce_pool if name == "local_reduce_pool" else self.dist_reduce_pool
+
+    def feed(self, event: object) -> None:
+        self.run(self.core.handle(event))
+
+    def run(self, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, cp.Send):
+                self.outbox.extend((to, a.data) for to in a.to)
+            elif isinstance(a, cp.Save):
+                self.pool(a.pool)[a.number] = a.record
+            elif isinstance(a, cp.Drop):
+                self.pool(a.pool).pop(a.number, None)
+            elif isinstance(a, cp.SetTimer):
+                self.timers[a.number] = a.delay
+            elif isinstance(a, cp.CancelTimer):
+                self.timers.pop(a.number, None)
+            elif isinstance(a, cp.Lookup):
+                self.run(self.core.handle(cp.LookupDone(
+                    a.number, a.number in self.concluded,
+                    [u in self.admitted for u in a.urls], [self.claims.get(u) for u in a.urls])))
+            elif isinstance(a, cp.RecordClaims):
+                self.claims.update(dict.fromkeys(a.urls, a.number))
+            elif isinstance(a, cp.Admit):
+                self.admitted.update(a.urls)
+                self.admissions.append((a.number, a.urls))
+            elif isinstance(a, cp.Conclude):
+                self.concluded.add(a.number)
+            elif isinstance(a, cp.SaveTask):
+                self.task_URL[a.key] = a.urls
+            elif isinstance(a, cp.DropTask):
+                self.task_URL.pop(a.key, None)
+            else:
+                raise TypeError(a)
+
+    def fire(self, number: int) -> None:
+        assert number in self.timers, f"no timer set for {number}"
+        del self.timers[number]
+        self.feed(cp.TimerFired(number))
+
+    def take_outbox(self) -> list[tuple[cp.Member, bytes]]:
+        out, self.outbox = self.outbox, []
+        return out
+
+    def restart(self) -> "MemoryCenter":
+        """A new core over the same pools, as after a crash (memory lost, Redis kept)."""
+        fresh = MemoryCenter(cp.CenterProtocol(self.core.config, Counters()), self.local_reduce_pool,
+                             self.dist_reduce_pool, self.task_URL, self.admitted, self.claims, self.concluded,
+                             admissions=self.admissions)
+        fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
+                             {k: list(v) for k, v in self.task_URL.items()}))
+        return fresh
+
+
+@dataclass
+class MemoryHost:
+    core: hp.HostProtocol
+    finish_URL: set[str] = field(default_factory=set)
+    task_pool: list[str] = field(default_factory=list)
+    URL_pool: dict[bytes, str] = field(default_factory=dict)
+    unacked: dict[int, tuple[bytes, list[bytes]]] = field(default_factory=dict)
+    sequence: int = 0
+    outbox: list[bytes] = field(default_factory=list)
+    _taken: set[bytes] = field(default_factory=set)
+    _next_id: int = 0
+
+    @classmethod
+    def make(cls, **config) -> "MemoryHost":
+        return cls(hp.HostProtocol(hp.HostConfig(**config), Counters()))
+
+    @property
+    def ip(self) -> str:
+        return self.core.ip
+
+    def push(self, urls) -> None:
+        for url in urls:
+            self._next_id += 1
+            self.URL_pool[b"%d-0" % self._next_id] = url
+
+    def walk(self) -> None:
+        """Take what is new in URL_pool, as the daemon's walker does."""
+        entries = [(i, u) for i, u in self.URL_pool.items() if i not in self._taken]
+        self._taken.update(i for i, _ in entries)
+        self.feed(hp.Found(entries))
+
+    def feed(self, event: object) -> None:
+        self.run(self.core.handle(event))
+
+    def seen(self, url: str) -> bool:
+        return url in self.finish_URL or (self.core.config.mode == "exact" and url in self.task_pool)
+
+    def run(self, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, hp.Send):
+                self.outbox.append(a.data)
+            elif isinstance(a, hp.Lookup):
+                seqs = range(self.sequence + 1, self.sequence + 1 + a.sets)
+                self.sequence += a.sets
+                self.run(self.core.handle(hp.LookupDone(a.token, [self.seen(u) for u in a.urls], seqs)))
+            elif isinstance(a, hp.SaveUnacked):
+                self.unacked[a.number] = (a.frame, list(a.ids))
+            elif isinstance(a, (hp.Release, hp.Forget)):
+                for i in a.ids:
+                    self.URL_pool.pop(i, None)
+                if isinstance(a, hp.Release):
+                    self.unacked.pop(a.number, None)
+            elif isinstance(a, hp.AddTasks):
+                self.task_pool.extend(a.urls)
+            else:
+                raise TypeError(a)
+
+    def take_outbox(self) -> list[bytes]:
+        out, self.outbox = self.outbox, []
+        return out
+
+
+def decode(data: bytes):
+    return wire.decode_one(data)

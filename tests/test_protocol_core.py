@@ -1,0 +1,196 @@
+"""The sans-I/O cores driven directly: the properties the conformance vectors sample."""
+
+from collections import Counter
+
+import pytest
+
+from center_host import protocol as cp
+from dedupnet.messages import Ack, Frame, Task
+from local_host import protocol as hp
+
+from .conformance.memnet import MemNet
+from .conformance.memory import MemoryCenter, MemoryHost, decode
+
+
+def urls(*names):
+    return [f"http://site{n % 5}.example/{n}" for n in names]
+
+
+@pytest.mark.parametrize("mode", ["exact", "paper"])
+@pytest.mark.parametrize("seed", range(60))
+def test_concurrent_discovery_random_interleavings(mode, seed):
+    net = MemNet(3, 3, mode=mode, seed=seed)
+    shared = urls(*range(12))
+    for i, host in enumerate(net.hosts.values()):
+        host.push(net.rnd.sample(shared, 8) + urls(100 + i))
+    net.run()
+    admitted = Counter(net.admitted())
+    expected = set(shared) | {u for i in range(len(net.hosts)) for u in urls(100 + i)}
+    assert set(admitted) == expected  # no loss, in both modes
+    assert Counter(net.task_pools()) == admitted  # every admitted URL in exactly one task_pool
+    if mode == "exact":
+        assert max(admitted.values()) == 1, admitted.most_common(3)
+    # Nothing left in flight anywhere.
+    for c in net.centers.values():
+        assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.sets
+    for h in net.hosts.values():
+        assert not h.URL_pool and not h.unacked
+
+
+def test_paper_mode_duplicates_do_happen_and_are_visible():
+    dups = 0
+    for seed in range(40):
+        net = MemNet(2, 2, mode="paper", seed=seed)
+        for host in net.hosts.values():
+            host.push(urls(1, 2, 3))
+        net.run()
+        dups += sum(c - 1 for c in Counter(net.admitted()).values())
+    assert dups > 0
+
+
+def test_crawled_urls_are_removed_at_the_stage_the_paper_says():
+    net = MemNet(2, 3, mode="paper", seed=1)
+    a, b = net.hosts["127.0.1.10"], net.hosts["127.0.1.11"]
+    far = net.hosts["127.0.2.10"]
+    local_done, lan_done, far_done, new = urls(1, 2, 3, 4)
+    a.finish_URL.add(local_done)
+    b.finish_URL.add(lan_done)
+    far.finish_URL.add(far_done)
+    a.push([local_done, lan_done, far_done, new])
+    net.run()
+    assert net.admitted() == [new]
+    assert a.core.counters.get("urls_dropped", stage="host") == 1  # §2.2
+    c1 = net.centers[1].core.counters
+    assert c1.get("urls_dropped", stage="lan") == 1  # §2.3
+    assert c1.get("urls_dropped", stage="dist") == 1  # §2.4
+
+
+def center(**kw):
+    cfg = dict(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, mode="exact")
+    cfg.update(kw)
+    c = MemoryCenter.make(**cfg)
+    for ip in ("127.0.1.10", "127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Joined(cp.Host(ip)))
+    return c
+
+
+def sent(c):
+    return [(str(to), decode(data)) for to, data in c.take_outbox()]
+
+
+def test_silent_host_set_concludes_after_resends():
+    c = center(peers={}, max_resends=2)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)))
+    out = sent(c)
+    assert ("127.0.1.10", Ack(7, "stored")) in out
+    assert sorted(to for to, m in out if isinstance(m, Frame)) == ["127.0.1.11", "127.0.1.12"]
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
+    sent(c)
+    for attempt in range(2):  # re-sent to the silent host only
+        c.fire(7)
+        assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.12"]
+    c.fire(7)
+    assert c.core.counters.get("concluded_incomplete", stage="lan") == 1
+    assert c.admitted == {"http://a.example/"} and not c.timers and not c.local_reduce_pool
+
+
+@pytest.mark.parametrize("sender, frame, reason", [
+    (cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 99, 3), "unknown-number"),
+    (cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.11", 9, 2), "flag2-from-lan"),
+    (cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 9, 1), "ip-mismatch"),
+    (cp.Peer(2), Frame({"http://a/": 0}, "127.0.3.5", 9, 2), "not-a-peer"),
+    (cp.Peer(2), Frame({"http://a/": 0}, "127.0.1.10", 9, 2), "flag2-own-network"),
+])
+def test_illegal_input_is_rejected_by_name(sender, frame, reason):
+    c = center()
+    c.feed(cp.Received(sender, frame))
+    assert c.core.counters.get("rejected", reason=reason) == 1
+    assert not c.outbox and not c.local_reduce_pool and not c.dist_reduce_pool
+
+
+def test_answer_from_a_host_that_was_not_asked_and_repeated_answers():
+    c = center(peers={})
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", 5, 1)))
+    sent(c)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 1}, "127.0.1.10", 5, 3)))  # the origin was not asked
+    assert c.core.counters.get("rejected", reason="not-asked") == 1
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 1, "http://b/": 0}, "127.0.1.10", 5, 3)))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0, "http://b/": 1}, "127.0.1.10", 5, 3)))
+    assert c.core.counters.get("repeated_answers") == 1
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", 5, 3)))
+    assert c.admitted == {"http://b/"}
+
+
+def test_foreign_request_inverted_sentence_resolved():
+    """§2.4 gap 1: a non-zero answer marks the URL seen; zero leaves it unseen."""
+    c = center(mode="paper")
+    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(cp.Received(cp.Peer(2), Frame({"http://a/": 0, "http://b/": 0}, "127.0.2.10", 11, 2)))
+    assert sorted(to for to, m in sent(c)) == ["127.0.1.10", "127.0.1.11", "127.0.1.12"]
+    for ip, seen in (("127.0.1.10", {"http://a/": 1, "http://b/": 0}), ("127.0.1.11", {"http://a/": 0, "http://b/": 0}),
+                     ("127.0.1.12", {"http://a/": 0, "http://b/": 0})):
+        c.feed(cp.Received(cp.Host(ip), Frame(seen, "127.0.2.10", 11, 3)))
+    assert sent(c) == [("net:2", Frame({"http://a/": 1, "http://b/": 0}, "127.0.2.10", 11, 3))]
+    assert not c.dist_reduce_pool
+
+
+def test_repeated_flag1_is_acknowledged_not_redone():
+    c = center(peers={})
+    f = Frame({"http://a/": 0}, "127.0.1.10", 5, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    sent(c)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    assert sent(c) == [("127.0.1.10", Ack(5, "duplicate"))]
+
+
+def test_center_restart_resumes_and_loses_nothing():
+    c = center(peers={}, resume_grace=1.0)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0}, "127.0.1.10", 5, 1)))
+    sent(c)
+    c = c.restart()
+    assert 5 in c.core.sets and c.timers == {5: 1.0}
+    c.feed(cp.Joined(cp.Host("127.0.1.11")))
+    c.fire(5)  # 127.0.1.12 never came back: not waited for; .11 is asked again
+    assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.11"]
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 5, 3)))
+    assert c.admitted == {"http://a/"}
+
+
+def test_tasks_go_by_site_and_are_reassigned_when_a_host_leaves():
+    c = center(peers={})
+    batch = {f"http://site{i}.example/p": 0 for i in range(30)}
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
+    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
+    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    moved = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
+    # .12's URLs go to the live hosts (joining .10's unacknowledged task, sent again whole).
+    assert {to for to, _ in moved} <= {"127.0.1.10", "127.0.1.11"}
+    assert set(tasks["127.0.1.12"].URLs) <= {u for _, m in moved for u in m.URLs}
+    assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
+
+
+def test_host_drops_its_own_request_and_answers_others():
+    h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, mode="exact")
+    h.finish_URL.add("http://a/")
+    h.task_pool.append("http://b/")
+    h.feed(hp.FromCenter(Frame({"http://a/": 0}, "127.0.1.11", 3, 2)))
+    assert h.outbox == [] and h.core.counters.get("own_requests_dropped") == 1
+    h.feed(hp.FromCenter(Frame({"http://a/": 0, "http://b/": 0, "http://c/": 0}, "127.0.1.10", 4, 2)))
+    (answer,) = [decode(d) for d in h.take_outbox()]
+    assert answer == Frame({"http://a/": 1, "http://b/": 1, "http://c/": 0}, "127.0.1.10", 4, 3)
+
+
+def test_host_keeps_urls_until_acknowledged_and_resends_after_reconnect():
+    h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, set_size=2)
+    h.push(urls(1, 2, 3))
+    h.walk()
+    frames = [decode(d) for d in h.take_outbox()]
+    assert [len(f.URL_set) for f in frames] == [2, 1] and len(h.URL_pool) == 3
+    h.feed(hp.FromCenter(Ack(frames[0].number, "stored")))
+    assert len(h.URL_pool) == 1
+    h.feed(hp.Connected())
+    assert [decode(d) for d in h.take_outbox()] == [frames[1]]
