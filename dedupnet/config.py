@@ -41,6 +41,8 @@ class Settings:
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if not 8 <= self.bucket_bits <= 24:
+            raise ValueError("bucket_bits must be within 8..24")
         if self.set_size > self.max_urls_per_set:
             raise ValueError("set_size cannot exceed max_urls_per_set")
 

@@ -131,7 +131,7 @@ class Register:
 
     IP: str
     network: int
-    role: str  # "host" | "center"
+    role: str  # "host" | "center" | "control" (status and operator tools)
     listen: str  # "host:port", IPv6 as "[addr]:port"
     CIDR: str | None = None  # the sender's LAN, e.g. "127.0.1.0/24"
 

@@ -50,6 +50,8 @@ def _labels_text(labels: tuple[tuple[str, str], ...]) -> str:
 
 
 def _number(value: float) -> str:
+    if isinstance(value, bool):
+        return str(int(value))
     if isinstance(value, int):
         return str(value)
     if math.isnan(value):
@@ -168,6 +170,8 @@ class Counters:
 _HEAD_LIMIT = 8 * 1024
 _HEAD_TIMEOUT = 5.0
 _SEND_TIMEOUT = 5.0
+_LINGER_TIMEOUT = 1.0
+_LINGER_BYTES = 64 * 1024
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
             431: "Request Header Fields Too Large"}  # fmt: skip
@@ -223,6 +227,13 @@ async def _answer(counters: Counters, stream: trio.SocketStream) -> None:
             response = _response(408, b"request head not received in time\n")
         with trio.move_on_after(_SEND_TIMEOUT):
             await stream.send_all(response)
+            # Closing with unread input would reset the connection, and the client could
+            # lose the response: shut down our side, then discard what it still sends.
+            await stream.send_eof()
+            with trio.move_on_after(_LINGER_TIMEOUT):
+                drained = 0
+                while drained < _LINGER_BYTES and (chunk := await stream.receive_some(_HEAD_LIMIT)):
+                    drained += len(chunk)
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the scraper went away; nothing to do
     except Exception:  # never let one request take the endpoint down

@@ -14,7 +14,7 @@ hosts can share one server and ``redis-cli --scan`` reads like the paper::
 Fingerprint sets are split into ``2**bucket_bits`` Redis sets by the top bits of
 the 64-bit fingerprint; each member is the remaining bits as an integer. Small
 all-integer sets are stored by Redis as *intsets*: 8 bytes a URL instead of the
-~50 of one big set of strings (measured in bench/bench_store.py). Correctness never
+~52 of one big set of 8-byte strings (measured on the embedded valkey, libc malloc). Correctness never
 depends on the encoding: past ``set-max-intset-entries`` Redis converts a bucket to
 an ordinary set and only memory grows. The embedded server raises that limit.
 
@@ -64,6 +64,9 @@ DIST_REDUCE_POOL = "dist_reduce_pool"
 _MEMBER_OFFSET = 10**16
 _MEMBER_DIGITS = 17
 _MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
+#: With fewer bucket bits a member (64 - bits bits + the offset) needs more than 17 digits.
+MIN_BUCKET_BITS = 8
+MAX_BUCKET_BITS = 24
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,12 @@ def _encode_arg(arg: Any) -> bytes:
     if isinstance(arg, float):
         return repr(arg).encode()
     raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+
+
+def fingerprint_fields(fps: np.ndarray) -> list[bytes]:
+    """Fingerprints as 8-byte big-endian strings: compact hash fields."""
+    raw = np.asarray(fps, dtype=">u8").tobytes()
+    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
 
 
 def pack_command(*args: Any) -> bytes:
@@ -201,8 +210,8 @@ class Store:
         retry: RetryPolicy = RetryPolicy(),
         socket_timeout: float = 30.0,
     ):
-        if not 1 <= bucket_bits <= 24:
-            raise ValueError("bucket_bits must be within 1..24")
+        if not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
+            raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")
         self.url = url
         self.prefix = prefix
         self.bucket_bits = bucket_bits
@@ -270,6 +279,27 @@ class Store:
                 self.reconnects += 1
                 log.warning("Redis at %s: %s; retrying in %.2fs", self.url, e, delay)
                 time.sleep(delay)
+
+    def transact(self, fill: Callable[[Batch], None]) -> list:
+        """Run the commands ``fill`` queues as one MULTI/EXEC: all or nothing, one round trip.
+        Returns EXEC's replies; an error inside the transaction raises it."""
+        batch = self.batch()
+        batch.add(b"MULTI")
+        fill(batch)
+        if len(batch) == 1:
+            return []
+        batch.add(b"EXEC")
+        replies = self.execute(batch)
+        for reply in replies[:-1]:
+            if isinstance(reply, ResponseError):
+                raise reply
+        results = replies[-1]
+        if results is None:
+            raise ResponseError("transaction aborted")
+        for reply in results:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return results
 
     def command(self, *args: Any) -> Any:
         """One plain command (status, admin), with the same retry as batches."""

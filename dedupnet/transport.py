@@ -129,14 +129,14 @@ def _peer_ip(address: Any) -> str:
     return normalize_ip(host)
 
 
-def _only_closed(exc: BaseException) -> bool:
-    """True for ConnectionClosed, or an exception group made only of ConnectionClosed
-    (a handler with its own nursery reports it that way)."""
+def _without_closed(exc: BaseException) -> BaseException | None:
+    """``exc`` minus its ConnectionClosed parts, None if nothing else is left. A handler
+    with its own nursery reports ConnectionClosed inside an exception group."""
     if isinstance(exc, ConnectionClosed):
-        return True
+        return None
     if isinstance(exc, BaseExceptionGroup):
-        return exc.split(ConnectionClosed)[1] is None
-    return False
+        return exc.split(ConnectionClosed)[1]
+    return exc
 
 
 def _sent_kinds(data: bytes) -> list[str]:
@@ -161,8 +161,9 @@ class Connection:
         register: the peer's :class:`Register` once the handshake accepted it (server
             side), or the one we sent (client side, set by :func:`connect`).
         counters: where this connection counts what it does.
-        close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``send-overflow``,
-            ``send-timeout``, ``broken``, ``local``), None while open.
+        close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``error:<reason>``
+            (we rejected the peer), ``send-overflow``, ``send-timeout``, ``broken``,
+            ``local``), None while open.
 
     Use it as an async context manager (see the module docstring); the writer runs only
     inside the ``async with`` block. Messages queued before entering are sent once the
@@ -224,8 +225,8 @@ class Connection:
             await self._nursery.start(self._writer)
         except BaseException:
             self._close_now("local")
-            with trio.CancelScope(shield=True):
-                await stack.aclose()
+            self._nursery.cancel_scope.cancel()
+            await stack.aclose()
             raise
         return self
 
@@ -234,7 +235,8 @@ class Connection:
     ) -> bool:
         # The block's exception is not passed into the nursery: with strict exception
         # groups it would come out wrapped. The writer never raises (it closes the
-        # connection instead), so the nursery only has to be cancelled and waited for.
+        # connection instead), so the nursery only has to be cancelled and waited for;
+        # trio's nursery exit waits for its children even when the caller is cancelled.
         try:
             if exc_type is None:
                 await self.aclose()
@@ -243,8 +245,7 @@ class Connection:
         finally:
             assert self._nursery is not None and self._exit_stack is not None
             self._nursery.cancel_scope.cancel()
-            with trio.CancelScope(shield=True):
-                await self._exit_stack.aclose()
+            await self._exit_stack.aclose()
         return False
 
     def _close_now(self, reason: str) -> None:
@@ -264,12 +265,14 @@ class Connection:
         """Close the connection, first letting the writer send what is queued for up to
         ``flush_timeout`` seconds (default ``close_timeout``; 0 closes at once)."""
         timeout = self.close_timeout if flush_timeout is None else flush_timeout
-        if not self._closing and self._writer_running and timeout > 0:
-            self._closing = True
-            self._send_ch.close()  # the writer drains the queue, then ends
-            with trio.move_on_after(timeout):
-                await self._writer_done.wait()
-        self._close_now("local")
+        try:
+            if not self._closing and self._writer_running and timeout > 0:
+                self._closing = True
+                self._send_ch.close()  # the writer drains the queue, then ends
+                with trio.move_on_after(timeout):
+                    await self._writer_done.wait()
+        finally:  # also when cancelled while flushing
+            self._close_now("local")
         await trio.lowlevel.checkpoint()
 
     async def close_with_error(self, reason: str, message: str) -> None:
@@ -285,8 +288,8 @@ class Connection:
             await trio.lowlevel.checkpoint()
             return
         data = encode(Error(reason, message[:MAX_ERROR_MESSAGE]))
-        with trio.move_on_after(self.error_timeout):
-            try:
+        try:
+            with trio.move_on_after(self.error_timeout):
                 if self._writer_running:
                     self._send_ch.send_nowait(data)  # WouldBlock: queue full, skip the Error
                     self._closing = True
@@ -299,10 +302,11 @@ class Connection:
                 if not self._closed:
                     await self.stream.send_eof()
                     await self._linger()
-            except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError,
-                    trio.BusyResourceError, OSError):
-                pass
-        self._close_now(f"error:{reason}")
+        except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError,
+                trio.BusyResourceError, OSError):
+            pass  # best effort: the peer may be gone or stalled
+        finally:  # also when cancelled meanwhile
+            self._close_now(f"error:{reason}")
         await trio.lowlevel.checkpoint()
 
     async def _linger(self) -> None:
@@ -405,6 +409,8 @@ class Connection:
             except (trio.ClosedResourceError, trio.BrokenResourceError):
                 raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})") from None
             return
+        if self._closing:  # the writer gave up at the same moment and closed it
+            raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
         log.warning("send queue to %s stayed full for %.1f s: closing the connection", self.peer, self.send_timeout)
         self.counters.inc("send_timeout")
         self._close_now("send-timeout")
@@ -425,6 +431,8 @@ class Connection:
                 with trio.move_on_after(self.send_timeout) as scope:
                     await self.stream.send_all(data)
                 if scope.cancelled_caught:
+                    if self._closed:
+                        return  # closed meanwhile (e.g. send() timed out at the same moment)
                     log.warning("%s took no data for %.1f s: closing the connection", self.peer, self.send_timeout)
                     self.counters.inc("send_timeout")
                     self._close_now("send-timeout")
@@ -500,9 +508,12 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Coun
                      register.network, register.listen)
             try:
                 await handler(conn)
-            except Exception as exc:
-                if not _only_closed(exc):
-                    log.exception("handler for %s failed", conn.peer)
+            except BaseException as exc:
+                rest = _without_closed(exc)
+                if rest is not None and not isinstance(rest, Exception):
+                    raise rest from None  # Cancelled, KeyboardInterrupt: not ours to handle
+                if rest is not None:
+                    log.error("handler for %s failed", conn.peer, exc_info=rest)
                     counters.inc("handler_error")
                     conn._close_now("local")
     except Exception:  # a bug in this module: still never take the server down
@@ -662,9 +673,12 @@ async def connect_forever(
             async with conn:
                 try:
                     await on_connected(conn)
-                except Exception as exc:
-                    if not _only_closed(exc):
-                        log.exception("session with %s:%d failed", host, port)
+                except BaseException as exc:
+                    rest = _without_closed(exc)
+                    if rest is not None and not isinstance(rest, Exception):
+                        raise rest from None  # Cancelled, KeyboardInterrupt
+                    if rest is not None:
+                        log.error("session with %s:%d failed", host, port, exc_info=rest)
                         counters.inc("session_error")
             log.info("connection to %s:%d ended (%s); reconnecting", host, port, conn.close_reason)
             if trio.current_time() - started >= backoff_max:

@@ -132,3 +132,20 @@ async def test_async_store_runs_calls_in_threads(store):
         nursery.start_soon(astore.fp_add, FINISH_URL, fps)
     assert (await astore.fp_contains(FINISH_URL, fps)).all()
     assert astore.prefix == store.prefix
+
+
+@pytest.mark.parametrize("bits", [8, 16, 24])
+def test_every_allowed_bucket_width_keeps_full_fingerprints(redis_url, bits):
+    s = Store(redis_url, f"bits{bits}", bucket_bits=bits)
+    try:
+        fps = np.array([0, 2**64 - 1, 2**63 + 12345, 2**(64 - bits) - 1], dtype=np.uint64)
+        s.fp_add(FINISH_URL, fps)
+        assert s.fp_contains(FINISH_URL, fps).all()
+        assert not s.fp_contains(FINISH_URL, fps ^ np.uint64(1)).any()
+    finally:
+        s.delete_prefix()
+
+
+def test_too_few_bucket_bits_are_refused(redis_url):
+    with pytest.raises(ValueError, match="8..24"):
+        Store(redis_url, "x", bucket_bits=7)

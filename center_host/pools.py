@@ -1,0 +1,104 @@
+"""The center's pools in Redis (paper §1.1): where the core's actions become writes.
+
+``local_reduce_pool`` and ``dist_reduce_pool`` are hashes ``number -> record`` (the
+stored frame plus who was asked and who answered), ``task_URL`` a hash
+``"number:host" -> URLs`` of assignments not yet acknowledged by their host. Exact mode
+adds the ``admitted`` record (a fingerprint set) and ``claims`` (fingerprint ->
+number of another network's set that holds the URL here). ``concluded`` remembers
+the numbers already finished, so a frame sent again is recognised.
+
+All writes of one event go in one MULTI/EXEC; a look-up is one round trip.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import orjson
+
+from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Store, fingerprint_fields
+from dedupnet.urls import fingerprint_many
+
+from . import protocol as cp
+
+ADMITTED = "admitted"
+CLAIMS = "claims"
+CONCLUDED = "concluded"
+
+WRITES = (cp.Save, cp.Drop, cp.RecordClaims, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask)
+
+
+class CenterPools:
+    def __init__(self, store: Store):
+        self.store = store
+
+    def apply(self, actions: list) -> None:
+        """Carry out the store actions among ``actions`` atomically, in order."""
+        writes = [a for a in actions if isinstance(a, WRITES)]
+        if writes:
+            self.store.transact(lambda batch: self._queue(batch, writes))
+
+    def _queue(self, batch: Batch, writes: list) -> None:
+        key = self.store.key
+        for a in writes:
+            if isinstance(a, cp.Save):
+                batch.add(b"HSET", key(a.pool), a.number, a.record)
+            elif isinstance(a, cp.Drop):
+                batch.add(b"HDEL", key(a.pool), a.number)
+            elif isinstance(a, cp.RecordClaims):
+                fields = fingerprint_fields(fingerprint_many(a.urls))
+                batch.add(b"HSET", key(CLAIMS), *[x for f in fields for x in (f, a.number)])
+            elif isinstance(a, cp.Admit):
+                if a.urls:
+                    fps = fingerprint_many(a.urls)
+                    batch.fingerprints(b"SADD", key(ADMITTED), fps)
+                    batch.add(b"HDEL", key(CLAIMS), *fingerprint_fields(fps))
+            elif isinstance(a, cp.Conclude):
+                batch.fingerprints(b"SADD", key(CONCLUDED), np.array([a.number], dtype=np.uint64))
+            elif isinstance(a, cp.SaveTask):
+                batch.add(b"HSET", key(TASK_URL), a.key, orjson.dumps(a.urls))
+            elif isinstance(a, cp.DropTask):
+                batch.add(b"HDEL", key(TASK_URL), a.key)
+
+    def lookup(self, number: int, urls: tuple[str, ...]) -> cp.LookupDone:
+        batch = self.store.batch()
+        key = self.store.key
+        concluded = batch.fingerprints(b"SMISMEMBER", key(CONCLUDED), np.array([number], dtype=np.uint64))
+        if urls:
+            fps = fingerprint_many(urls)
+            admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fps)
+            claims_at = batch.add(b"HMGET", key(CLAIMS), *fingerprint_fields(fps))
+        results = self.store.execute(batch)
+        if not urls:
+            return cp.LookupDone(number, bool(concluded.flags(results)[0]), [], [])
+        return cp.LookupDone(
+            number,
+            bool(concluded.flags(results)[0]),
+            admitted.flags(results).tolist(),
+            [int(c) if c is not None else None for c in results[claims_at]],
+        )
+
+    def load(self) -> cp.Resume:
+        """Everything a restarted center must pick up."""
+        batch = self.store.batch()
+        for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL):
+            batch.add(b"HGETALL", self.store.key(pool))
+        local, dist, tasks = self.store.execute(batch)
+        return cp.Resume(
+            sets=_values(local) + _values(dist),
+            tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
+        )
+
+    def sizes(self) -> dict[str, int]:
+        batch = self.store.batch()
+        for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL):
+            batch.add(b"HLEN", self.store.key(pool))
+        local, dist, tasks = self.store.execute(batch)
+        return {LOCAL_REDUCE_POOL: local, DIST_REDUCE_POOL: dist, TASK_URL: tasks}
+
+
+def _pairs(flat: list) -> list[tuple[bytes, bytes]]:
+    return list(zip(flat[0::2], flat[1::2]))
+
+
+def _values(flat: list) -> list[bytes]:
+    return flat[1::2]

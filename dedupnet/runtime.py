@@ -1,0 +1,119 @@
+"""What both daemons need around a sans-I/O core: serial event processing, timers,
+the store in worker threads, and the embedded Redis when no URL is given."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import signal
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import trio
+
+from . import wire
+from .embedded import EmbeddedRedis
+from .messages import Status
+from .store import Store
+from .transport import Connection
+
+log = logging.getLogger("dedupnet.runtime")
+
+
+@contextlib.contextmanager
+def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 10) -> Iterator[Store]:
+    """A store on ``redis_url``, or on an embedded server (persistent when it has a
+    ``data_dir``). Must be entered from the main thread, before ``trio.run``: the
+    embedded server dies with the thread that started it."""
+    with contextlib.ExitStack() as stack:
+        if redis_url is None:
+            server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir)
+            redis_url = stack.enter_context(server)
+        store = Store(redis_url, prefix, bucket_bits=bucket_bits)
+        stack.callback(store.close)
+        yield store
+
+
+class Timers:
+    """One-shot timers keyed by a number; fired ones are posted as events."""
+
+    def __init__(self, post: Callable[[Any], None], make_event: Callable[[int], Any]):
+        self._post = post
+        self._make = make_event
+        self._due: dict[int, float] = {}
+        self._changed = trio.Event()
+
+    def set(self, key: int, delay: float) -> None:
+        self._due[key] = trio.current_time() + delay
+        self._changed.set()
+
+    def cancel(self, key: int) -> None:
+        self._due.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    async def run(self) -> None:
+        while True:
+            self._changed = trio.Event()
+            deadline = min(self._due.values(), default=math.inf)
+            with trio.move_on_at(deadline):
+                await self._changed.wait()
+                continue
+            now = trio.current_time()
+            for key in [k for k, t in self._due.items() if t <= now]:
+                del self._due[key]
+                self._post(self._make(key))
+
+
+class Reactor:
+    """Feeds events to a core one at a time; ``execute`` carries out the actions of
+    one event (and may return follow-up events, such as look-up results, which are
+    handled before anything else). Back-pressure: a bounded inbox."""
+
+    def __init__(self, handle: Callable[[Any], list], execute: Callable[[list], Awaitable[list]], *, inbox: int = 4096):
+        self._handle = handle
+        self._execute = execute
+        self._send, self._receive = trio.open_memory_channel(inbox)
+        self.idle = trio.Event()
+
+    def post(self, event: Any) -> None:
+        """From a trio task that must not wait (timers); raises trio.WouldBlock when full."""
+        self._send.send_nowait(event)
+
+    async def put(self, event: Any) -> None:
+        await self._send.send(event)
+
+    def pending(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+    async def run(self) -> None:
+        async for event in self._receive:
+            await self.process(event)
+
+    async def process(self, event: Any) -> None:
+        queue = [event]
+        while queue:
+            actions = self._handle(queue.pop(0))
+            queue[:0] = await self._execute(actions)
+
+
+async def stop_on_signals(scope: trio.CancelScope) -> None:
+    """SIGINT/SIGTERM cancel ``scope``: the daemon leaves its nursery in order. Every
+    pending set is in Redis already (each event's writes are one transaction), so
+    stopping at any point loses nothing."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("%s received: shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def control_session(conn: Connection, status: Callable[[], Awaitable[dict]]) -> None:
+    """Serve a status tool (``dedupnet status``) until it hangs up or is silent for a minute."""
+    with trio.move_on_after(60):
+        while True:
+            message = await conn.receive()
+            if isinstance(message, Status) and message.request:
+                conn.send_nowait(wire.encode(Status(False, await status())))

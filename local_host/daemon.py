@@ -1,0 +1,139 @@
+"""``dedupnet local``: the host core wired to its center, its Redis and its URL_pool.
+
+The host connects to its center (source address bound to its own IP, so the center
+can trust who it is), registers, sends heartbeats, and re-sends every frame the
+center has not acknowledged each time it (re)connects. A walker takes new entries
+from ``URL_pool`` while fewer than ``max_unacked`` frames are in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import trio
+
+from dedupnet import wire
+from dedupnet.aio import AsyncStore
+from dedupnet.messages import Heartbeat, Register
+from dedupnet.metrics import Counters, serve_metrics
+from dedupnet.numbers import host_id_from_ip
+from dedupnet.runtime import Reactor, control_session
+from dedupnet.store import Store
+from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
+
+from . import protocol as hp
+from .pools import HostPools
+
+log = logging.getLogger("dedupnet.local")
+
+
+@dataclass
+class LocalSettings:
+    network: int
+    ip: str
+    lan: str
+    center: tuple[str, int]
+    listen_port: int = 0  # status port on ``ip``; 0 picks a free one
+    host_id: int | None = None  # default: the host part of ip in lan
+    set_size: int = 1000
+    mode: str = "exact"
+    max_unacked: int = 64
+    heartbeat_interval: float = 1.0
+    idle_poll: float = 0.05
+    max_frame_size: int = 4 * 1024 * 1024
+    max_urls: int = 10_000
+    metrics: tuple[str, int] | None = None
+
+
+class LocalDaemon:
+    def __init__(self, settings: LocalSettings, store: Store, counters: Counters | None = None):
+        self.settings = settings
+        self.counters = counters or Counters()
+        host_id = settings.host_id if settings.host_id is not None else host_id_from_ip(settings.ip, settings.lan)
+        self.core = hp.HostProtocol(hp.HostConfig(settings.ip, settings.network, host_id, settings.set_size,
+                                                  settings.mode, settings.max_unacked), self.counters)
+        self.pools = HostPools(store, exact=settings.mode == "exact")
+        self.store = AsyncStore(store)
+        self.reactor = Reactor(self.core.handle, self._execute)
+        self.conn: Connection | None = None
+        self.port = settings.listen_port
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await self.store.run(self.pools.setup)
+        resume, orphans = await self.store.run(self.pools.load)
+        await self.reactor.process(resume)
+        if orphans:
+            log.info("%d URLs taken from URL_pool before a restart but never sent: de-duplicating them now", len(orphans))
+            await self.reactor.process(hp.Found(orphans))
+        s = self.settings
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self.reactor.run)
+            self.port = await nursery.start(self._serve_status)
+            register = Register(s.ip, s.network, "host", f"{s.ip}:{self.port}", s.lan)
+            if s.metrics:
+                await nursery.start(serve_metrics, self.counters, *s.metrics)
+            nursery.start_soon(self._walk)
+            nursery.start_soon(self._heartbeats)
+            nursery.start_soon(lambda: connect_forever(
+                *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
+                max_frame_size=s.max_frame_size, max_urls=s.max_urls))
+            log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
+                     *s.center, s.mode)
+            task_status.started(self.port)
+
+    async def _serve_status(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await serve(self.settings.ip, self.settings.listen_port, lambda conn: control_session(conn, self.status),
+                    counters=self.counters, accept_roles=("control",), task_status=task_status)
+
+    async def _session(self, conn: Connection) -> None:
+        self.conn = conn
+        log.info("connected to the center")
+        try:
+            await self.reactor.put(hp.Connected())
+            while True:
+                message = await conn.receive()
+                if not isinstance(message, Heartbeat):
+                    await self.reactor.put(hp.FromCenter(message))
+        except ConnectionClosed:
+            log.info("connection to the center lost")
+        finally:
+            if self.conn is conn:
+                self.conn = None
+
+    async def _heartbeats(self) -> None:
+        while True:
+            if self.conn is not None:
+                self.conn.send_nowait(wire.encode(Heartbeat(self.settings.ip, trio.current_time())))
+            await trio.sleep(self.settings.heartbeat_interval)
+
+    async def _walk(self) -> None:
+        """§2.2: take what the crawler put in URL_pool, while the center keeps up."""
+        batch = self.settings.set_size * 4
+        while True:
+            if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
+                entries = await self.store.run(self.pools.take, batch)
+                if entries:
+                    await self.reactor.put(hp.Found(entries))
+                    continue
+            await trio.sleep(self.settings.idle_poll)
+
+    async def _execute(self, actions: list) -> list:
+        if any(isinstance(a, (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)) for a in actions):
+            await self.store.run(self.pools.apply, actions)
+        followups = []
+        for a in actions:
+            if isinstance(a, hp.Send):
+                if self.conn is None or not self.conn.send_nowait(a.data):
+                    self.counters.inc("send_skipped")  # unacked frames go again on reconnect
+            elif isinstance(a, hp.Lookup):
+                followups.append(await self.store.run(self.pools.lookup, a))
+        return followups
+
+    async def status(self) -> dict:
+        return {
+            "role": "host", "ip": self.settings.ip, "network": self.settings.network,
+            "center": "%s:%d" % self.settings.center, "connected": self.conn is not None,
+            "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
+            "sets_in_flight": {"unacked": len(self.core.unacked)}, "counters": self.counters.snapshot(),
+        }

@@ -1,0 +1,118 @@
+"""A local host's pools in Redis (paper §1.1): where the host core's actions become writes.
+
+``URL_pool`` is a stream read by the consumer group ``dedup``: an entry the walker has
+taken stays in the stream (in the group's pending list) until it leaves for good —
+crawled already, or carried by a frame the center acknowledged (gap 7). Frames sent
+and not yet acknowledged are kept in ``URL_pool:unacked`` (number -> frame bytes) and
+``URL_pool:unacked_ids`` (number -> the entry ids it carries), to be sent again after
+a restart. ``task_pool`` is a stream the crawler consumes; ``task_pool:fp`` the
+fingerprints of every URL ever queued there, which exact mode answers "seen" from.
+"""
+
+from __future__ import annotations
+
+from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
+from dedupnet.urls import URLGate, fingerprint_many
+
+from . import protocol as hp
+
+GROUP = "dedup"
+WALKER = "walker"
+UNACKED = f"{URL_POOL}:unacked"
+UNACKED_IDS = f"{URL_POOL}:unacked_ids"
+TASK_FP = f"{TASK_POOL}:fp"
+
+WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)
+
+
+class HostPools:
+    def __init__(self, store: Store, *, exact: bool):
+        self.store = store
+        self.exact = exact
+
+    def setup(self) -> None:
+        self.store.ensure_group(URL_POOL, GROUP)
+
+    # -- the core's actions ------------------------------------------------------------
+    def apply(self, actions: list) -> None:
+        writes = [a for a in actions if isinstance(a, WRITES)]
+        if writes:
+            self.store.transact(lambda batch: self._queue(batch, writes))
+
+    def _queue(self, batch: Batch, writes: list) -> None:
+        key = self.store.key
+        for a in writes:
+            if isinstance(a, hp.SaveUnacked):
+                batch.add(b"HSET", key(UNACKED), a.number, a.frame)
+                batch.add(b"HSET", key(UNACKED_IDS), a.number, b" ".join(a.ids))
+            elif isinstance(a, (hp.Release, hp.Forget)):
+                if a.ids:
+                    batch.add(b"XACK", key(URL_POOL), GROUP, *a.ids)
+                    batch.add(b"XDEL", key(URL_POOL), *a.ids)
+                if isinstance(a, hp.Release):
+                    batch.add(b"HDEL", key(UNACKED), a.number)
+                    batch.add(b"HDEL", key(UNACKED_IDS), a.number)
+            elif isinstance(a, hp.AddTasks) and a.urls:
+                for url in a.urls:
+                    batch.add(b"XADD", key(TASK_POOL), b"*", b"u", url)
+                batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
+
+    def lookup(self, action: hp.Lookup) -> hp.LookupDone:
+        """§2.2/§2.3 look-up: ``finish_URL`` (and ``task_pool`` in exact mode), plus the
+        sequence numbers the new sets need — one round trip."""
+        batch = self.store.batch()
+        fps = fingerprint_many(action.urls)
+        finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
+        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if self.exact else None
+        seq_at = batch.add(b"INCRBY", self.store.key("number_seq"), action.sets) if action.sets else None
+        results = self.store.execute(batch)
+        seen = finished.flags(results)
+        if queued is not None:
+            seen |= queued.flags(results)
+        sequences = range(0)
+        if seq_at is not None:
+            top = int(results[seq_at])
+            sequences = range(top - action.sets + 1, top + 1)
+        return hp.LookupDone(action.token, seen.tolist(), sequences)
+
+    # -- the walker and restarts -------------------------------------------------------
+    def take(self, count: int) -> list[tuple[bytes, str]]:
+        return self.store.stream_take(URL_POOL, GROUP, WALKER, count)
+
+    def load(self) -> tuple[hp.Resume, list[tuple[bytes, str]]]:
+        """Frames to send again, and entries taken before a crash that no frame carries."""
+        batch = self.store.batch()
+        batch.add(b"HGETALL", self.store.key(UNACKED))
+        batch.add(b"HGETALL", self.store.key(UNACKED_IDS))
+        frames, ids = self.store.execute(batch)
+        frames = dict(zip(frames[0::2], frames[1::2]))
+        ids = {n: v.split() for n, v in zip(ids[0::2], ids[1::2])}
+        unacked = {int(n): (frames[n], ids.get(n, [])) for n in frames}
+        carried = {i for _, entry_ids in unacked.values() for i in entry_ids}
+        # The walker takes at most max_unacked sets' worth before frames are saved,
+        # so the pending list is small; read it whole.
+        pending = self.store.stream_take(URL_POOL, GROUP, WALKER, 1 << 30, pending=True)
+        orphans = [(i, u) for i, u in pending if i not in carried]
+        return hp.Resume(unacked), orphans
+
+    # -- the API the crawler (and `dedupnet push` / `finish`) uses ------------------------
+    def push(self, urls, gate: URLGate | None = None) -> int:
+        """Normalise and put URLs into ``URL_pool`` (§2.2 step 1); returns how many entered."""
+        accepted = (gate or URLGate()).accept(urls)
+        for i in range(0, len(accepted), 10_000):
+            self.store.stream_add(URL_POOL, accepted[i : i + 10_000])
+        return len(accepted)
+
+    def finish(self, urls, gate: URLGate | None = None) -> int:
+        """Record URLs as crawled in ``finish_URL``; returns how many were new there."""
+        accepted = (gate or URLGate()).accept(urls)
+        return self.store.fp_add(FINISH_URL, fingerprint_many(accepted)) if accepted else 0
+
+    def sizes(self) -> dict[str, int]:
+        batch = self.store.batch()
+        batch.add(b"XLEN", self.store.key(URL_POOL))
+        batch.add(b"XLEN", self.store.key(TASK_POOL))
+        batch.add(b"HLEN", self.store.key(UNACKED))
+        url_pool, task_pool, unacked = self.store.execute(batch)
+        return {URL_POOL: url_pool, TASK_POOL: task_pool, "unacked_sets": unacked}
+
