@@ -22,7 +22,7 @@ from dedupnet import wire
 from dedupnet.aio import AsyncStore
 from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
-from dedupnet.runtime import Reactor, Timers, control_session
+from dedupnet.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.store import Store
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
 
@@ -56,6 +56,8 @@ class CenterSettings:
     max_frame_size: int = 4 * 1024 * 1024
     max_urls: int = 10_000
     metrics: tuple[str, int] | None = None
+    #: Address to bind (e.g. 0.0.0.0); default ``ip``.
+    listen_host: str | None = None
 
 
 class CenterDaemon:
@@ -82,7 +84,7 @@ class CenterDaemon:
 
     # -- running -------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.reactor.process(await self.store.run(self.pools.load))
+        await self.reactor.process(await until_stored(self.store, self.counters, self.pools.load))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.reactor.run)
             nursery.start_soon(self.timers.run)
@@ -98,7 +100,7 @@ class CenterDaemon:
             task_status.started(self.port)
 
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await serve(self.settings.ip, self.settings.port, self._on_connection, counters=self.counters,
+        await serve(self.settings.listen_host or self.settings.ip, self.settings.port, self._on_connection, counters=self.counters,
                     max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
                     accept_roles=("host", "center", "control"), task_status=task_status)
 
@@ -170,7 +172,7 @@ class CenterDaemon:
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, (cp.Save, cp.Drop, cp.RecordClaims, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask))
                for a in actions):
-            await self.store.run(self.pools.apply, actions)
+            await until_stored(self.store, self.counters, self.pools.apply, actions)
         followups = []
         for a in actions:
             if isinstance(a, cp.Send):
@@ -183,7 +185,7 @@ class CenterDaemon:
             elif isinstance(a, cp.CancelTimer):
                 self.timers.cancel(a.number)
             elif isinstance(a, cp.Lookup):
-                followups.append(await self.store.run(self.pools.lookup, a.number, a.urls))
+                followups.append(await until_stored(self.store, self.counters, self.pools.lookup, a.number, a.urls))
         return followups
 
     # -- status ------------------------------------------------------------------------

@@ -5,33 +5,77 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from . import __version__
-from .config import MODES, load_settings
+from .config import MODES, Settings, endpoint, load_settings
 
 NOT_YET = {
-    "local": "the local host daemon (protocol issue #3, crawler issue #4)",
-    "center": "the center host daemon (protocol issue #3)",
     "sim": "the multi-LAN simulation harness (issue #5)",
 }
 
+# Flags shared by every subcommand that touches a Redis or the protocol; each maps to
+# the Settings field of the same name (a TOML file may set any of them).
+COMMON = [
+    (("--config",), dict(metavar="FILE", help="TOML settings file (flags override it)")),
+    (("--redis",), dict(dest="redis_url", metavar="URL", help="Redis URL; without it an embedded server is started")),
+    (("--prefix",), dict(help="key prefix of the pools on the Redis server")),
+    (("--set-size",), dict(type=int, help="URLs per URL_set (default 1000)")),
+    (("--mode",), dict(choices=MODES, help="exact (default): no URL admitted twice; paper: the paper's look-ups only")),
+    (("--log-level",), dict(choices=["DEBUG", "INFO", "WARNING", "ERROR"])),
+]
+DAEMON = [
+    (("--network",), dict(type=int, help="this LAN's network id (1..65535)")),
+    (("--ip",), dict(help="this daemon's IP, its identity (default: from the network interface)")),
+    (("--lan",), dict(metavar="CIDR", help="this LAN (default: the interface's address and netmask)")),
+    (("--listen",), dict(metavar="HOST:PORT", help="address to listen on")),
+    (("--data-dir",), dict(metavar="DIR", help="where the embedded Redis keeps its append-only file")),
+    (("--metrics",), dict(metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics")),
+    (("--answer-timeout",), dict(type=float, metavar="S", help="seconds to wait for answers (default 2)")),
+    (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding (default 2)")),
+    (("--heartbeat-interval",), dict(type=float, metavar="S")),
+    (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
+]
+
+
+def _parent(flags) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(add_help=False)
+    for names, options in flags:
+        parser.add_argument(*names, **options)
+    return parser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--config", metavar="FILE", help="TOML settings file (flags override it)")
-    common.add_argument("--redis", dest="redis_url", metavar="URL",
-                        help="Redis URL; without it an embedded server is started and stopped")
-    common.add_argument("--prefix", help="key prefix of this host's pools on the Redis server")
-    common.add_argument("--set-size", type=int, help="URLs per URL_set (default 1000)")
-    common.add_argument("--mode", choices=MODES, help="exact (default) or paper")
-    common.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-
+    common, daemon = _parent(COMMON), _parent(DAEMON)
     parser = argparse.ArgumentParser(
         prog="dedupnet",
         description="Redis-based URL de-duplication across crawler hosts and networks.",
     )
     parser.add_argument("--version", action="version", version=f"dedupnet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+
+    center = sub.add_parser("center", parents=[common, daemon], help="run a network's center host daemon",
+                            description="The center of one LAN: de-dups among its hosts (§2.3) and with the "
+                                        "other networks (§2.4), and hands admitted URLs to its hosts.")
+    center.add_argument("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR",
+                        help="another network's center and its LAN (repeat per peer)")
+
+    local = sub.add_parser("local", parents=[common, daemon], help="run a local host daemon",
+                           description="A local host: de-dups its URL_pool (§2.2), answers its center's "
+                                       "requests (§2.3) and receives tasks into its task_pool.")
+    local.add_argument("--center", metavar="HOST:PORT", help="this host's center")
+
+    status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters")
+    status.add_argument("address", metavar="HOST:PORT", help="the daemon's --listen address")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    for name, what in (("push", "put URLs into a host's URL_pool (what a crawler does)"),
+                       ("finish", "record URLs as crawled in a host's finish_URL")):
+        p = sub.add_parser(name, parents=[common], help=what)
+        p.add_argument("urls", nargs="*", metavar="URL")
+        p.add_argument("--file", metavar="FILE", help="read URLs from FILE, one per line ('-' for stdin)")
+        p.add_argument("--ip", help="the host's IP (gives the default prefix)")
+        p.add_argument("--data-dir", metavar="DIR", help="the host daemon's --data-dir (finds its embedded Redis)")
 
     demo = sub.add_parser("demo", parents=[common], help="run local de-dup (paper §2.2) on an embedded Redis and report")
     demo.add_argument("--urls", type=int, default=50_000, help="URLs the simulated crawler finds (default 50,000)")
@@ -44,11 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    fields = set(Settings.__dataclass_fields__)
+    overrides = {k: v for k, v in vars(args).items() if k in fields}
     try:
-        settings = load_settings(
-            args.config, redis_url=args.redis_url, prefix=args.prefix, set_size=args.set_size,
-            mode=args.mode, log_level=args.log_level,
-        )
+        settings = load_settings(getattr(args, "config", None), **overrides)
     except (OSError, ValueError) as e:
         print(f"dedupnet: bad settings: {e}", file=sys.stderr)
         return 2
@@ -57,11 +100,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in NOT_YET:
         print(f"dedupnet {args.command}: {NOT_YET[args.command]} is not yet available.", file=sys.stderr)
         return 2
-    if args.command == "demo":
-        from . import demo
+    try:
+        if args.command == "demo":
+            from . import demo
 
-        return demo.run(settings, urls=args.urls, seed=args.seed)
-    raise AssertionError(args.command)  # argparse only lets known commands through
+            return demo.run(settings, urls=args.urls, seed=args.seed)
+        if args.command == "status":
+            from .daemons import print_status
+
+            return print_status(endpoint(args.address), as_json=args.json)
+        if args.command in ("push", "finish"):
+            from .daemons import push_or_finish
+
+            return push_or_finish(settings, args.command, _read_urls(args), data_dir=args.data_dir)
+        from .daemons import run_center, run_local
+
+        return run_center(settings) if args.command == "center" else run_local(settings)
+    except ValueError as e:  # settings that only the subcommand can check
+        print(f"dedupnet {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+def _read_urls(args: argparse.Namespace) -> list[str]:
+    urls = list(args.urls)
+    if args.file:
+        text = sys.stdin.read() if args.file == "-" else Path(args.file).read_text()
+        urls += [line.strip() for line in text.splitlines() if line.strip()]
+    return urls
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Redis (one server, a key prefix per daemon). The tests and ``dedupnet sim`` use 
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 import trio
@@ -28,12 +30,66 @@ def host_ip(network: int, index: int) -> str:
 
 @dataclass
 class Cluster:
+    redis_url: str
+    prefix: str
+    mode: str
+    set_size: int
+    timing: dict
     centers: dict[int, CenterDaemon] = field(default_factory=dict)
     hosts: dict[str, LocalDaemon] = field(default_factory=dict)
-    stores: list[Store] = field(default_factory=list)
+    stores: dict[str, Store] = field(default_factory=dict)
+    scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
+    nursery: trio.Nursery | None = None
+
+    def _store(self, name: str) -> Store:
+        if name not in self.stores:
+            self.stores[name] = Store(self.redis_url, f"{self.prefix}:{name}")
+        return self.stores[name]
+
+    async def _start(self, name: str, daemon) -> None:
+        async def run(task_status=trio.TASK_STATUS_IGNORED):
+            with trio.CancelScope() as scope:
+                self.scopes[name] = scope
+                await daemon.run(task_status=task_status)
+        await self.nursery.start(run)
+
+    async def start_center(self, n: int, networks: int, port: int = 0) -> CenterDaemon:
+        peers = [PeerAddress(m, center_ip(m), self.centers[m].port if m in self.centers else 0, lan(m))
+                 for m in range(1, networks + 1) if m != n]
+        timing = {k: v for k, v in self.timing.items() if k in CenterSettings.__dataclass_fields__}
+        daemon = CenterDaemon(CenterSettings(n, center_ip(n), port, lan(n), peers, mode=self.mode, **timing),
+                              self._store(f"center{n}"))
+        await self._start(f"center{n}", daemon)
+        self.centers[n] = daemon
+        return daemon
+
+    async def start_host(self, n: int, i: int) -> LocalDaemon:
+        ip = host_ip(n, i)
+        timing = {k: v for k, v in self.timing.items() if k in LocalSettings.__dataclass_fields__}
+        daemon = LocalDaemon(LocalSettings(n, ip, lan(n), (center_ip(n), self.centers[n].port),
+                                           set_size=self.set_size, mode=self.mode, **timing), self._store(f"host:{ip}"))
+        await self._start(ip, daemon)
+        self.hosts[ip] = daemon
+        return daemon
+
+    async def kill(self, name: str) -> None:
+        """Stop one daemon at once, as a crash would: its memory is gone, its Redis stays."""
+        self.scopes.pop(name).cancel()
+        await trio.sleep(0)
+
+    async def restart_center(self, n: int) -> CenterDaemon:
+        old = self.centers[n]
+        await self.kill(f"center{n}")
+        return await self.start_center(n, len(self.centers), port=old.port)
+
+    async def restart_host(self, ip: str) -> LocalDaemon:
+        old = self.hosts[ip]
+        await self.kill(ip)
+        n, i = old.settings.network, int(ip.rsplit(".", 1)[1]) - 10
+        return await self.start_host(n, i)
 
     def close(self) -> None:
-        for store in self.stores:
+        for store in self.stores.values():
             store.delete_prefix()
             store.close()
 
@@ -53,32 +109,31 @@ class Cluster:
         while not await self.quiescent():
             await trio.sleep(poll)
 
+    async def wait_connected(self) -> None:
+        n = len(self.centers)
+        per_lan = {c: sum(1 for h in self.hosts.values() if h.settings.network == c) for c in self.centers}
+        while any(h.conn is None for h in self.hosts.values()) or any(
+                len(c.core.peers) < n - 1 or len(c.core.hosts) < per_lan[k] for k, c in self.centers.items()):
+            await trio.sleep(0.02)
 
-async def start_cluster(nursery: trio.Nursery, redis_url: str, networks: int, hosts: int, *, mode: str = "exact",
-                        set_size: int = 100, prefix: str = "sim", **timing) -> Cluster:
+
+@asynccontextmanager
+async def open_cluster(redis_url: str, networks: int, hosts: int, *, mode: str = "exact", set_size: int = 100,
+                       prefix: str = "sim", **timing) -> AsyncIterator[Cluster]:
     """Start centers (highest network first, so each dials peers already listening),
-    then hosts; returns once every host is connected to its center."""
-    cluster = Cluster()
-    center_timing = {k: v for k, v in timing.items() if k in CenterSettings.__dataclass_fields__}
-    host_timing = {k: v for k, v in timing.items() if k in LocalSettings.__dataclass_fields__}
-    for n in range(networks, 0, -1):
-        peers = [PeerAddress(m, center_ip(m), cluster.centers[m].port if m in cluster.centers else 0, lan(m))
-                 for m in range(1, networks + 1) if m != n]
-        store = Store(redis_url, f"{prefix}:center{n}")
-        cluster.stores.append(store)
-        daemon = CenterDaemon(CenterSettings(n, center_ip(n), 0, lan(n), peers, mode=mode, **center_timing), store)
-        await nursery.start(daemon.run)
-        cluster.centers[n] = daemon
-    for n in range(1, networks + 1):
-        for i in range(hosts):
-            ip = host_ip(n, i)
-            store = Store(redis_url, f"{prefix}:host:{ip}")
-            cluster.stores.append(store)
-            daemon = LocalDaemon(LocalSettings(n, ip, lan(n), (center_ip(n), cluster.centers[n].port),
-                                               set_size=set_size, mode=mode, **host_timing), store)
-            await nursery.start(daemon.run)
-            cluster.hosts[ip] = daemon
-    while any(h.conn is None for h in cluster.hosts.values()) or any(
-            len(c.core.peers) < networks - 1 or len(c.core.hosts) < hosts for c in cluster.centers.values()):
-        await trio.sleep(0.02)
-    return cluster
+    then hosts; yields once all are connected; on exit stops every daemon, waits for
+    them, and removes the cluster's keys."""
+    cluster = Cluster(redis_url, prefix, mode, set_size, timing)
+    try:
+        async with trio.open_nursery() as nursery:
+            cluster.nursery = nursery
+            for n in range(networks, 0, -1):
+                await cluster.start_center(n, networks)
+            for n in range(1, networks + 1):
+                for i in range(hosts):
+                    await cluster.start_host(n, i)
+            await cluster.wait_connected()
+            yield cluster
+            nursery.cancel_scope.cancel()
+    finally:
+        cluster.close()

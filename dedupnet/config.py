@@ -35,10 +35,37 @@ class Settings:
     mode: str = "exact"
     log_level: str = "INFO"
 
+    # -- the daemons (``dedupnet center`` / ``dedupnet local``) -------------------------
+    #: This LAN's network id (1..65535), part of every ``number``.
+    network: int | None = None
+    #: This host's or center's IP: its identity (paper §2.1). Default: the address that
+    #: reaches the center (hosts) or the first peer (centers), per netifaces.
+    ip: str | None = None
+    #: The LAN in CIDR notation. Default: the netmask of the interface holding ``ip``.
+    lan: str | None = None
+    #: ``host:port`` to listen on (center: hosts and peers; host: status). Host default: ip:0.
+    listen: str | None = None
+    #: ``host:port`` of this host's center.
+    center: str | None = None
+    #: Peer networks of a center: ``"NETWORK,HOST:PORT,CIDR"`` each.
+    peers: list[str] = dataclasses.field(default_factory=list)
+    #: Where the embedded Redis keeps its append-only file (daemons only).
+    data_dir: str | None = None
+    #: ``host:port`` serving Prometheus metrics at /metrics.
+    metrics: str | None = None
+    #: Seconds to wait for answers to a broadcast before re-sending (paper gap 3).
+    answer_timeout: float = 2.0
+    #: Re-sends to silent members before a set is concluded incomplete.
+    max_resends: int = 2
+    heartbeat_interval: float = 1.0
+    #: A member silent this long leaves the LAN (or the set of peers).
+    heartbeat_timeout: float = 5.0
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
-        for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length"):
+        for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
+                     "heartbeat_interval", "heartbeat_timeout"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         if not 8 <= self.bucket_bits <= 24:
@@ -59,3 +86,11 @@ def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
     if unknown:
         raise ValueError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     return Settings(**values)
+
+
+def endpoint(text: str) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 as ``[addr]:port``) to a pair; ValueError names what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)

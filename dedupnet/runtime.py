@@ -7,13 +7,16 @@ import contextlib
 import logging
 import math
 import signal
+from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
+from redis.exceptions import RedisError
 
 from . import wire
 from .embedded import EmbeddedRedis
+from .errors import DedupnetError
 from .messages import Status
 from .store import Store
 from .transport import Connection
@@ -30,9 +33,30 @@ def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, buck
         if redis_url is None:
             server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir)
             redis_url = stack.enter_context(server)
+            if data_dir is not None:  # so `dedupnet push --data-dir` finds this daemon's Redis
+                url_file = Path(data_dir) / "redis.url"
+                url_file.write_text(redis_url + "\n")
+                stack.callback(url_file.unlink, missing_ok=True)
         store = Store(redis_url, prefix, bucket_bits=bucket_bits)
         stack.callback(store.close)
         yield store
+
+
+async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
+    """Run a store call until it succeeds. A Redis that goes away stops the daemon's
+    progress, never its state: the core's writes and sends wait here, logged and
+    counted, and go on when Redis is back (back-off up to 5 s)."""
+    delay, last_log = 0.1, -math.inf
+    while True:
+        try:
+            return await astore.run(fn, *args)
+        except (DedupnetError, RedisError) as e:
+            counters.inc("store_errors")
+            if trio.current_time() - last_log > 10:
+                log.error("Redis call %s failed: %s; retrying until it answers", getattr(fn, "__name__", fn), e)
+                last_log = trio.current_time()
+            await trio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
 
 class Timers:

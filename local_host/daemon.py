@@ -18,7 +18,7 @@ from dedupnet.aio import AsyncStore
 from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.numbers import host_id_from_ip
-from dedupnet.runtime import Reactor, control_session
+from dedupnet.runtime import Reactor, control_session, until_stored
 from dedupnet.store import Store
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
 
@@ -44,6 +44,8 @@ class LocalSettings:
     max_frame_size: int = 4 * 1024 * 1024
     max_urls: int = 10_000
     metrics: tuple[str, int] | None = None
+    #: Address the status port binds (e.g. 0.0.0.0); default ``ip``.
+    listen_host: str | None = None
 
 
 class LocalDaemon:
@@ -60,8 +62,8 @@ class LocalDaemon:
         self.port = settings.listen_port
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await self.store.run(self.pools.setup)
-        resume, orphans = await self.store.run(self.pools.load)
+        await until_stored(self.store, self.counters, self.pools.setup)
+        resume, orphans = await until_stored(self.store, self.counters, self.pools.load)
         await self.reactor.process(resume)
         if orphans:
             log.info("%d URLs taken from URL_pool before a restart but never sent: de-duplicating them now", len(orphans))
@@ -83,7 +85,7 @@ class LocalDaemon:
             task_status.started(self.port)
 
     async def _serve_status(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await serve(self.settings.ip, self.settings.listen_port, lambda conn: control_session(conn, self.status),
+        await serve(self.settings.listen_host or self.settings.ip, self.settings.listen_port, lambda conn: control_session(conn, self.status),
                     counters=self.counters, accept_roles=("control",), task_status=task_status)
 
     async def _session(self, conn: Connection) -> None:
@@ -112,7 +114,7 @@ class LocalDaemon:
         batch = self.settings.set_size * 4
         while True:
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
-                entries = await self.store.run(self.pools.take, batch)
+                entries = await until_stored(self.store, self.counters, self.pools.take, batch)
                 if entries:
                     await self.reactor.put(hp.Found(entries))
                     continue
@@ -120,14 +122,14 @@ class LocalDaemon:
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)) for a in actions):
-            await self.store.run(self.pools.apply, actions)
+            await until_stored(self.store, self.counters, self.pools.apply, actions)
         followups = []
         for a in actions:
             if isinstance(a, hp.Send):
                 if self.conn is None or not self.conn.send_nowait(a.data):
                     self.counters.inc("send_skipped")  # unacked frames go again on reconnect
             elif isinstance(a, hp.Lookup):
-                followups.append(await self.store.run(self.pools.lookup, a))
+                followups.append(await until_stored(self.store, self.counters, self.pools.lookup, a))
         return followups
 
     async def status(self) -> dict:

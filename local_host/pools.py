@@ -11,6 +11,8 @@ fingerprints of every URL ever queued there, which exact mode answers "seen" fro
 
 from __future__ import annotations
 
+from redis.exceptions import ResponseError
+
 from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
 from dedupnet.urls import URLGate, fingerprint_many
 
@@ -77,7 +79,13 @@ class HostPools:
 
     # -- the walker and restarts -------------------------------------------------------
     def take(self, count: int) -> list[tuple[bytes, str]]:
-        return self.store.stream_take(URL_POOL, GROUP, WALKER, count)
+        try:
+            return self.store.stream_take(URL_POOL, GROUP, WALKER, count)
+        except ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            self.setup()  # URL_pool was deleted under us: start it again, empty
+            return []
 
     def load(self) -> tuple[hp.Resume, list[tuple[bytes, str]]]:
         """Frames to send again, and entries taken before a crash that no frame carries."""

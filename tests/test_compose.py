@@ -5,10 +5,8 @@ for consistency instead of run: networks and addresses, who is on which network,
 that every address a daemon is given (its center, its peers, its Redis) points at the
 service that should be there.
 
-The daemon flags (--network, --lan, --peer, ...) land with the protocol issue (#3);
-today ``dedupnet center``/``dedupnet local`` do not accept them, so the commands are
-read with the small parser below rather than with ``dedupnet.cli.build_parser()``.
-Once the daemons exist, parse each command with the real parser as well.
+Each command is read with the small parser below (to check where its addresses point)
+and parsed with the real ``dedupnet.cli.build_parser()`` too.
 """
 
 from __future__ import annotations
@@ -180,6 +178,13 @@ def test_daemons_use_the_real_subcommands(dep):
     (sub,) = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
     for name in dep.of_role("center") + dep.of_role("local"):
         assert dep.role[name] in sub.choices, f"{name}: dedupnet has no subcommand {dep.role[name]!r}"
+
+
+def test_daemon_commands_parse_with_the_real_cli(dep):
+    for name in dep.of_role("center") + dep.of_role("local"):
+        argv = argv_of(dep.services[name])
+        args = build_parser().parse_args(argv[argv.index(dep.role[name]):])
+        assert args.command == dep.role[name], name
 
 
 def test_daemons_get_exactly_their_flags(dep):

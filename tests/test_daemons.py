@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 import trio
 
-from dedupnet.cluster import start_cluster
+from dedupnet.cluster import open_cluster
 from dedupnet.store import TASK_POOL
 
 
@@ -31,12 +31,10 @@ async def crawl_everything(cluster):
 
 
 @pytest.fixture
-async def system(redis_url, nursery, request):
+async def system(redis_url, request):
     mode = getattr(request, "param", "exact")
-    cluster = await start_cluster(nursery, redis_url, 2, 3, mode=mode, set_size=20, prefix=f"t{random.random()}")
-    yield cluster
-    nursery.cancel_scope.cancel()
-    cluster.close()
+    async with open_cluster(redis_url, 2, 3, mode=mode, set_size=20, prefix=f"t{random.random()}") as cluster:
+        yield cluster
 
 
 @pytest.mark.parametrize("system", ["exact", "paper"], indirect=True)
@@ -81,3 +79,102 @@ async def test_concurrent_discovery_exact_mode_admits_once(system, seed):
     queued = Counter(await task_pool_urls(system))
     assert set(queued) == set(shared)
     assert max(queued.values()) == 1, queued.most_common(3)
+
+
+async def push_in_waves(system, urls, waves=5):
+    hosts = list(system.hosts.values())
+    for w in range(waves):
+        chunk = urls[w::waves]
+        await hosts[w % len(hosts)].store.run(hosts[w % len(hosts)].pools.push, chunk)
+        await hosts[(w + 3) % len(hosts)].store.run(hosts[(w + 3) % len(hosts)].pools.push, chunk[::2])
+        await trio.sleep(0.01)
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05])
+async def test_center_killed_and_restarted_mid_stage_loses_nothing(system, delay):
+    urls = site_urls(f"r{delay}", 600)
+    await push_in_waves(system, urls)
+    await trio.sleep(delay)
+    in_flight = len(system.centers[1].core.sets) + len(system.centers[2].core.sets)
+    await system.restart_center(1)
+    with trio.fail_after(60):
+        await system.wait_connected()
+        await system.wait_quiescent()
+    queued = Counter(await task_pool_urls(system))
+    assert set(queued) == set(urls), f"lost {len(set(urls) - set(queued))} ({in_flight} sets were in flight)"
+    assert max(queued.values()) == 1
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.01, 0.03])
+async def test_host_killed_before_its_frames_were_acknowledged_loses_nothing(system, delay):
+    urls = site_urls(f"h{delay}", 400)
+    host = system.hosts["127.0.1.10"]
+    await host.store.run(host.pools.push, urls)
+    await trio.sleep(delay)
+    await system.restart_host("127.0.1.10")
+    with trio.fail_after(60):
+        await system.wait_connected()
+        await system.wait_quiescent()
+    queued = Counter(await task_pool_urls(system))
+    assert set(queued) == set(urls)
+    assert max(queued.values()) == 1
+
+
+async def test_bad_input_on_both_daemons_ports_is_counted_and_others_are_served(system, caplog):
+    center = system.centers[1]
+    host = system.hosts["127.0.1.10"]
+    garbage = [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"DN\x01\x01\xff\xff\xff\xff" + b"\0" * 8,
+               b"\x00" * 64, b"DN\x01\x02\x00\x00\x00\x05\x00" + b"\0" * 7 + b"{bad}"]
+    for port, ip in ((center.port, center.settings.ip), (host.port, host.settings.ip)):
+        for data in garbage:
+            stream = await trio.open_tcp_stream(ip, port)
+            await stream.send_all(data)
+            with trio.fail_after(5):
+                while await stream.receive_some(4096):  # the daemon answers with an Error and closes
+                    pass
+            await stream.aclose()
+    for daemon in (center, host):
+        rejected = sum(v for k, v in daemon.counters.snapshot().items()
+                       if k.startswith(("bad_input", "handshake_failed")))
+        assert rejected >= len(garbage)
+    assert "bad input from" in caplog.text or "handshake" in caplog.text
+    # Everyone else was served all along: the protocol still runs end to end.
+    urls = site_urls("after-garbage", 50)
+    await host.store.run(host.pools.push, urls)
+    with trio.fail_after(30):
+        await system.wait_quiescent()
+    assert set(await task_pool_urls(system)) >= set(urls)
+
+
+async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, autojump_clock):
+    """A host that registers and never answers: the set is re-sent to it max_resends
+    times, then concluded incomplete; nothing blocks (virtual time: MockClock)."""
+    from dedupnet import wire
+    from dedupnet.messages import Frame, Register
+    from dedupnet.metrics import Counters
+    from dedupnet.transport import connect
+
+    async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"silent{random.random()}",
+                            answer_timeout=2.0, max_resends=2, heartbeat_timeout=1e6) as system:
+        center = system.centers[1]
+        silent_ip = "127.0.1.99"
+        register = Register(silent_ip, 1, "host", f"{silent_ip}:1", "127.0.1.0/24")
+        async with await connect(center.settings.ip, center.port, register, local_ip=silent_ip,
+                                 counters=Counters()) as silent:
+            while len(center.core.hosts) < 2:
+                await trio.sleep(0.01)
+            host = system.hosts["127.0.1.10"]
+            await host.store.run(host.pools.push, site_urls("silent", 40))
+            asked = 0
+            # Virtual time runs ahead whenever the loop waits for a Redis thread, so the
+            # bound is generous; it still ends the test if anything blocked for good.
+            with trio.fail_after(3600):
+                while asked < 3:  # the broadcast and two re-sends
+                    message = await silent.receive()
+                    asked += isinstance(message, Frame) and message.flag == 2
+                while center.core.sets:
+                    await trio.sleep(0.1)
+            assert center.counters.get("resends", stage="lan") == 2
+            assert center.counters.get("concluded_incomplete", stage="lan") == 1
+            assert center.counters.get("urls_admitted") == 40
+            assert trio.current_time() >= 3 * 2.0  # three answer deadlines passed, in virtual time

@@ -1,0 +1,158 @@
+"""From settings to running daemons, and the small clients of ``dedupnet status``,
+``push`` and ``finish``. Defaults are filled here, once, for the CLI and config file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import orjson
+import trio
+
+from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
+from local_host.daemon import LocalDaemon, LocalSettings
+from local_host.pools import HostPools
+
+from . import wire
+from .config import Settings, endpoint
+from .messages import Heartbeat, Register, Status
+from .metrics import Counters
+from .netinfo import lan_of, source_ip_towards
+from .runtime import open_store, stop_on_signals
+from .store import Store
+from .transport import connect
+
+
+def parse_peer(text: str) -> PeerAddress:
+    try:
+        network, address, cidr = text.split(",")
+        host, port = endpoint(address)
+        return PeerAddress(int(network), host, port, cidr)
+    except ValueError:
+        raise ValueError(f"--peer wants NETWORK,HOST:PORT,CIDR, got {text!r}") from None
+
+
+def _need(settings: Settings, *names: str) -> None:
+    missing = [n for n in names if getattr(settings, n) is None]
+    if missing:
+        raise ValueError("missing setting(s): " + ", ".join("--" + n.replace("_", "-") for n in missing))
+
+
+def _data_dir(settings: Settings, default: str) -> str | None:
+    if settings.redis_url is not None:
+        return None
+    path = Path(settings.data_dir or default)
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def _timing(settings: Settings) -> dict:
+    return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
+                heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
+
+
+def run_center(settings: Settings) -> int:
+    _need(settings, "network", "listen")
+    listen_host, port = endpoint(settings.listen)
+    peers = [parse_peer(p) for p in settings.peers]
+    ip = settings.ip or (listen_host if listen_host not in ("0.0.0.0", "::") else
+                         source_ip_towards(peers[0].host) if peers else "127.0.0.1")
+    center = CenterSettings(
+        network=settings.network, ip=ip, port=port, lan=settings.lan or lan_of(ip), peers=peers, mode=settings.mode,
+        max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
+        metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
+    )
+    data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
+    with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
+                    data_dir=data_dir, bucket_bits=settings.bucket_bits) as store:
+        trio.run(_until_signalled, CenterDaemon(center, store))
+    return 0
+
+
+def run_local(settings: Settings) -> int:
+    _need(settings, "network", "center")
+    center = endpoint(settings.center)
+    ip = settings.ip or source_ip_towards(center[0])
+    listen_host, port = endpoint(settings.listen) if settings.listen else (ip, 0)
+    local = LocalSettings(
+        network=settings.network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
+        listen_host=listen_host, set_size=settings.set_size, mode=settings.mode,
+        heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
+        max_urls=settings.max_urls_per_set, metrics=endpoint(settings.metrics) if settings.metrics else None,
+    )
+    data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
+    with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
+                    bucket_bits=settings.bucket_bits) as store:
+        trio.run(_until_signalled, LocalDaemon(local, store))
+    return 0
+
+
+async def _until_signalled(daemon) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+        await daemon.run()
+
+
+# -- dedupnet status ------------------------------------------------------------------
+async def fetch_status(address: tuple[str, int], timeout: float = 5.0) -> dict:
+    ip = source_ip_towards(address[0])
+    register = Register(ip, 0, "control", f"{ip}:1")
+    with trio.fail_after(timeout):
+        async with await connect(*address, register, local_ip=ip, counters=Counters()) as conn:
+            conn.send_nowait(wire.encode(Status(True)))
+            while True:
+                reply = await conn.receive()
+                if isinstance(reply, Status):
+                    return reply.body or {}
+                if not isinstance(reply, Heartbeat):
+                    raise ValueError(f"{address[0]}:{address[1]} answered {reply}")
+
+
+def print_status(address: tuple[str, int], *, as_json: bool = False) -> int:
+    try:
+        body = trio.run(fetch_status, address)
+    except (OSError, trio.TooSlowError) as e:
+        print(f"dedupnet status: no answer from {address[0]}:{address[1]}: {e}")
+        return 1
+    if as_json:
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(format_status(body))
+    return 0
+
+
+def format_status(body: dict) -> str:
+    head = f"{body.get('role')} {body.get('listen') or body.get('ip')}  network {body.get('network')}  {body.get('mode')} mode"
+    lines = [head]
+    if "connected" in body:
+        lines.append(f"  center {body['center']}: {'connected' if body['connected'] else 'NOT connected'}")
+    lines.append("  pools:          " + ", ".join(f"{k} {v}" for k, v in body.get("pools", {}).items()))
+    lines.append("  sets in flight: " + (", ".join(f"{k} {v}" for k, v in body.get("sets_in_flight", {}).items()) or "none"))
+    if "members" in body:
+        lines.append("  members (seconds since last heartbeat):")
+        lines += [f"    {m:<18} {age:>6.1f}" for m, age in body["members"].items()] or ["    none"]
+    lines.append("  counters:")
+    lines += [f"    {k:<58} {v:>10}" for k, v in sorted(body.get("counters", {}).items())]
+    return "\n".join(lines)
+
+
+# -- dedupnet push / finish ------------------------------------------------------------
+def push_or_finish(settings: Settings, command: str, urls: list[str], *, data_dir: str | None) -> int:
+    url = settings.redis_url
+    if url is None:
+        if data_dir is None:
+            raise ValueError("give --redis URL, or --data-dir of the host daemon whose embedded Redis to use")
+        url = (Path(data_dir) / "redis.url").read_text().strip()
+    if settings.prefix is None and settings.ip is None:
+        raise ValueError("give --ip of the host (or its --prefix)")
+    store = Store(url, settings.prefix or f"dedupnet:host:{settings.ip}", bucket_bits=settings.bucket_bits)
+    try:
+        pools = HostPools(store, exact=settings.mode == "exact")
+        if command == "push":
+            n = pools.push(urls)
+            print(json.dumps({"pushed": n, "rejected": len(urls) - n}))
+        else:
+            print(json.dumps({"finished_new": pools.finish(urls), "given": len(urls)}))
+    finally:
+        store.close()
+    return 0
