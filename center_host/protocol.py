@@ -409,6 +409,12 @@ class CenterProtocol:
 
     # -- the end of a stage --------------------------------------------------------------
     def _stage_done(self, rec: SetRecord) -> list[Action]:
+        if rec.stage is Stage.LAN and rec.frame.URL_set and self.config.peers:
+            missing = set(self.config.peers) - self.peers
+            if missing:  # gap 4: not waited for, but the set is not complete without them
+                rec.incomplete = True
+                self.counters.inc("peers_missing", amount=len(missing))
+                log.warning("set %d: networks %s not connected; not asked", rec.number, sorted(missing))
         if rec.stage is Stage.LAN and rec.frame.URL_set and self.peers_to_ask():
             rec.stage, rec.awaiting, rec.answered, rec.attempts = Stage.DIST, self.peers_to_ask(), set(), 1
             log.info("set %d: LAN de-dup done, %d URLs left; asking %d networks",
