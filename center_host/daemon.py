@@ -13,6 +13,7 @@ heartbeats stop for ``heartbeat_timeout`` is closed and leaves (gap 3).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 
@@ -185,7 +186,7 @@ class CenterDaemon:
             elif isinstance(a, cp.CancelTimer):
                 self.timers.cancel(a.number)
             elif isinstance(a, cp.Lookup):
-                followups.append(await until_stored(self.store, self.counters, self.pools.lookup, a.number, a.urls))
+                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a.number, a.urls))
         return followups
 
     # -- status ------------------------------------------------------------------------

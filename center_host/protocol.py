@@ -201,6 +201,9 @@ class CenterConfig:
     max_resends: int = 2
     #: After a restart, how long members get to reconnect before a stored set is asked again.
     resume_grace: float = 5.0
+    #: Own sets in flight before new flag=1 frames wait (unacknowledged, so the hosts
+    #: slow down): back-pressure, so answers are not queued past their deadline.
+    max_in_flight: int = 16
 
     def network_of(self, ip: str) -> int | None:
         addr = ipaddress.ip_address(ip)
@@ -275,6 +278,7 @@ class CenterProtocol:
         self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
         self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
         self._lookups: dict[int, tuple[str, object]] = {}  # number -> why we asked
+        self.waiting: dict[int, tuple[Host, Frame]] = {}  # flag=1 frames held back (not acked)
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, event: object) -> list[Action]:
@@ -318,11 +322,33 @@ class CenterProtocol:
             if frame.number in self.sets:  # stored already: the ack was lost, repeat it
                 self.counters.inc("repeated_frames")
                 return [Send((sender,), wire.encode(Ack(frame.number, "duplicate")))]
-            self._lookups[frame.number] = ("own", (sender, frame))
-            return [Lookup(frame.number, tuple(frame.URL_set))]
+            if frame.number in self.waiting:
+                return []
+            if self.own_in_flight() >= self.config.max_in_flight:
+                self.waiting[frame.number] = (sender, frame)
+                self.counters.inc("frames_held")
+                return []
+            return self._start_own(sender, frame)
         if frame.flag == FLAG_ANSWER:
             return self._answer(sender, frame)
         raise Rejected("flag2-from-lan", f"flag=2 number {frame.number} from LAN host {sender} (§2.4: not handled)")
+
+    def own_in_flight(self) -> int:
+        return sum(1 for r in self.sets.values() if r.stage is not Stage.FOREIGN)
+
+    def _start_own(self, sender: Host, frame: Frame) -> list[Action]:
+        self._lookups[frame.number] = ("own", (sender, frame))
+        return [Lookup(frame.number, tuple(frame.URL_set))]
+
+    def _start_waiting(self) -> list[Action]:
+        """A set left: the oldest held-back frame whose host is still here goes on
+        (only one: a look-up must be the last action of an event)."""
+        while self.waiting and self.own_in_flight() < self.config.max_in_flight:
+            number = next(iter(self.waiting))
+            sender, frame = self.waiting.pop(number)
+            if sender.ip in self.hosts:
+                return self._start_own(sender, frame)
+        return []
 
     def _own_set_arrived(self, sender: Host, frame: Frame, found: LookupDone) -> list[Action]:
         ack = Send((sender,), wire.encode(Ack(frame.number, "duplicate" if found.concluded else "stored")))
@@ -380,7 +406,9 @@ class CenterProtocol:
         rec.awaiting.discard(who)
         rec.answered.add(who)
         if rec.awaiting:
-            return [Save(POOL_OF[rec.stage], rec.number, rec.dump())]
+            # Not saved: answers are idempotent, and a restarted center asks again
+            # everyone its stored record awaits. Only stage changes are written.
+            return []
         return [CancelTimer(rec.number), *self._stage_done(rec)]
 
     # -- §2.4: frames from other networks ---------------------------------------------
@@ -441,7 +469,7 @@ class CenterProtocol:
         log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
         actions: list[Action] = [Admit(rec.number, tuple(urls)), Drop(POOL_OF[rec.stage], rec.number),
                                  Conclude(rec.number, not rec.incomplete)]
-        return actions + self._assign(rec.number, urls)
+        return actions + self._assign(rec.number, urls) + self._start_waiting()
 
     def _reply_foreign(self, rec: SetRecord, found: LookupDone | None) -> list[Action]:
         """Answer another network (§2.4) and, in exact mode, apply the claim rule."""
@@ -502,7 +530,7 @@ class CenterProtocol:
             rec.attempts += 1
             self.counters.inc("resends", stage=rec.stage.value)
             log.info("set %d: no answer from %s; re-sending (attempt %d)", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
-            return [Save(POOL_OF[rec.stage], number, rec.dump()), *self._ask(rec)]
+            return self._ask(rec)
         if rec.awaiting:
             rec.incomplete = True
             self.counters.inc("concluded_incomplete", stage=rec.stage.value)

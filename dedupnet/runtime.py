@@ -93,8 +93,9 @@ class Timers:
 
 class Reactor:
     """Feeds events to a core one at a time; ``execute`` carries out the actions of
-    one event (and may return follow-up events, such as look-up results, which are
-    handled before anything else). Back-pressure: a bounded inbox."""
+    one event and returns its look-ups as zero-argument async callables, which are
+    awaited one by one, each right before its result is handled, before any other
+    event. Back-pressure: a bounded inbox."""
 
     def __init__(self, handle: Callable[[Any], list], execute: Callable[[list], Awaitable[list]], *, inbox: int = 4096):
         self._handle = handle
@@ -119,7 +120,12 @@ class Reactor:
     async def process(self, event: Any) -> None:
         queue = [event]
         while queue:
-            actions = self._handle(queue.pop(0))
+            item = queue.pop(0)
+            if callable(item):
+                # A deferred look-up: done only now, so it sees every write made while
+                # handling the results before it.
+                item = await item()
+            actions = self._handle(item)
             queue[:0] = await self._execute(actions)
 
 

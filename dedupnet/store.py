@@ -28,6 +28,8 @@ added twice is a duplicate URL, which de-dup removes).
 
 from __future__ import annotations
 
+import functools
+import itertools
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -82,6 +84,24 @@ class RetryPolicy:
         for _ in range(self.attempts - 1):
             yield delay
             delay = min(delay * 2, self.max_delay)
+
+
+class _BucketHeads(dict):
+    """``command`` and one bucket's key in RESP, made once per (command, pool, bucket)."""
+
+    def __init__(self, command: bytes, key: str):
+        super().__init__()
+        self.cmd = _bulk(command)
+        self.prefix = key.encode() + b":"
+
+    def __missing__(self, bucket: int) -> bytes:
+        head = self[bucket] = self.cmd + _bulk(self.prefix + b"%d" % bucket)
+        return head
+
+
+@functools.lru_cache(maxsize=1024)
+def _bucket_heads(command: bytes, key: str) -> _BucketHeads:
+    return _BucketHeads(command, key)
 
 
 def _bulk(arg: bytes) -> bytes:
@@ -153,13 +173,13 @@ class Batch:
         body = records.tobytes()
         starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
         ends = np.r_[starts[1:], len(buckets)]
-        prefix = key.encode() + b":"
+        heads = _bucket_heads(command, key)
+        view = memoryview(body)
+        append = self._chunks.append
         for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
-            bkey = prefix + b"%d" % bucket
-            self._chunks.append(
-                b"*%d\r\n%s%s" % (end - start + 2, _bulk(command), _bulk(bkey))
-                + body[start * _MEMBER_RECORD : end * _MEMBER_RECORD]
-            )
+            append(b"*%d\r\n" % (end - start + 2))
+            append(heads[bucket])
+            append(view[start * _MEMBER_RECORD : end * _MEMBER_RECORD])
         self._replies += len(starts)
         return FingerprintReplies(first, order, ends - starts, len(fps))
 
@@ -183,9 +203,7 @@ class FingerprintReplies:
         """Per-fingerprint 0/1 replies (SMISMEMBER) in the caller's original order."""
         out = np.zeros(self.size, dtype=bool)
         if self.size:
-            flat = np.fromiter(
-                (v for reply in self._slice(results) for v in reply), dtype=np.int8, count=self.size
-            )
+            flat = np.fromiter(itertools.chain.from_iterable(self._slice(results)), dtype=np.int8, count=self.size)
             out[self.order] = flat.astype(bool)
         return out
 

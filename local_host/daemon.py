@@ -8,6 +8,7 @@ from ``URL_pool`` while fewer than ``max_unacked`` frames are in flight.
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -129,7 +130,7 @@ class LocalDaemon:
                 if self.conn is None or not self.conn.send_nowait(a.data):
                     self.counters.inc("send_skipped")  # unacked frames go again on reconnect
             elif isinstance(a, hp.Lookup):
-                followups.append(await until_stored(self.store, self.counters, self.pools.lookup, a))
+                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a))
         return followups
 
     async def status(self) -> dict:

@@ -19,7 +19,7 @@ def urls(*names):
 @pytest.mark.parametrize("mode", ["exact", "paper"])
 @pytest.mark.parametrize("seed", range(60))
 def test_concurrent_discovery_random_interleavings(mode, seed):
-    net = MemNet(3, 3, mode=mode, seed=seed)
+    net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3)
     shared = urls(*range(12))
     for i, host in enumerate(net.hosts.values()):
         host.push(net.rnd.sample(shared, 8) + urls(100 + i))
@@ -194,3 +194,18 @@ def test_host_keeps_urls_until_acknowledged_and_resends_after_reconnect():
     assert len(h.URL_pool) == 1
     h.feed(hp.Connected())
     assert [decode(d) for d in h.take_outbox()] == [frames[1]]
+
+
+def test_back_pressure_holds_frames_unacknowledged_until_a_set_concludes():
+    c = center(peers={}, max_in_flight=1)
+    first = Frame({"http://a/": 0}, "127.0.1.10", 5, 1)
+    second = Frame({"http://b/": 0}, "127.0.1.11", 6, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    sent(c)
+    c.feed(cp.Received(cp.Host("127.0.1.11"), second))
+    assert sent(c) == [] and 6 in c.core.waiting  # held: no ack, so host .11 keeps it
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), Frame({"http://a/": 0}, "127.0.1.10", 5, 3)))
+    out = sent(c)
+    assert ("127.0.1.11", Ack(6, "stored")) in out  # the first concluded; the held one goes on
+    assert 6 in c.core.sets and not c.core.waiting

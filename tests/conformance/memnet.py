@@ -13,7 +13,8 @@ from .memory import MemoryCenter, MemoryHost, decode
 
 
 class MemNet:
-    def __init__(self, networks: int, hosts: int, *, mode: str = "exact", set_size: int = 4, seed: int = 0):
+    def __init__(self, networks: int, hosts: int, *, mode: str = "exact", set_size: int = 4, seed: int = 0,
+                 max_in_flight: int = 16):
         self.rnd = random.Random(seed)
         self.centers: dict[int, MemoryCenter] = {}
         self.hosts: dict[str, MemoryHost] = {}
@@ -21,7 +22,8 @@ class MemNet:
         cidr = {n: f"127.0.{n}.0/24" for n in range(1, networks + 1)}
         for n in cidr:
             peers = {m: c for m, c in cidr.items() if m != n}
-            self.centers[n] = MemoryCenter.make(network=n, lan=cidr[n], peers=peers, mode=mode)
+            self.centers[n] = MemoryCenter.make(network=n, lan=cidr[n], peers=peers, mode=mode,
+                                                max_in_flight=max_in_flight)
             for h in range(hosts):
                 ip = f"127.0.{n}.{10 + h}"
                 self.hosts[ip] = MemoryHost.make(ip=ip, network=n, host_id=10 + h, set_size=set_size, mode=mode)

@@ -39,8 +39,13 @@ class MemoryCenter:
         self.run(self.core.handle(event))
 
     def run(self, actions: list) -> None:
+        """As the daemons do: every other action first, then each look-up in turn,
+        answered right before its result is handled."""
+        deferred = []
         for a in actions:
-            if isinstance(a, cp.Send):
+            if isinstance(a, cp.Lookup):
+                deferred.append(a)
+            elif isinstance(a, cp.Send):
                 self.outbox.extend((to, a.data) for to in a.to)
             elif isinstance(a, cp.Save):
                 self.pool(a.pool)[a.number] = a.record
@@ -50,10 +55,6 @@ class MemoryCenter:
                 self.timers[a.number] = a.delay
             elif isinstance(a, cp.CancelTimer):
                 self.timers.pop(a.number, None)
-            elif isinstance(a, cp.Lookup):
-                self.run(self.core.handle(cp.LookupDone(
-                    a.number, a.number in self.concluded,
-                    [u in self.admitted for u in a.urls], [self.claims.get(u) for u in a.urls])))
             elif isinstance(a, cp.RecordClaims):
                 self.claims.update(dict.fromkeys(a.urls, a.number))
             elif isinstance(a, cp.Admit):
@@ -67,6 +68,10 @@ class MemoryCenter:
                 self.task_URL.pop(a.key, None)
             else:
                 raise TypeError(a)
+        for a in deferred:
+            self.run(self.core.handle(cp.LookupDone(
+                a.number, a.number in self.concluded,
+                [u in self.admitted for u in a.urls], [self.claims.get(u) for u in a.urls])))
 
     def fire(self, number: int) -> None:
         assert number in self.timers, f"no timer set for {number}"
@@ -125,13 +130,12 @@ class MemoryHost:
         return url in self.finish_URL or (self.core.config.mode == "exact" and url in self.task_pool)
 
     def run(self, actions: list) -> None:
+        deferred = []
         for a in actions:
             if isinstance(a, hp.Send):
                 self.outbox.append(a.data)
             elif isinstance(a, hp.Lookup):
-                seqs = range(self.sequence + 1, self.sequence + 1 + a.sets)
-                self.sequence += a.sets
-                self.run(self.core.handle(hp.LookupDone(a.token, [self.seen(u) for u in a.urls], seqs)))
+                deferred.append(a)
             elif isinstance(a, hp.SaveUnacked):
                 self.unacked[a.number] = (a.frame, list(a.ids))
             elif isinstance(a, (hp.Release, hp.Forget)):
@@ -143,6 +147,10 @@ class MemoryHost:
                 self.task_pool.extend(a.urls)
             else:
                 raise TypeError(a)
+        for a in deferred:
+            seqs = range(self.sequence + 1, self.sequence + 1 + a.sets)
+            self.sequence += a.sets
+            self.run(self.core.handle(hp.LookupDone(a.token, [self.seen(u) for u in a.urls], seqs)))
 
     def take_outbox(self) -> list[bytes]:
         out, self.outbox = self.outbox, []

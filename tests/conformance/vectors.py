@@ -147,6 +147,7 @@ def counter_mismatches(counters, expected: dict[str, int]) -> dict[str, tuple[in
 # -- pools ---------------------------------------------------------------------------------
 _SETS = ("admitted", "concluded")
 _MULTISETS = ("URL_pool", "task_pool", "unacked")
+_REDUCE_POOLS = ("local_reduce_pool", "dist_reduce_pool")
 
 
 def normalise_pools(pools: dict) -> dict:
@@ -157,7 +158,9 @@ def normalise_pools(pools: dict) -> dict:
             out[key] = sorted({str(v) for v in value})
         elif key in _MULTISETS:
             out[key] = sorted(str(v) for v in value)
-        elif key in ("local_reduce_pool", "dist_reduce_pool"):
+        elif key in _REDUCE_POOLS and isinstance(value, list):  # only which numbers are held
+            out[key] = sorted(str(n) for n in value)
+        elif key in _REDUCE_POOLS:
             out[key] = {str(n): dict(url_set) for n, url_set in value.items()}
         elif key == "claims":
             out[key] = {u: int(n) for u, n in value.items()}
@@ -171,7 +174,8 @@ def normalise_pools(pools: dict) -> dict:
 def pools_mismatch(actual: dict, expected: dict) -> str | None:
     """None if every pool named in ``expected`` equals the one in ``actual``."""
     want = normalise_pools(expected)
-    got = normalise_pools({k: actual[k] for k in want})
+    got = normalise_pools({k: list(actual[k]) if isinstance(expected[k], list) and k in _REDUCE_POOLS else actual[k]
+                           for k in want})
     if got == want:
         return None
     return "\n".join(f"  {k}: got {got[k]!r}, expected {want[k]!r}" for k in want if got[k] != want[k])

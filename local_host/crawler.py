@@ -1,0 +1,716 @@
+"""The crawler of a local host (issue #4): takes tasks from ``task_pool``, fetches them
+politely with trio + httpx, and hands what it found to the protocol through ``URL_pool``.
+
+Flow of one task::
+
+    task_pool  --XREADGROUP (group "crawl", BLOCK <= 1 s)-->  lease (pending entry)
+       robots.txt (protego, cached per origin) -> politeness slot -> GET (redirects by hand)
+       -> links (selectolax) -> scope, depth, URLGate
+    one MULTI/EXEC:  SADD finish_URL (page + redirect chain) ; XADD URL_pool (links)
+                     ; depth records ; failed record ; XACK + XDEL the task entry
+
+Crash safety: the lease is the task entry's pending state in the ``crawl`` group. Until
+the one transaction above runs, nothing of the page is written; after it, everything is.
+A crawler killed at any point therefore loses no task, and re-fetches only the pages
+that were in progress: on start it re-takes its own pending entries first (the same
+``consumer`` name must be used across restarts — the daemon uses the host's IP).
+
+Depth (for ``max_depth``): task entries carry only ``u``, so the depth of a URL is kept
+in the hash ``<prefix>:depth`` (8-byte URL fingerprint -> depth), written in the same
+transaction that pushes links (the minimum of the known and the new depth, by a small
+Lua script), and read when the task is fetched. A URL without a record is a seed
+(depth 0): seeds are written with 0, and so are URLs pushed by other means
+(``dedupnet push``). Nothing is written when ``max_depth`` is None. The hash is per
+host: a URL the protocol assigns to another host (site hash) arrives there without
+its depth, i.e. as depth 0, unless the hosts share the key (``depth_key``).
+
+Re-crawl (``recrawl_interval``): seeds given to :meth:`Crawler.seed` / :func:`seed_urls`
+are remembered in the set ``<prefix>:seeds``. Every interval the seeds are put straight
+into this host's ``task_pool`` again (depth 0), bypassing de-dup — as the re-import
+of seed tasks in related system C. Going through the protocol cannot work: the seeds
+are in this host's ``finish_URL`` and, in exact mode, in the center's admitted
+record, so de-dup would (rightly) drop them. Their links go through the protocol as
+usual, so only new pages are crawled. ``<prefix>:recrawl_lock`` (SET NX PX interval)
+makes one crawler of a host re-queue per interval, also across restarts.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import logging
+import re
+import time
+import urllib.parse
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import orjson
+import trio
+from redis.exceptions import ResponseError
+
+from dedupnet.aio import AsyncStore
+from dedupnet.errors import BadURL
+from dedupnet.metrics import Counters
+from dedupnet.runtime import until_stored
+from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.urls import URLGate, fingerprint_many, normalize, site_of
+
+from .fetch import Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
+
+__all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
+
+log = logging.getLogger("dedupnet.crawler")
+
+#: Consumer group of the crawler(s) of a host on ``task_pool``.
+GROUP = "crawl"
+#: Hash URL -> JSON ``{reason, status, attempts, final_url, time}`` of permanent failures.
+FAILED = "failed"
+#: Hash 8-byte fingerprint -> depth (only with ``max_depth``).
+DEPTH = "depth"
+#: Set of seed URLs (for re-crawl).
+SEEDS = "seeds"
+RECRAWL_LOCK = "recrawl_lock"
+
+HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
+ACCEPT = "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1"
+ROBOTS_MAX = 512 * 1024  # RFC 9309: parse at least 500 KiB
+PARSE_IN_THREAD = 256 * 1024
+
+# Keeps the smaller depth of each field. KEYS[1] = depth hash, ARGV[1] = depth,
+# ARGV[2..] = fields. Atomic inside MULTI/EXEC like any command.
+_MIN_DEPTH = b"""
+local d = tonumber(ARGV[1])
+for i = 2, #ARGV do
+  local cur = redis.call('HGET', KEYS[1], ARGV[i])
+  if (not cur) or tonumber(cur) > d then redis.call('HSET', KEYS[1], ARGV[i], d) end
+end
+return 0
+"""
+
+
+@dataclass
+class CrawlerSettings:
+    #: Requests on the wire at once, all sites together.
+    concurrency: int = 32
+    #: Requests on the wire at once to one site (host); 0 = no per-site bound.
+    per_site_concurrency: int = 2
+    #: Minimum seconds between the starts of two requests to one site; 0 = none.
+    per_site_delay: float = 0.25
+    #: robots.txt ``Crawl-delay`` is honoured up to this many seconds; 0 ignores it.
+    max_crawl_delay: float = 10.0
+    respect_robots: bool = True
+    #: How long a fetched robots.txt is trusted (RFC 9309: at most 24 h).
+    robots_ttl: float = 86400.0
+    user_agent: str = "dedupnet-crawler/0.1"
+    #: The product token robots.txt groups are matched against.
+    robots_agent: str = "dedupnet"
+    max_redirects: int = 5
+    #: Largest body read (bytes, after content decoding); a larger page is cut off.
+    max_body: int = 2 * 1024 * 1024
+    #: Retries of a request after a 5xx in ``retry_statuses``, a timeout or a connection error.
+    max_retries: int = 3
+    #: Back-off before retry k is ``retry_base * 2**(k-1)`` seconds (at most ``retry_max_delay``).
+    retry_base: float = 0.5
+    retry_max_delay: float = 30.0
+    retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
+    #: httpx connect / read / write / pool timeout, seconds.
+    timeout: float = 10.0
+    #: One whole request including its body, seconds (a slow-drip server).
+    page_timeout: float = 60.0
+    #: Hosts (and their subdomains) links may point to; empty = any.
+    allowed_domains: frozenset[str] = frozenset()
+    #: Links of a page at depth ``max_depth`` are not followed; None = no limit.
+    max_depth: int | None = None
+    #: Depth hash key (full key, no prefix added); default ``<prefix>:depth``.
+    depth_key: str | None = None
+    #: Seconds between re-crawls of the seeds; None = off.
+    recrawl_interval: float | None = None
+    #: Write fetched pages as JSON lines to ``store_dir/pages-<consumer>.jsonl``.
+    store_dir: str | None = None
+    #: Source address of HTTP connections (e.g. the host's IP); None = any.
+    local_address: str | None = None
+    #: Honour HTTP(S)_PROXY / NO_PROXY from the environment.
+    trust_env: bool = False
+    #: Tasks taken from task_pool and not yet done (waiting for a site or a slot included).
+    max_leased: int = 256
+    #: Entries asked for by one XREADGROUP.
+    take_batch: int = 64
+    #: XREADGROUP BLOCK, seconds: how long an idle crawler waits in Redis for work
+    #: (also the longest a cancellation waits for the blocked thread).
+    block_timeout: float = 1.0
+    #: Seconds between progress lines at INFO.
+    progress_interval: float = 10.0
+
+
+@dataclass
+class Failure:
+    reason: str
+    status: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What one task came to. ``chain``: the task URL and every redirect target that was
+    requested (all go into finish_URL); ``links``: normalised links to push."""
+
+    url: str
+    chain: list[str]
+    depth: int = 0
+    links: list[str] = field(default_factory=list)
+    failure: Failure | None = None
+    attempts: int = 0
+    kind: str = "ok"  # ok | failed | skipped
+
+
+@dataclass
+class _Response:
+    status: int
+    headers: httpx.Headers
+    body: bytes | None = None
+    too_large: bool = False
+    html: bool = True
+    charset: str | None = None
+
+
+class _FetchError(Exception):
+    def __init__(self, kind: str, transient: bool):
+        super().__init__(kind)
+        self.kind = kind
+        self.transient = transient
+
+
+def _seed_fill(store: Store, urls: list[str], batch: Batch) -> None:
+    key = store.key
+    for url in urls:
+        batch.add(b"XADD", key(URL_POOL), b"*", b"u", url)
+    fields = fingerprint_fields(fingerprint_many(urls))
+    batch.add(b"HSET", key(DEPTH), *[x for f in fields for x in (f, b"0")])
+    batch.add(b"SADD", key(SEEDS), *urls)
+
+
+def _seed(store: Store, urls: Iterable[str], gate: URLGate | None = None) -> int:
+    accepted = list(dict.fromkeys((gate or URLGate()).accept(urls)))
+    for i in range(0, len(accepted), 10_000):
+        chunk = accepted[i : i + 10_000]
+        store.transact(functools.partial(_seed_fill, store, chunk))
+    return len(accepted)
+
+
+def seed_urls(pools, urls: Iterable[str], gate: URLGate | None = None) -> int:
+    """Push seeds into ``URL_pool`` like any discovered URL (the protocol de-dups and
+    assigns them), record their depth as 0 and remember them for re-crawl.
+    ``pools`` is a :class:`~local_host.pools.HostPools` (or a :class:`Store`).
+    Returns how many were accepted (normalised, duplicates removed)."""
+    store = pools if isinstance(pools, Store) else pools.store
+    return _seed(store, urls, gate)
+
+
+def _file_name_part(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name) or "crawler"
+
+
+class Crawler:
+    """Fetches the tasks of one host's ``task_pool`` until cancelled."""
+
+    def __init__(self, store: Store, settings: CrawlerSettings, counters: Counters, *, consumer: str):
+        self.store = store
+        self.settings = settings
+        self.counters = counters
+        self.consumer = consumer
+        s = settings
+        self._reader = AsyncStore(store, max_threads=1)  # the blocking XREADGROUP
+        self._writer = AsyncStore(store, max_threads=8)
+        self.politeness = Politeness(s.concurrency, s.per_site_concurrency, s.per_site_delay)
+        self.robots = RobotsCache(self._fetch_robots, agent=s.robots_agent, ttl=s.robots_ttl,
+                                  on_rules=self._robots_rules)
+        self.allowed = frozenset(d.lower().strip(".") for d in s.allowed_domains)
+        self.depth_key = s.depth_key or store.key(DEPTH)
+        self._client: httpx.AsyncClient | None = None
+        self._leases = trio.Semaphore(max(1, s.max_leased))
+        self._drained = False
+        self._page_file = None
+        self._page_limiter = trio.CapacityLimiter(1)
+        #: Tasks taken and not yet done (fetching, waiting for a slot or a retry).
+        self.in_progress = 0
+        #: Tasks done by this crawler (fetched, failed or skipped).
+        self.pages_done = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in progress, and the last read of task_pool found nothing new.
+
+        Cheap and local; it can lag behind a task that has just arrived by up to one
+        read. For quiescence, ``XLEN task_pool == 0`` is exact: an entry leaves the
+        stream only in the transaction that pushes the page's links."""
+        return self._drained and self.in_progress == 0
+
+    # -- seeds ---------------------------------------------------------------------------
+    async def seed(self, urls: Iterable[str]) -> int:
+        """Async :func:`seed_urls` on this crawler's store."""
+        return await until_stored(self._writer, self.counters, _seed, self.store, list(urls))
+
+    # -- running ---------------------------------------------------------------------------
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        s = self.settings
+        await until_stored(self._writer, self.counters, self.store.ensure_group, TASK_POOL, GROUP)
+        transport = httpx.AsyncHTTPTransport(
+            limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency),
+            local_address=s.local_address, trust_env=s.trust_env, retries=0,
+        )
+        client = httpx.AsyncClient(
+            transport=transport, timeout=httpx.Timeout(s.timeout), follow_redirects=False,
+            max_redirects=max(s.max_redirects, 5), trust_env=s.trust_env,
+            headers={"User-Agent": s.user_agent},
+        )
+        self._client = client
+        try:
+            if s.store_dir:
+                Path(s.store_dir).mkdir(parents=True, exist_ok=True)
+                path = Path(s.store_dir) / f"pages-{_file_name_part(self.consumer)}.jsonl"
+                self._page_file = open(path, "ab")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._take_loop, nursery)
+                nursery.start_soon(self._progress_loop)
+                if s.recrawl_interval:
+                    nursery.start_soon(self._recrawl_loop)
+                log.info("crawler %s: concurrency %d, %d per site, %.2fs per-site delay, robots %s",
+                         self.consumer, s.concurrency, s.per_site_concurrency, s.per_site_delay,
+                         "on" if s.respect_robots else "off")
+                task_status.started()
+        finally:
+            with trio.CancelScope(shield=True), trio.move_on_after(2):
+                await client.aclose()
+            if self._page_file is not None:
+                self._page_file.close()
+                self._page_file = None
+
+    # -- taking tasks ----------------------------------------------------------------------
+    def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
+        """One XREADGROUP (in a worker thread): entries, and the last id read (for paging
+        through this consumer's pending entries)."""
+        key = self.store.key(TASK_POOL)
+        args: list = [b"XREADGROUP", b"GROUP", GROUP, self.consumer, b"COUNT", count]
+        if block_ms:
+            args += [b"BLOCK", block_ms]
+        args += [b"STREAMS", key, start]
+        try:
+            reply = self.store.command(*args)
+        except ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            self.store.ensure_group(TASK_POOL, GROUP)  # task_pool was deleted: start again
+            return [], None
+        raw = reply[0][1] if reply else []
+        if not raw:
+            return [], None
+        entries, gone = [], []
+        for eid, fields in raw:
+            url = dict(zip(fields[0::2], fields[1::2])).get(b"u") if fields else None
+            if url is None:
+                gone.append(eid)  # deleted under us, or not a task: nothing to do
+            else:
+                entries.append((eid, url.decode("utf-8", "replace")))
+        if gone:
+            self.store.stream_done(TASK_POOL, GROUP, gone)
+        return entries, raw[-1][0]
+
+    async def _take_loop(self, nursery: trio.Nursery) -> None:
+        s = self.settings
+        block_ms = max(1, int(s.block_timeout * 1000))
+        cursor: bytes | None = b"0"  # first this consumer's pending entries (a restart)
+        resumed = 0
+        while True:
+            await self._leases.acquire()
+            n = 1
+            while n < s.take_batch:
+                try:
+                    self._leases.acquire_nowait()
+                except trio.WouldBlock:
+                    break
+                n += 1
+            if cursor is not None:
+                entries, cursor = await until_stored(self._reader, self.counters, self._read, n, cursor, None)
+                resumed += len(entries)
+                if cursor is None and resumed:
+                    log.info("crawler %s: %d tasks in progress before a restart are fetched again",
+                             self.consumer, resumed)
+            else:
+                entries, _ = await until_stored(self._reader, self.counters, self._read, n, b">", block_ms)
+                self._drained = not entries
+            for _ in range(n - len(entries)):
+                self._leases.release()
+            for eid, url in entries:
+                self.in_progress += 1
+                nursery.start_soon(self._process, eid, url)
+
+    # -- one task --------------------------------------------------------------------------
+    async def _process(self, eid: bytes, url: str) -> None:
+        try:
+            try:
+                outcome = await self._crawl(url)
+            except Exception:
+                log.exception("crawler %s: unexpected error on %s", self.consumer, url)
+                self.counters.inc("fetch_errors", kind="internal")
+                outcome = Outcome(url, [], failure=Failure("internal"), kind="failed")
+            try:
+                await until_stored(self._writer, self.counters, self.store.transact,
+                                   functools.partial(self._fill_done, eid, outcome))
+            except Exception:
+                log.exception("crawler %s: recording %s failed; dropping its results", self.consumer, url)
+                self.counters.inc("fetch_errors", kind="internal")
+                outcome = Outcome(url, [], failure=Failure("internal"), kind="failed")
+                await until_stored(self._writer, self.counters, self.store.transact,
+                                   functools.partial(self._fill_done, eid, outcome))
+            self.pages_done += 1
+            self.counters.inc("pages_done", outcome=outcome.kind)
+            self.counters.inc("links_pushed", len(outcome.links))
+            if outcome.failure is not None:
+                f = outcome.failure
+                if outcome.kind == "skipped":
+                    log.info("skipped %s: %s", url, f.reason)
+                else:
+                    log.warning("failed %s: %s%s after %d attempt(s)", url, f.reason,
+                                f" {f.status}" if f.status is not None else "", outcome.attempts)
+        finally:
+            self.in_progress -= 1
+            self._leases.release()
+
+    def _fill_done(self, eid: bytes, o: Outcome, batch: Batch) -> None:
+        """Everything a done task writes, queued into one MULTI/EXEC."""
+        key = self.store.key
+        if o.chain:
+            batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(o.chain))
+        for link in o.links:
+            batch.add(b"XADD", key(URL_POOL), b"*", b"u", link)
+        if o.links and self.settings.max_depth is not None:
+            batch.add(b"EVAL", _MIN_DEPTH, 1, self.depth_key, o.depth + 1,
+                      *fingerprint_fields(fingerprint_many(o.links)))
+        if o.failure is not None:
+            record = {"reason": o.failure.reason, "status": o.failure.status, "attempts": o.attempts,
+                      "final_url": o.chain[-1] if o.chain else o.url, "time": round(time.time(), 3)}
+            batch.add(b"HSET", key(FAILED), o.url, orjson.dumps(record))
+        else:
+            batch.add(b"HDEL", key(FAILED), o.url)
+        batch.add(b"XACK", key(TASK_POOL), GROUP, eid)
+        batch.add(b"XDEL", key(TASK_POOL), eid)
+
+    def _depth_record(self, url: str) -> int:
+        (field_,) = fingerprint_fields(fingerprint_many([url]))
+        value = self.store.command(b"HGET", self.depth_key, field_)
+        return int(value) if value is not None else 0
+
+    def _is_finished(self, url: str) -> bool:
+        return bool(self.store.fp_contains(FINISH_URL, fingerprint_many([url]))[0])
+
+    def _backoff(self, retry: int, retry_after: float | None) -> float:
+        s = self.settings
+        delay = min(s.retry_base * 2 ** (retry - 1), s.retry_max_delay)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, s.retry_max_delay))
+        return delay
+
+    async def _crawl(self, raw_url: str) -> Outcome:
+        s = self.settings
+        try:
+            url = normalize(raw_url)
+        except BadURL as e:
+            self.counters.inc("fetch_errors", kind="bad_url")
+            return Outcome(raw_url, [], failure=Failure(f"bad_url:{e.reason}"), kind="failed")
+        depth = 0
+        if s.max_depth is not None:
+            depth = await until_stored(self._writer, self.counters, self._depth_record, url)
+        chain = [url]
+        current = url
+        attempts = 0
+        retries = 0  # on the current hop
+
+        def failed(reason: str, status: int | None = None) -> Outcome:
+            return Outcome(url, chain, depth, failure=Failure(reason, status), attempts=attempts, kind="failed")
+
+        while True:
+            if s.respect_robots:
+                try:
+                    allowed = await self.robots.allowed(current)
+                except RobotsUnavailable:
+                    self.counters.inc("fetch_errors", kind="robots_unavailable")
+                    if retries < s.max_retries:
+                        retries += 1
+                        self.counters.inc("retries")
+                        await trio.sleep(self._backoff(retries, None))
+                        continue
+                    return failed("robots_unavailable")
+                if not allowed:
+                    self.counters.inc("robots_skipped")
+                    return Outcome(url, chain, depth, failure=Failure("robots"), attempts=attempts, kind="skipped")
+            attempts += 1
+            try:
+                resp = await self._fetch(current)
+            except _FetchError as e:
+                self.counters.inc("fetch_errors", kind=e.kind)
+                if e.transient and retries < s.max_retries:
+                    retries += 1
+                    self.counters.inc("retries")
+                    await trio.sleep(self._backoff(retries, None))
+                    continue
+                return failed(e.kind)
+            status = resp.status
+            self.counters.inc("pages_fetched", status=status)
+            if status in s.retry_statuses:
+                self.counters.inc("fetch_errors", kind="http_5xx" if status >= 500 else "http_retry")
+                if retries < s.max_retries:
+                    retries += 1
+                    self.counters.inc("retries")
+                    await trio.sleep(self._backoff(retries, _retry_after(resp.headers)))
+                    continue
+                return failed("http", status)
+            location = resp.headers.get("location")
+            if status in REDIRECT_STATUSES and location:
+                self.counters.inc("redirects")
+                try:
+                    target = normalize(urllib.parse.urljoin(current, location.strip()))
+                except (BadURL, ValueError):
+                    self.counters.inc("fetch_errors", kind="bad_redirect")
+                    return failed("bad_redirect", status)
+                if target in chain:
+                    self.counters.inc("fetch_errors", kind="redirect_loop")
+                    return failed("redirect_loop", status)
+                if len(chain) > s.max_redirects:
+                    self.counters.inc("fetch_errors", kind="too_many_redirects")
+                    return failed("too_many_redirects", status)
+                if not in_scope(site_of(target), self.allowed):
+                    self.counters.inc("fetch_errors", kind="redirect_out_of_scope")
+                    return failed("redirect_out_of_scope", status)
+                chain.append(target)
+                if await until_stored(self._writer, self.counters, self._is_finished, target):
+                    self.counters.inc("redirects_to_finished")
+                    return Outcome(url, chain, depth, attempts=attempts)
+                current, retries = target, 0
+                continue
+            if 200 <= status < 300:
+                return await self._page(url, chain, depth, attempts, resp)
+            self.counters.inc("fetch_errors", kind="http_4xx" if 400 <= status < 500 else "http_other")
+            return failed("http", status)
+
+    async def _page(self, url: str, chain: list[str], depth: int, attempts: int, resp: _Response) -> Outcome:
+        s = self.settings
+        done = Outcome(url, chain, depth, attempts=attempts)
+        if resp.too_large:
+            self.counters.inc("too_large")
+            await self._store_page(chain[-1], resp, None)
+            return done
+        if not resp.html:
+            self.counters.inc("not_html")
+            await self._store_page(chain[-1], resp, None)
+            return done
+        body = resp.body or b""
+        if len(body) > PARSE_IN_THREAD:
+            html = await trio.to_thread.run_sync(decode_html, body, resp.charset)
+        else:
+            html = decode_html(body, resp.charset)
+        await self._store_page(chain[-1], resp, html)
+        if s.max_depth is not None and depth >= s.max_depth:
+            return done  # its links would be deeper than max_depth: not even parsed
+        if len(body) > PARSE_IN_THREAD:
+            found = await trio.to_thread.run_sync(extract_links, html, chain[-1])
+        else:
+            found = extract_links(html, chain[-1])
+        self.counters.inc("links_found", found.found)
+        for reason, n in found.dropped.items():
+            self.counters.inc("links_dropped", n, reason=reason)
+        gate = URLGate()
+        links = gate.accept(found.urls)
+        for reason, n in gate.rejected.items():
+            self.counters.inc("links_dropped", n, reason=reason)
+        kept: dict[str, None] = {}
+        out_of_scope = own = 0
+        for link in links:
+            if link in kept:
+                continue
+            if link in chain:
+                own += 1  # a link to the page itself: finished with it
+            elif not in_scope(site_of(link), self.allowed):
+                out_of_scope += 1
+            else:
+                kept[link] = None
+        if out_of_scope:
+            self.counters.inc("links_dropped", out_of_scope, reason="out_of_scope")
+        if own:
+            self.counters.inc("links_dropped", own, reason="self")
+        done.links = list(kept)
+        return done
+
+    # -- HTTP ------------------------------------------------------------------------------
+    async def _fetch(self, url: str) -> _Response:
+        """One GET through the politeness gate; the body is read (up to ``max_body``) only
+        for a 2xx HTML page (or any 2xx with ``store_dir``)."""
+        assert self._client is not None
+        s = self.settings
+        async with self.politeness.slot(site_of(url)) as sent:
+            with trio.move_on_after(s.page_timeout):
+                try:
+                    async with self._client.stream("GET", url, headers={"Accept": ACCEPT},
+                                                   extensions={"trace": _on_send(sent)}) as r:
+                        try:
+                            return await self._read_response(r)
+                        finally:
+                            self.counters.inc("bytes_fetched", r.num_bytes_downloaded)
+                except httpx.TimeoutException:
+                    raise _FetchError("timeout", True) from None
+                except httpx.ConnectError:
+                    raise _FetchError("connect", True) from None
+                except (httpx.UnsupportedProtocol, httpx.InvalidURL):
+                    raise _FetchError("bad_url", False) from None
+                except httpx.TransportError:
+                    raise _FetchError("network", True) from None
+                except (httpx.DecodingError, httpx.StreamError):
+                    raise _FetchError("decoding", False) from None
+            raise _FetchError("timeout", True)
+
+    async def _read_response(self, r: httpx.Response) -> _Response:
+        s = self.settings
+        resp = _Response(r.status_code, r.headers, charset=r.charset_encoding)
+        if not 200 <= r.status_code < 300:
+            return resp
+        mime = r.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+        resp.html = not mime or mime in HTML_TYPES  # no type: try it as HTML
+        if not resp.html and not s.store_dir:
+            return resp
+        length = r.headers.get("content-length", "")
+        if length.isdigit() and int(length) > s.max_body:
+            resp.too_large = True
+            return resp
+        chunks, total = [], 0
+        async for chunk in r.aiter_bytes():
+            total += len(chunk)
+            if total > s.max_body:
+                resp.too_large = True
+                return resp
+            chunks.append(chunk)
+        resp.body = b"".join(chunks)
+        return resp
+
+    async def _fetch_robots(self, origin: str) -> str | None:
+        """robots.txt of an origin for :class:`RobotsCache` (through the politeness gate)."""
+        assert self._client is not None
+        s = self.settings
+        url = origin + "/robots.txt"
+        try:
+            async with self.politeness.slot(site_of(url)) as sent:
+                with trio.move_on_after(s.page_timeout):
+                    async with self._client.stream("GET", url, follow_redirects=True,
+                                                   extensions={"trace": _on_send(sent)}) as r:
+                        self.counters.inc("robots_fetched", status=r.status_code)
+                        if 400 <= r.status_code < 500:
+                            return None  # no robots.txt: everything is allowed
+                        if not 200 <= r.status_code < 300:
+                            raise RobotsUnavailable(f"{url}: HTTP {r.status_code}")
+                        chunks, total = [], 0
+                        async for chunk in r.aiter_bytes():
+                            chunks.append(chunk)
+                            total += len(chunk)
+                            if total >= ROBOTS_MAX:
+                                break
+                        self.counters.inc("bytes_fetched", r.num_bytes_downloaded)
+                        return b"".join(chunks)[:ROBOTS_MAX].decode("utf-8", errors="replace")
+                raise RobotsUnavailable(f"{url}: timeout")
+        except httpx.TooManyRedirects:
+            return None  # RFC 9309: more than 5 redirects = unavailable (4xx-like): allow
+        except httpx.HTTPError as e:
+            raise RobotsUnavailable(f"{url}: {type(e).__name__}") from None
+
+    def _robots_rules(self, origin: str, rules) -> None:
+        if self.settings.max_crawl_delay <= 0:
+            return
+        try:
+            delay = rules.crawl_delay(self.settings.robots_agent)
+        except Exception:  # a malformed Crawl-delay must not cost the page
+            delay = None
+        if delay:
+            self.politeness.set_delay(site_of(origin + "/"), min(float(delay), self.settings.max_crawl_delay))
+
+    # -- page store ------------------------------------------------------------------------
+    async def _store_page(self, url: str, resp: _Response, html: str | None) -> None:
+        if self._page_file is None:
+            return
+        record: dict = {"url": url, "status": resp.status, "headers": dict(resp.headers),
+                        "fetched_at": round(time.time(), 3)}
+        if html is not None:
+            record["text"] = html
+        elif resp.body is not None:
+            record["body_b64"] = base64.b64encode(resp.body).decode("ascii")
+        if resp.too_large:
+            record["too_large"] = True
+        line = orjson.dumps(record) + b"\n"
+        await trio.to_thread.run_sync(self._write_page, line, limiter=self._page_limiter)
+
+    def _write_page(self, line: bytes) -> None:
+        if self._page_file is not None:
+            self._page_file.write(line)
+            self._page_file.flush()
+
+    # -- background ------------------------------------------------------------------------
+    def _requeue_seeds(self) -> int:
+        """Re-crawl: the seeds straight into task_pool (see the module doc), at most once
+        per interval per host (``recrawl_lock``)."""
+        interval_ms = max(1, int(self.settings.recrawl_interval * 1000))
+        if not self.store.command(b"SET", self.store.key(RECRAWL_LOCK), self.consumer, b"NX", b"PX", interval_ms):
+            return 0
+        seeds = self.store.command(b"SMEMBERS", self.store.key(SEEDS))
+        if not seeds:
+            return 0
+
+        def fill(batch: Batch) -> None:
+            for url in seeds:
+                batch.add(b"XADD", self.store.key(TASK_POOL), b"*", b"u", url)
+            fields = fingerprint_fields(fingerprint_many([u.decode() for u in seeds]))
+            batch.add(b"HSET", self.depth_key, *[x for f in fields for x in (f, b"0")])
+
+        self.store.transact(fill)
+        return len(seeds)
+
+    async def _recrawl_loop(self) -> None:
+        interval = self.settings.recrawl_interval
+        while True:
+            await trio.sleep(interval)
+            n = await until_stored(self._writer, self.counters, self._requeue_seeds)
+            if n:
+                self.counters.inc("recrawls")
+                self.counters.inc("recrawl_urls", n)
+                log.info("crawler %s: re-crawl of %d seeds queued", self.consumer, n)
+
+    async def _progress_loop(self) -> None:
+        interval = self.settings.progress_interval
+        last_done, last_t = 0, trio.current_time()
+        while True:
+            await trio.sleep(interval)
+            now = trio.current_time()
+            done = self.pages_done
+            if done != last_done or self.in_progress:
+                rate = (done - last_done) / max(now - last_t, 1e-9)
+                log.info("crawler %s: %d pages (%.1f pages/s), %d in progress, %d on the wire, %d failed, %d robots-skipped",
+                         self.consumer, done, rate, self.in_progress, self.politeness.active,
+                         self.counters.get("pages_done", outcome="failed"), self.counters.get("robots_skipped"))
+            last_done, last_t = done, now
+            self.politeness.forget_idle()
+
+
+def _on_send(sent):
+    """An httpcore ``trace`` callback calling ``sent()`` when the request headers go out."""
+
+    async def trace(name: str, info: dict) -> None:
+        if name.endswith("send_request_headers.started"):
+            sent()
+
+    return trace
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    value = headers.get("retry-after", "").strip()
+    if value.isdigit():
+        return float(value)
+    return None
+

@@ -1,0 +1,597 @@
+"""The crawler against a real HTTP server on loopback and a real Redis.
+
+The protocol is not needed: tests put URLs straight into the host's ``task_pool`` and
+check what the crawler writes to ``finish_URL``, ``URL_pool`` and ``failed``. The
+server (trio + h11, below) serves a few sites on different 127.88.0.x addresses and
+records every request with its (server-side) time.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+
+import h11
+import pytest
+import trio
+
+import local_host.crawler as crawler_mod
+from dedupnet.metrics import Counters
+from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
+from dedupnet.urls import fingerprint_many, normalize
+from local_host.crawler import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSettings, seed_urls
+from local_host.fetch import extract_links, in_scope
+from local_host.pools import HostPools
+
+HOSTS = {"a": "127.88.0.1", "b": "127.88.0.2", "c": "127.88.0.3"}
+
+
+# -- a tiny web --------------------------------------------------------------------------
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes | object = b""  # bytes, or an async iterator of bytes (sent chunked)
+    content_type: str | None = "text/html; charset=utf-8"
+    headers: list = field(default_factory=list)
+
+
+@dataclass
+class Hit:
+    site: str
+    path: str
+    t: float
+
+
+class Site:
+    def __init__(self, web: "Web", name: str, host: str):
+        self.web, self.name, self.host = web, name, host
+        self.port = 0
+        self.routes: dict = {}
+        self.active = 0
+        self.max_active = 0
+
+    @property
+    def base(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def url(self, path: str) -> str:
+        return self.base + path
+
+    def page(self, path: str, html: str = "<html><body>hello</body></html>", **kw) -> None:
+        self.routes[path] = Reply(body=html.encode(), **kw)
+
+    def route(self, path: str, handler) -> None:
+        """``handler(n)`` (n = how many times the path was asked before) -> Reply, may await."""
+        self.routes[path] = handler
+
+    def hits(self, path: str | None = None) -> list[Hit]:
+        return [h for h in self.web.hits if h.site == self.name and (path is None or h.path == path)]
+
+
+class Web:
+    def __init__(self):
+        self.sites: dict[str, Site] = {}
+        self.hits: list[Hit] = []
+        self.active = 0
+        self.max_active = 0
+
+    async def add(self, nursery: trio.Nursery, name: str, host: str) -> Site:
+        site = Site(self, name, host)
+        listeners = await trio.open_tcp_listeners(0, host=host)
+        site.port = listeners[0].socket.getsockname()[1]
+        nursery.start_soon(trio.serve_listeners, lambda s: self._serve(site, s), listeners)
+        self.sites[name] = site
+        return site
+
+    async def _serve(self, site: Site, stream: trio.SocketStream) -> None:
+        conn = h11.Connection(h11.SERVER)
+        try:
+            request = None
+            while True:
+                event = conn.next_event()
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await stream.receive_some(65536))
+                elif isinstance(event, h11.Request):
+                    request = event
+                elif isinstance(event, h11.EndOfMessage):
+                    break
+                elif isinstance(event, h11.ConnectionClosed) or event is h11.PAUSED:
+                    return
+            path = request.target.decode()
+            before = len(site.hits(path))
+            self.hits.append(Hit(site.name, path, trio.current_time()))
+            site.active += 1
+            self.active += 1
+            site.max_active = max(site.max_active, site.active)
+            self.max_active = max(self.max_active, self.active)
+            try:
+                handler = site.routes.get(path)
+                if handler is None:
+                    reply = Reply(404, b"not found", "text/plain")
+                elif isinstance(handler, Reply):
+                    reply = handler
+                else:
+                    reply = handler(before)
+                    if not isinstance(reply, Reply):
+                        reply = await reply
+                headers = [("connection", "close")] + list(reply.headers)
+                if reply.content_type:
+                    headers.append(("content-type", reply.content_type))
+                if isinstance(reply.body, bytes):
+                    headers.append(("content-length", str(len(reply.body))))
+                await stream.send_all(conn.send(h11.Response(status_code=reply.status, headers=headers)))
+                if isinstance(reply.body, bytes):
+                    if reply.body:
+                        await stream.send_all(conn.send(h11.Data(data=reply.body)))
+                else:
+                    async for chunk in reply.body:
+                        await stream.send_all(conn.send(h11.Data(data=chunk)))
+                await stream.send_all(conn.send(h11.EndOfMessage()))
+            finally:
+                site.active -= 1
+                self.active -= 1
+        except (trio.BrokenResourceError, trio.ClosedResourceError, h11.RemoteProtocolError, h11.LocalProtocolError):
+            pass
+        finally:
+            await trio.aclose_forcefully(stream)
+
+
+@pytest.fixture
+async def web():
+    w = Web()
+    async with trio.open_nursery() as nursery:
+        for name, host in HOSTS.items():
+            await w.add(nursery, name, host)
+        yield w
+        nursery.cancel_scope.cancel()
+
+
+# -- helpers -----------------------------------------------------------------------------
+FAST = dict(block_timeout=0.05, retry_base=0.01, per_site_delay=0.0, timeout=5.0, page_timeout=5.0,
+            progress_interval=0.5)
+
+
+@asynccontextmanager
+async def crawling(store, *, consumer="c1", counters=None, **overrides):
+    settings = CrawlerSettings(**{**FAST, **overrides})
+    crawler = Crawler(store, settings, counters if counters is not None else Counters(), consumer=consumer)
+    async with trio.open_nursery() as nursery:
+        with trio.fail_after(5):
+            await nursery.start(crawler.run)
+        yield crawler
+        nursery.cancel_scope.cancel()
+
+
+async def until(predicate, timeout=10.0):
+    """Wait for a condition (polled), failing the test after ``timeout`` seconds."""
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.01)
+
+
+async def settle(store, crawler, timeout=10.0):
+    """Until every task is done: task entries leave task_pool only in the transaction
+    that records the page, so an empty task_pool and nothing in progress is the end."""
+    await until(lambda: crawler.in_progress == 0 and store.stream_len(TASK_POOL) == 0, timeout)
+
+
+async def crawl(store, urls, **overrides):
+    """Queue ``urls`` as tasks, crawl until done; returns the counters."""
+    counters = Counters()
+    store.stream_add(TASK_POOL, urls)
+    async with crawling(store, counters=counters, **overrides) as crawler:
+        await settle(store, crawler)
+        await until(lambda: crawler.idle)
+    return counters
+
+
+def pushed(store) -> list[str]:
+    return [f[b"u"].decode() for _, f in store.redis.xrange(store.key(URL_POOL))]
+
+
+def finished(store, urls) -> list[bool]:
+    return store.fp_contains(FINISH_URL, fingerprint_many([normalize(u) for u in urls])).tolist()
+
+
+def failures(store) -> dict[str, dict]:
+    return {k.decode(): json.loads(v) for k, v in store.redis.hgetall(store.key(FAILED)).items()}
+
+
+def page(*links: str, head: str = "") -> str:
+    anchors = "".join(f'<a href="{href}">link</a>\n' for href in links)
+    return f"<!doctype html><html><head>{head}</head><body>{anchors}</body></html>"
+
+
+def assert_drained(store):
+    assert store.stream_len(TASK_POOL) == 0
+    assert store.redis.xpending(store.key(TASK_POOL), GROUP)["pending"] == 0
+
+
+# -- link extraction (pure) ----------------------------------------------------------------
+def test_extract_links_resolves_and_filters():
+    html = page("a.html", "/b.html#x", "#top", "", " javascript:void(0) ", "mailto:x@y.z", "data:text/html,hi",
+                "tel:123", "HTTP://Other.Example/c", "http://[bad", "a.html", "//cdn.example/d")
+    links = extract_links(html, "http://site.example/dir/index.html")
+    assert links.urls == ["http://site.example/dir/a.html", "http://site.example/b.html",
+                          "http://Other.Example/c", "http://cdn.example/d"]
+    assert links.found == 12
+    assert links.dropped == Counter({"fragment": 2, "scheme": 4, "unparsable": 1})
+    based = extract_links(page("x.html", head='<base href="/other/">'), "http://s.example/a/b.html")
+    assert based.urls == ["http://s.example/other/x.html"]
+
+
+def test_scope():
+    allowed = frozenset({"example.org", "127.88.0.1"})
+    assert in_scope("example.org", allowed) and in_scope("www.example.org", allowed)
+    assert not in_scope("badexample.org", allowed) and not in_scope("example.com", allowed)
+    assert in_scope("127.88.0.1", allowed) and not in_scope("1.127.88.0.1", frozenset({"0.1"}))
+    assert in_scope("anything", frozenset())
+
+
+# -- the crawler -------------------------------------------------------------------------
+async def test_fetch_and_links(store, web):
+    a, b, c = web.sites["a"], web.sites["b"], web.sites["c"]
+    a.page("/links/index.html", page(
+        "page1.html", "/abs/page2.html#frag", "#top", "javascript:alert(1)", "mailto:x@y.z",
+        "data:text/html,hi", b.url("/other.html"), c.url("/out.html"), "http://[bad", "page1.html",
+        "index.html", "http://exa mple.org/"))
+    a.page("/based/index.html", page("x.html", "../y.html", head='<base href="/elsewhere/deep/">'))
+    tasks = [a.url("/links/index.html"), a.url("/based/index.html")]
+    counters = await crawl(store, tasks, allowed_domains=frozenset({HOSTS["a"], HOSTS["b"]}))
+    links = pushed(store)  # two pages crawled side by side: each page's links in order
+    assert [u for u in links if "/elsewhere/" not in u] == [
+        a.url("/links/page1.html"), a.url("/abs/page2.html"), b.url("/other.html")]
+    assert [u for u in links if "/elsewhere/" in u] == [a.url("/elsewhere/deep/x.html"), a.url("/elsewhere/y.html")]
+    assert finished(store, tasks) == [True, True]
+    assert failures(store) == {}
+    assert_drained(store)
+    assert counters.get("pages_fetched", status=200) == 2
+    assert counters.get("links_pushed") == 5
+    assert counters.get("links_found") == 14
+    assert counters.get("links_dropped", reason="out_of_scope") == 1
+    assert counters.get("links_dropped", reason="scheme") == 3
+    assert counters.get("links_dropped", reason="self") == 1
+    assert counters.total("links_dropped") == 14 - 5 - 1  # minus the duplicate page1.html
+    assert counters.get("pages_done", outcome="ok") == 2
+    assert counters.get("bytes_fetched") > 0
+    assert len(a.hits("/robots.txt")) == 1  # robots fetched once per site
+
+
+async def test_max_depth(store, web):
+    a = web.sites["a"]
+    a.page("/d0", page("/d1"))
+    a.page("/d1", page("/d2"))
+    store.stream_add(TASK_POOL, [a.url("/d0")])
+    async with crawling(store, max_depth=1) as crawler:
+        await settle(store, crawler)
+        assert pushed(store) == [a.url("/d1")]  # the seed-less task counts as depth 0
+        (fp,) = fingerprint_fields(fingerprint_many([a.url("/d1")]))
+        assert store.redis.hget(store.key(DEPTH), fp) == b"1"
+        store.stream_add(TASK_POOL, [a.url("/d1")])  # what the protocol would do
+        await settle(store, crawler)
+    assert pushed(store) == [a.url("/d1")]  # /d2 would be at depth 2
+    assert finished(store, [a.url("/d0"), a.url("/d1")]) == [True, True]
+    assert len(a.hits("/d1")) == 1
+
+
+async def test_depth_keeps_the_minimum(store, web):
+    a = web.sites["a"]
+    a.page("/deep", page("/shared"))
+    (fp,) = fingerprint_fields(fingerprint_many([a.url("/shared")]))
+    store.redis.hset(store.key(DEPTH), mapping={fingerprint_fields(fingerprint_many([a.url("/deep")]))[0]: 2})
+    store.redis.hset(store.key(DEPTH), fp, 1)
+    await crawl(store, [a.url("/deep")], max_depth=5)
+    assert store.redis.hget(store.key(DEPTH), fp) == b"1"  # 3 found later does not raise it
+    assert pushed(store) == [a.url("/shared")]
+
+
+async def test_404_recorded_not_retried(store, web):
+    a = web.sites["a"]
+    a.route("/gone", lambda n: Reply(410, b"gone"))
+    a.route("/forbidden", lambda n: Reply(403, b"no"))
+    tasks = [a.url("/missing"), a.url("/gone"), a.url("/forbidden")]
+    counters = await crawl(store, tasks)
+    fails = failures(store)
+    assert {u: (f["reason"], f["status"], f["attempts"]) for u, f in fails.items()} == {
+        a.url("/missing"): ("http", 404, 1), a.url("/gone"): ("http", 410, 1), a.url("/forbidden"): ("http", 403, 1)}
+    for path in ("/missing", "/gone", "/forbidden"):
+        assert len(a.hits(path)) == 1
+    assert finished(store, tasks) == [True, True, True]
+    assert counters.get("retries") == 0
+    assert counters.get("pages_fetched", status=404) == 1
+    assert counters.get("pages_done", outcome="failed") == 3
+    assert_drained(store)
+
+
+async def test_503_retried_until_success(store, web):
+    a = web.sites["a"]
+    a.route("/flaky", lambda n: Reply(503, b"busy") if n < 2 else Reply(body=page("/after").encode()))
+    a.route("/down", lambda n: Reply(502, b"bad gateway"))
+    counters = await crawl(store, [a.url("/flaky"), a.url("/down")], max_retries=3)
+    assert len(a.hits("/flaky")) == 3
+    assert len(a.hits("/down")) == 4  # 1 + 3 retries
+    fails = failures(store)
+    assert list(fails) == [a.url("/down")]
+    assert (fails[a.url("/down")]["status"], fails[a.url("/down")]["attempts"]) == (502, 4)
+    assert pushed(store) == [a.url("/after")]
+    assert finished(store, [a.url("/flaky"), a.url("/down")]) == [True, True]
+    assert counters.get("retries") == 2 + 3
+    assert counters.get("fetch_errors", kind="http_5xx") == 2 + 4
+    assert_drained(store)
+
+
+async def test_retry_wait_holds_no_slot(store, web):
+    """With one global slot, a page waiting to retry lets another page through."""
+    a, b = web.sites["a"], web.sites["b"]
+    a.route("/down", lambda n: Reply(503, b"busy"))
+    b.page("/fast")
+    store.stream_add(TASK_POOL, [a.url("/down")])
+    async with crawling(store, concurrency=1, retry_base=0.3, max_retries=1) as crawler:
+        await until(lambda: len(a.hits("/down")) == 1)
+        store.stream_add(TASK_POOL, [b.url("/fast")])  # while /down waits to retry
+        await settle(store, crawler)
+    down = [h.t for h in a.hits("/down")]
+    fast = b.hits("/fast")[0].t
+    assert len(down) == 2 and down[0] < fast < down[1]
+
+
+async def test_timeouts_and_connection_errors_are_retried(store, web):
+    a = web.sites["a"]
+
+    async def slow_once(n):
+        if n == 0:
+            await trio.sleep(1)
+        return Reply(body=page().encode())
+
+    a.route("/slow", slow_once)
+    dead = "http://127.88.0.9:9/nothing"  # nothing listens there
+    counters = await crawl(store, [a.url("/slow"), dead], timeout=0.2, max_retries=2, respect_robots=False)
+    assert len(a.hits("/slow")) == 2
+    assert counters.get("fetch_errors", kind="timeout") == 1
+    assert counters.get("fetch_errors", kind="connect") == 3
+    assert failures(store)[dead]["reason"] == "connect"
+    assert finished(store, [a.url("/slow"), dead]) == [True, True]
+
+
+async def test_redirects(store, web):
+    a, b = web.sites["a"], web.sites["b"]
+    a.route("/old", lambda n: Reply(301, b"", headers=[("location", "/new")]))
+    a.page("/new", page("next.html"))
+    a.route("/tob", lambda n: Reply(302, b"", headers=[("location", b.url("/landing"))]))
+    b.page("/landing", page())
+    a.route("/loop1", lambda n: Reply(302, b"", headers=[("location", "/loop2")]))
+    a.route("/loop2", lambda n: Reply(307, b"", headers=[("location", "/loop1")]))
+    for i in range(1, 8):
+        a.route(f"/r{i}", lambda n, i=i: Reply(302, b"", headers=[("location", f"/r{i + 1}")]))
+    tasks = [a.url("/old"), a.url("/tob"), a.url("/loop1"), a.url("/r1")]
+    counters = await crawl(store, tasks, max_redirects=5)
+    assert finished(store, [a.url("/old"), a.url("/new"), a.url("/tob"), b.url("/landing"),
+                            a.url("/loop1"), a.url("/loop2")]) == [True] * 6
+    assert pushed(store) == [a.url("/next.html")]  # resolved against the final URL
+    fails = failures(store)
+    assert fails[a.url("/loop1")]["reason"] == "redirect_loop"
+    assert fails[a.url("/r1")]["reason"] == "too_many_redirects"
+    assert set(fails) == {a.url("/loop1"), a.url("/r1")}
+    assert [len(a.hits(f"/r{i}")) for i in range(1, 8)] == [1, 1, 1, 1, 1, 1, 0]
+    assert finished(store, [a.url("/r6"), a.url("/r7")]) == [True, False]
+    assert len(a.hits("/loop1")) == 1 and len(a.hits("/loop2")) == 1
+    assert len(b.hits("/robots.txt")) == 1  # robots of the redirect target's site
+    assert counters.get("redirects") == 1 + 1 + 2 + 6
+    assert_drained(store)
+
+
+async def test_robots(store, web):
+    a, b, c = web.sites["a"], web.sites["b"], web.sites["c"]
+    b.page("/robots.txt", "User-agent: *\nDisallow: /private\n", content_type="text/plain")
+    b.page("/public.html")
+    b.page("/public2.html")
+    b.page("/private/x")
+    c.route("/robots.txt", lambda n: Reply(503, b"later") if n == 0 else Reply(200, b"User-agent: *\nAllow: /\n", "text/plain"))
+    c.page("/page")
+    a.page("/page")  # a has no robots.txt: 404 allows everything
+    tasks = [b.url("/private/x"), b.url("/public.html"), b.url("/public2.html"), c.url("/page"), a.url("/page")]
+    counters = await crawl(store, tasks)
+    assert b.hits("/private/x") == []
+    assert len(b.hits("/robots.txt")) == 1
+    assert len(c.hits("/robots.txt")) == 2 and len(c.hits("/page")) == 1
+    assert len(a.hits("/page")) == 1
+    assert counters.get("robots_skipped") == 1
+    assert counters.get("pages_done", outcome="skipped") == 1
+    assert failures(store) == {b.url("/private/x"): failures(store)[b.url("/private/x")]}
+    assert failures(store)[b.url("/private/x")]["reason"] == "robots"
+    assert finished(store, tasks) == [True] * 5
+    assert_drained(store)
+
+
+async def test_robots_can_be_turned_off(store, web):
+    b = web.sites["b"]
+    b.page("/robots.txt", "User-agent: *\nDisallow: /\n", content_type="text/plain")
+    b.page("/x")
+    await crawl(store, [b.url("/x")], respect_robots=False)
+    assert b.hits("/robots.txt") == [] and len(b.hits("/x")) == 1
+
+
+async def test_huge_body_cut_off(store, web):
+    a = web.sites["a"]
+    sent = []
+
+    async def huge_chunks():
+        chunk = b"<p><a href='/x'>x</a></p>" * 2500  # ~62 KiB
+        for _ in range(320):  # ~20 MiB
+            sent.append(len(chunk))
+            yield chunk
+
+    a.route("/huge", lambda n: Reply(body=huge_chunks()))
+    a.route("/declared", lambda n: Reply(body=b"<p>" * (1 << 20)))  # Content-Length: 3 MiB
+    counters = await crawl(store, [a.url("/huge"), a.url("/declared")], max_body=256 * 1024)
+    assert counters.get("too_large") == 2
+    assert pushed(store) == []
+    assert finished(store, [a.url("/huge"), a.url("/declared")]) == [True, True]
+    assert failures(store) == {}
+    assert counters.get("bytes_fetched") < 2 * 256 * 1024 + 256 * 1024
+    assert sum(sent) < 20 * 62 * 1024 * 16  # the server was stopped long before the end
+
+
+async def test_not_html(store, web):
+    a = web.sites["a"]
+    a.route("/img.png", lambda n: Reply(body=b"\x89PNG" + b"<a href='/x'>" * 10, content_type="image/png"))
+    a.route("/untyped", lambda n: Reply(body=page("/from-untyped").encode(), content_type=None))
+    counters = await crawl(store, [a.url("/img.png"), a.url("/untyped")])
+    assert counters.get("not_html") == 1
+    assert pushed(store) == [a.url("/from-untyped")]  # no content type: tried as HTML
+    assert finished(store, [a.url("/img.png"), a.url("/untyped")]) == [True, True]
+
+
+async def test_politeness_delay(store, web):
+    a, b = web.sites["a"], web.sites["b"]
+    for i in range(6):
+        a.page(f"/p{i}")
+        b.page(f"/p{i}")
+    tasks = [s.url(f"/p{i}") for i in range(6) for s in (a, b)]
+    await crawl(store, tasks, per_site_delay=0.2, per_site_concurrency=2)
+    for site in (a, b):
+        times = sorted(h.t for h in site.hits())
+        assert len(times) == 7  # robots.txt + 6 pages
+        gaps = [t2 - t1 for t1, t2 in zip(times, times[1:])]
+        print("GAPS", min(gaps))
+        assert min(gaps) >= 0.2 - 0.02, gaps  # server-side times: allow for scheduling
+    # the two sites were crawled side by side, not one after the other
+    assert max(h.t for h in a.hits()) > min(h.t for h in b.hits()) + 0.4
+    assert max(h.t for h in b.hits()) > min(h.t for h in a.hits()) + 0.4
+
+
+async def test_concurrency_bounds(store, web):
+    async def slow(n):
+        await trio.sleep(0.1)
+        return Reply(body=page().encode())
+
+    tasks = []
+    for s in web.sites.values():
+        for i in range(5):
+            s.route(f"/s{i}", slow)
+            tasks.append(s.url(f"/s{i}"))
+    await crawl(store, tasks, concurrency=4, per_site_concurrency=2, respect_robots=False)
+    assert max(s.max_active for s in web.sites.values()) == 2
+    assert web.max_active == 4
+
+
+async def test_crash_and_restart_loses_nothing(store, web):
+    a = web.sites["a"]
+    release = trio.Event()
+
+    async def held(n):
+        if not release.is_set():
+            await release.wait()
+        return Reply(body=page().encode())
+
+    for i in range(10):
+        if i < 5:
+            a.page(f"/c{i}", page(f"/from{i}"))
+        else:
+            a.route(f"/c{i}", held)
+    tasks = [a.url(f"/c{i}") for i in range(10)]
+    store.stream_add(TASK_POOL, tasks)
+    async with crawling(store, concurrency=10, per_site_concurrency=0) as first:
+        await until(lambda: first.pages_done == 5 and a.active == 5)
+        assert store.stream_len(TASK_POOL) == 5
+    # the first crawler is gone with 5 requests in flight: start again on the same store
+    release.set()
+    async with crawling(store, concurrency=10, per_site_concurrency=0) as second:
+        await settle(store, second)
+        assert second.pages_done == 5
+    assert finished(store, tasks) == [True] * 10
+    assert_drained(store)
+    assert [len(a.hits(f"/c{i}")) for i in range(10)] == [1] * 5 + [2] * 5
+    assert sorted(pushed(store)) == sorted(a.url(f"/from{i}") for i in range(5))
+
+
+async def test_a_failure_never_crashes_the_crawler(store, web, monkeypatch):
+    a = web.sites["a"]
+    a.page("/boom", page("/x"))
+    a.page("/fine", page("/y"))
+    real = crawler_mod.extract_links
+
+    def exploding(html, url):
+        if url.endswith("/boom"):
+            raise RuntimeError("parser bug")
+        return real(html, url)
+
+    monkeypatch.setattr(crawler_mod, "extract_links", exploding)
+    counters = await crawl(store, [a.url("/boom"), "not a url", a.url("/fine")])
+    fails = failures(store)
+    assert fails[a.url("/boom")]["reason"] == "internal"
+    assert fails["not a url"]["reason"].startswith("bad_url")
+    assert pushed(store) == [a.url("/y")]
+    assert counters.get("fetch_errors", kind="internal") == 1
+    assert_drained(store)
+
+
+async def test_seeds_and_recrawl(store, web):
+    a = web.sites["a"]
+    a.page("/seed", page("/found"))
+    assert seed_urls(HostPools(store, exact=True), [a.url("/seed"), a.url("/seed"), "ftp://x/"]) == 1
+    assert pushed(store) == [a.url("/seed")]  # into URL_pool, through the protocol
+    (fp,) = fingerprint_fields(fingerprint_many([a.url("/seed")]))
+    assert store.redis.hget(store.key(DEPTH), fp) == b"0"
+    assert store.redis.smembers(store.key(SEEDS)) == {a.url("/seed").encode()}
+    counters = Counters()
+    async with crawling(store, counters=counters, recrawl_interval=0.2) as crawler:
+        assert await crawler.seed([a.url("/seed")]) == 1
+        # nothing puts the seed into task_pool but the re-crawl
+        await until(lambda: len(a.hits("/seed")) >= 2, timeout=5)
+        await settle(store, crawler)
+    assert counters.get("recrawls") >= 2
+    assert finished(store, [a.url("/seed")]) == [True]
+
+
+async def test_recrawl_off_by_default(store, web):
+    a = web.sites["a"]
+    a.page("/seed")
+    seed_urls(store, [a.url("/seed")])
+    async with crawling(store) as crawler:
+        await until(lambda: crawler.idle)
+        assert crawler.settings.recrawl_interval is None
+    assert a.hits("/seed") == []
+
+
+async def test_store_dir(store, web, tmp_path):
+    a = web.sites["a"]
+    a.page("/doc", page("/l"))
+    a.route("/bin", lambda n: Reply(body=b"\x00\x01binary", content_type="application/octet-stream"))
+    counters = await crawl(store, [a.url("/doc"), a.url("/bin")], store_dir=str(tmp_path))
+    lines = [json.loads(x) for x in (tmp_path / "pages-c1.jsonl").read_text().splitlines()]
+    by_url = {r["url"]: r for r in lines}
+    assert set(by_url) == {a.url("/doc"), a.url("/bin")}
+    assert by_url[a.url("/doc")]["text"] == page("/l")
+    assert by_url[a.url("/doc")]["status"] == 200
+    assert base64.b64decode(by_url[a.url("/bin")]["body_b64"]) == b"\x00\x01binary"
+    assert counters.get("not_html") == 1
+
+
+async def test_nothing_stored_by_default(store, web, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    a = web.sites["a"]
+    a.page("/doc")
+    await crawl(store, [a.url("/doc")])
+    assert list(tmp_path.iterdir()) == []
+
+
+async def test_idle_and_blocking_take(store, web):
+    """An idle crawler waits in Redis (BLOCK): a task put in later is taken at once."""
+    a = web.sites["a"]
+    a.page("/later")
+    async with crawling(store, block_timeout=1.0) as crawler:
+        await until(lambda: crawler.idle)
+        # blocking, not spinning: over half a second idle, at most one read ends and one starts
+        round_trips = store.round_trips
+        await trio.sleep(0.5)  # a measurement window, not synchronisation
+        assert store.round_trips - round_trips <= 2
+        t0 = trio.current_time()
+        await trio.to_thread.run_sync(store.stream_add, TASK_POOL, [a.url("/later")])
+        await until(lambda: len(a.hits("/later")) == 1, timeout=2)
+        assert trio.current_time() - t0 < 0.5  # taken at once, not when the block times out
+        await settle(store, crawler)
+        await until(lambda: crawler.idle)
