@@ -547,11 +547,11 @@ class CenterProtocol:
             self.peers.add(member.network)
             return []
         self.hosts.add(member.ip)
-        # Admitted while no host was there: hand them out now. A host that comes
-        # back is sent again the tasks it has not acknowledged.
-        actions = self._reassign("")
-        return actions + [Send((member,), wire.encode(Task(int(k.split(":")[0]), tuple(urls))))
-                          for k, urls in self.tasks.items() if k.split(":", 1)[1] == member.ip]
+        # A host that comes back is sent again the tasks it has not acknowledged; then
+        # what was admitted while no host was there is handed out (and sent) as usual.
+        resend = [Send((member,), wire.encode(Task(int(k.split(":")[0]), tuple(urls))))
+                  for k, urls in self.tasks.items() if k.split(":", 1)[1] == member.ip]
+        return resend + self._reassign("")
 
     def _left(self, member: Member) -> list[Action]:
         who = str(member)

@@ -71,7 +71,7 @@ import trio
 from .errors import BadURL
 from .urls import normalize, site_of
 
-__all__ = ["WebSpec", "SyntheticWeb", "Reach", "site_host", "main"]
+__all__ = ["Reach", "SyntheticWeb", "WebSpec", "main", "site_host"]
 
 DEFAULT_PORT = 8077
 SERVER_NAME = b"dedupnet-synthweb"
@@ -85,8 +85,9 @@ FRAGMENT = 8
 
 _PUBLIC_DIRS = ("/", "/d0/", "/d1/", "/d1/x/", "/d2/y/z/")
 _PRIVATE_DIRS = ("/private/", "/private/a/")
-_WORDS = ("crawler url frontier site page link graph dedup redis fingerprint network host "
-          "center broadcast set pool task seed depth robots fetch queue politeness").split()
+_WORDS = ("crawler", "url", "frontier", "site", "page", "link", "graph", "dedup", "redis", "fingerprint",
+          "network", "host", "center", "broadcast", "set", "pool", "task", "seed", "depth", "robots",
+          "fetch", "queue", "politeness")
 
 
 def site_host(k: int) -> str:
@@ -348,6 +349,23 @@ class SyntheticWeb:
                 ids.append(i)
             i += 1
         return [self.url(i) for i in ids]
+
+    def examples(self) -> dict[str, str]:
+        """One URL of each kind, for tests and demos: html, missing (404), redirect, loop
+        (one of the redirect loop pair), chain (start of the 3-redirect chain), flaky,
+        private, huge, pdf, broken, odd."""
+        P = self.spec.pages
+        first = {}
+        for i in range(self.spec.sites + 10, P):
+            private = self.paths[i].startswith("/private/")
+            key = ("private" if private else "redirect" if self.kind[i] == REDIRECT
+                   else "flaky" if self.flaky[i] else "html")
+            first.setdefault(key, self.url(i))
+        out = {"home": self.url(0), **first, "missing": self._target_url(-1),
+               "loop": self.url(self.loop_ids[0]), "chain": self.url(self.chain_ids[0]),
+               "huge": self.url(self.huge_id), "pdf": self.url(self.pdf_id),
+               "broken": self.url(self.broken_id), "odd": self.url(self.odd_id)}
+        return out
 
     def lookup(self, url: str) -> int | None:
         """Page id of a normalised URL, or None if the web does not serve it (404)."""
@@ -678,9 +696,13 @@ class SyntheticWeb:
         """Serve every site until cancelled. ``host_port``: None -> ``self.port``; 0 -> a
         free port (``self.port`` and all URLs follow it). ``nursery.start`` returns the port."""
         listeners = await self._open_listeners(self.port if host_port is None else host_port)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(trio.serve_listeners, self._handle, listeners)
-            task_status.started(self.port)
+        try:
+            async with trio.open_nursery() as nursery:
+                await nursery.start(trio.serve_listeners, self._handle, listeners)
+                task_status.started(self.port)
+        finally:
+            for lst in listeners:
+                await trio.aclose_forcefully(lst)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -711,14 +733,15 @@ def main(argv: list[str] | None = None) -> int:
             for s in web.seeds(args.seeds):
                 print(s, flush=True)
 
+    rc = 0
     try:
         trio.run(run)
-    except KeyboardInterrupt:
+    except* KeyboardInterrupt:  # Ctrl-C: the normal way to stop
         pass
-    except OSError as e:
-        print(f"dedupnet web: {e}", file=sys.stderr)
-        return 1
-    return 0
+    except* OSError as eg:  # e.g. the port is taken
+        print(f"dedupnet web: {eg.exceptions[0]}", file=sys.stderr)
+        rc = 1
+    return rc
 
 
 if __name__ == "__main__":

@@ -37,6 +37,7 @@ makes one crawler of a host re-queue per interval, also across restarts.
 from __future__ import annotations
 
 import base64
+import contextlib
 import functools
 import logging
 import re
@@ -584,12 +585,13 @@ class Crawler:
             resp.too_large = True
             return resp
         chunks, total = [], 0
-        async for chunk in r.aiter_bytes():
-            total += len(chunk)
-            if total > s.max_body:
-                resp.too_large = True
-                return resp
-            chunks.append(chunk)
+        async with contextlib.aclosing(r.aiter_bytes()) as body:  # we may stop early
+            async for chunk in body:
+                total += len(chunk)
+                if total > s.max_body:
+                    resp.too_large = True
+                    return resp
+                chunks.append(chunk)
         resp.body = b"".join(chunks)
         return resp
 
@@ -609,11 +611,12 @@ class Crawler:
                         if not 200 <= r.status_code < 300:
                             raise RobotsUnavailable(f"{url}: HTTP {r.status_code}")
                         chunks, total = [], 0
-                        async for chunk in r.aiter_bytes():
-                            chunks.append(chunk)
-                            total += len(chunk)
-                            if total >= ROBOTS_MAX:
-                                break
+                        async with contextlib.aclosing(r.aiter_bytes()) as body:
+                            async for chunk in body:
+                                chunks.append(chunk)
+                                total += len(chunk)
+                                if total >= ROBOTS_MAX:
+                                    break
                         self.counters.inc("bytes_fetched", r.num_bytes_downloaded)
                         return b"".join(chunks)[:ROBOTS_MAX].decode("utf-8", errors="replace")
                 raise RobotsUnavailable(f"{url}: timeout")

@@ -65,7 +65,10 @@ class HostPools:
         batch = self.store.batch()
         fps = fingerprint_many(action.urls)
         finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
-        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if self.exact else None
+        # task_pool counts as "seen" for exact mode's answers, and in both modes for
+        # incoming tasks: a task sent again (its ack was lost) is not queued twice.
+        use_queued = self.exact or action.token[0] == "task"
+        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
         seq_at = batch.add(b"INCRBY", self.store.key("number_seq"), action.sets) if action.sets else None
         results = self.store.execute(batch)
         seen = finished.flags(results)

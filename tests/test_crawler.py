@@ -11,7 +11,7 @@ from __future__ import annotations
 import base64
 import json
 from collections import Counter
-from contextlib import asynccontextmanager
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass, field
 
 import h11
@@ -127,8 +127,9 @@ class Web:
                     if reply.body:
                         await stream.send_all(conn.send(h11.Data(data=reply.body)))
                 else:
-                    async for chunk in reply.body:
-                        await stream.send_all(conn.send(h11.Data(data=chunk)))
+                    async with aclosing(reply.body) as chunks:
+                        async for chunk in chunks:
+                            await stream.send_all(conn.send(h11.Data(data=chunk)))
                 await stream.send_all(conn.send(h11.EndOfMessage()))
             finally:
                 site.active -= 1
@@ -432,7 +433,7 @@ async def test_huge_body_cut_off(store, web):
     assert finished(store, [a.url("/huge"), a.url("/declared")]) == [True, True]
     assert failures(store) == {}
     assert counters.get("bytes_fetched") < 2 * 256 * 1024 + 256 * 1024
-    assert sum(sent) < 20 * 62 * 1024 * 16  # the server was stopped long before the end
+    assert sum(sent) < 320 * 62500 // 4  # the crawler hung up long before the end
 
 
 async def test_not_html(store, web):
@@ -456,7 +457,6 @@ async def test_politeness_delay(store, web):
         times = sorted(h.t for h in site.hits())
         assert len(times) == 7  # robots.txt + 6 pages
         gaps = [t2 - t1 for t1, t2 in zip(times, times[1:])]
-        print("GAPS", min(gaps))
         assert min(gaps) >= 0.2 - 0.02, gaps  # server-side times: allow for scheduling
     # the two sites were crawled side by side, not one after the other
     assert max(h.t for h in a.hits()) > min(h.t for h in b.hits()) + 0.4

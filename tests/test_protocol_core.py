@@ -27,9 +27,13 @@ def test_concurrent_discovery_random_interleavings(mode, seed):
     admitted = Counter(net.admitted())
     expected = set(shared) | {u for i in range(len(net.hosts)) for u in urls(100 + i)}
     assert set(admitted) == expected  # no loss, in both modes
-    assert Counter(net.task_pools()) == admitted  # every admitted URL in exactly one task_pool
+    queued = Counter(net.task_pools())
+    assert set(queued) == set(admitted)
     if mode == "exact":
         assert max(admitted.values()) == 1, admitted.most_common(3)
+        assert queued == admitted  # every admitted URL in exactly one task_pool
+    else:  # admitted twice in one network: same site, same host, which queues it once
+        assert all(queued[u] <= admitted[u] for u in queued)
     # Nothing left in flight anywhere.
     for c in net.centers.values():
         assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.sets

@@ -126,8 +126,9 @@ class MemoryHost:
     def feed(self, event: object) -> None:
         self.run(self.core.handle(event))
 
-    def seen(self, url: str) -> bool:
-        return url in self.finish_URL or (self.core.config.mode == "exact" and url in self.task_pool)
+    def seen(self, url: str, kind: str) -> bool:
+        queued = self.core.config.mode == "exact" or kind == "task"
+        return url in self.finish_URL or (queued and url in self.task_pool)
 
     def run(self, actions: list) -> None:
         deferred = []
@@ -150,7 +151,7 @@ class MemoryHost:
         for a in deferred:
             seqs = range(self.sequence + 1, self.sequence + 1 + a.sets)
             self.sequence += a.sets
-            self.run(self.core.handle(hp.LookupDone(a.token, [self.seen(u) for u in a.urls], seqs)))
+            self.run(self.core.handle(hp.LookupDone(a.token, [self.seen(u, a.token[0]) for u in a.urls], seqs)))
 
     def take_outbox(self) -> list[bytes]:
         out, self.outbox = self.outbox, []
