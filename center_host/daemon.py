@@ -123,7 +123,7 @@ class CenterDaemon:
         if reg.role == "host":
             if self.core.config.network_of(reg.IP) != self.settings.network:
                 self.counters.inc("rejected", reason="host-not-in-lan")
-                return await conn.close_with_error("not-in-lan", f"{reg.IP} is not in LAN {self.settings.lan}")
+                return await conn.close_with_error("host-not-in-lan", f"{reg.IP} is not in LAN {self.settings.lan}")
             return await self._member_session(conn, cp.Host(reg.IP))
         if reg.network not in self.core.config.peers:
             self.counters.inc("rejected", reason="unknown-peer")

@@ -178,3 +178,30 @@ async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, a
             assert center.counters.get("concluded_incomplete", stage="lan") == 1
             assert center.counters.get("urls_admitted") == 40
             assert trio.current_time() >= 3 * 2.0  # three answer deadlines passed, in virtual time
+
+
+@pytest.mark.parametrize("ip, network, role, reason", [
+    ("127.0.2.50", 2, "host", "host-not-in-lan"),  # a host of another LAN at our center
+    ("127.0.1.60", 7, "center", "unknown-peer"),  # a center of a network we were not told of
+])
+async def test_members_outside_the_configuration_are_refused(system, ip, network, role, reason):
+    """Gap 5: membership is explicit configuration; strangers are told why and counted."""
+    from dedupnet.messages import Error, Register
+    from dedupnet.metrics import Counters
+    from dedupnet.transport import ConnectionClosed, connect
+
+    center = system.centers[1]
+    register = Register(ip, network, role, f"{ip}:1", f"127.0.{network}.0/24")
+    with trio.fail_after(10):
+        async with await connect(center.settings.ip, center.port, register, local_ip=ip, counters=Counters()) as conn:
+            replies = []
+            with pytest.raises(ConnectionClosed):
+                while True:
+                    replies.append(await conn.receive())
+    assert any(isinstance(m, Error) and m.reason == reason for m in replies)
+    assert center.counters.get("rejected", reason=reason) == 1
+    assert cp_member_count(center) == 3 + 1  # the LAN's hosts and the one peer, nobody else
+
+
+def cp_member_count(center):
+    return len(center.core.hosts) + len(center.core.peers)
