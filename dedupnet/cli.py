@@ -77,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ip", help="the host's IP (gives the default prefix)")
         p.add_argument("--data-dir", metavar="DIR", help="the host daemon's --data-dir (finds its embedded Redis)")
 
+    # Listed here for --help; its flags are dedupnet.web's own, handed over in main().
+    sub.add_parser("web", add_help=False, help="serve a synthetic web on loopback (for crawls and tests)")
+
     demo = sub.add_parser("demo", parents=[common], help="run local de-dup (paper §2.2) on an embedded Redis and report")
     demo.add_argument("--urls", type=int, default=50_000, help="URLs the simulated crawler finds (default 50,000)")
     demo.add_argument("--seed", type=int, default=1)
@@ -87,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["web"]:
+        from . import web
+
+        return web.main(argv[1:])
     args = build_parser().parse_args(argv)
     fields = set(Settings.__dataclass_fields__)
     overrides = {k: v for k, v in vars(args).items() if k in fields}

@@ -356,14 +356,14 @@ class Crawler:
             except Exception:
                 log.exception("crawler %s: unexpected error on %s", self.consumer, url)
                 self.counters.inc("fetch_errors", kind="internal")
-                outcome = Outcome(url, [], failure=Failure("internal"), kind="failed")
+                outcome = _internal_failure(url)
             try:
                 await until_stored(self._writer, self.counters, self.store.transact,
                                    functools.partial(self._fill_done, eid, outcome))
             except Exception:
                 log.exception("crawler %s: recording %s failed; dropping its results", self.consumer, url)
                 self.counters.inc("fetch_errors", kind="internal")
-                outcome = Outcome(url, [], failure=Failure("internal"), kind="failed")
+                outcome = _internal_failure(url)
                 await until_stored(self._writer, self.counters, self.store.transact,
                                    functools.partial(self._fill_done, eid, outcome))
             self.pages_done += 1
@@ -699,6 +699,16 @@ class Crawler:
                          self.counters.get("pages_done", outcome="failed"), self.counters.get("robots_skipped"))
             last_done, last_t = done, now
             self.politeness.forget_idle()
+
+
+def _internal_failure(url: str) -> Outcome:
+    """A task that raised: recorded as failed and finished (never fetched in a loop)."""
+    try:
+        url = normalize(url)
+        chain = [url]
+    except BadURL:
+        chain = []
+    return Outcome(url, chain, failure=Failure("internal"), kind="failed")
 
 
 def _on_send(sent):

@@ -525,6 +525,7 @@ async def test_a_failure_never_crashes_the_crawler(store, web, monkeypatch):
     assert fails[a.url("/boom")]["reason"] == "internal"
     assert fails["not a url"]["reason"].startswith("bad_url")
     assert pushed(store) == [a.url("/y")]
+    assert finished(store, [a.url("/boom"), a.url("/fine")]) == [True, True]
     assert counters.get("fetch_errors", kind="internal") == 1
     assert_drained(store)
 
