@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import trio
@@ -78,6 +79,8 @@ class CenterDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
+        #: Called with the URLs of each admission (the simulation's latency measure).
+        self.on_admit: Callable[[tuple[str, ...]], None] | None = None
 
     def register(self) -> Register:
         s = self.settings
@@ -185,6 +188,8 @@ class CenterDaemon:
                 self.timers.set(a.number, a.delay)
             elif isinstance(a, cp.CancelTimer):
                 self.timers.cancel(a.number)
+            elif isinstance(a, cp.Admit) and self.on_admit is not None:
+                self.on_admit(a.urls)
             elif isinstance(a, cp.Lookup):
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a.number, a.urls))
         return followups

@@ -311,6 +311,8 @@ class CenterProtocol:
             return self._frame_from_peer(sender, message)
         if isinstance(message, Ack) and isinstance(sender, Host):
             return self._task_acked(sender, message.number)
+        if isinstance(message, Task) and isinstance(sender, Host):
+            return self._handed_back(sender, message)
         raise Rejected("unexpected-message", f"{type(message).__name__} from {sender} is not expected at a center")
 
     # -- §2.3: frames from LAN hosts ----------------------------------------------------
@@ -599,6 +601,15 @@ class CenterProtocol:
             if gone:
                 self.counters.inc("tasks_reassigned", amount=len(urls))
         return actions
+
+    def _handed_back(self, sender: Host, task: Task) -> list[Action]:
+        """A host that leaves for good hands its uncrawled tasks back: it is no longer
+        a member, its tasks go to the others (stored before the ack lets it drop them)."""
+        self.hosts.discard(sender.ip)
+        actions = self._reassign(sender.ip) + self._assign(task.number, list(task.URLs))
+        self.counters.inc("tasks_handed_back", amount=len(task.URLs))
+        log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
+        return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]
 
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
         key = f"{number}:{sender.ip}"

@@ -88,6 +88,13 @@ class Cluster:
         n, i = old.settings.network, int(ip.rsplit(".", 1)[1]) - 10
         return await self.start_host(n, i)
 
+    async def leave_host(self, ip: str) -> int:
+        """The host leaves for good (handing its tasks back), and is gone from the cluster."""
+        handed = await self.hosts[ip].leave()
+        await self.kill(ip)
+        del self.hosts[ip]
+        return handed
+
     def close(self) -> None:
         for store in self.stores.values():
             store.delete_prefix()

@@ -109,7 +109,6 @@ class CrawlerSettings:
     user_agent: str = "dedupnet-crawler/0.1"
     #: The product token robots.txt groups are matched against.
     robots_agent: str = "dedupnet"
-    max_redirects: int = 5
     #: Largest body read (bytes, after content decoding); a larger page is cut off.
     max_body: int = 2 * 1024 * 1024
     #: Retries of a request after a 5xx in ``retry_statuses``, a timeout or a connection error.
@@ -264,7 +263,7 @@ class Crawler:
         )
         client = httpx.AsyncClient(
             transport=transport, timeout=httpx.Timeout(s.timeout), follow_redirects=False,
-            max_redirects=max(s.max_redirects, 5), trust_env=s.trust_env,
+            trust_env=s.trust_env,
             headers={"User-Agent": s.user_agent},
         )
         self._client = client
@@ -404,9 +403,6 @@ class Crawler:
         value = self.store.command(b"HGET", self.depth_key, field_)
         return int(value) if value is not None else 0
 
-    def _is_finished(self, url: str) -> bool:
-        return bool(self.store.fp_contains(FINISH_URL, fingerprint_many([url]))[0])
-
     def _backoff(self, retry: int, retry_after: float | None) -> float:
         s = self.settings
         delay = min(s.retry_base * 2 ** (retry - 1), s.retry_max_delay)
@@ -470,27 +466,20 @@ class Crawler:
                 return failed("http", status)
             location = resp.headers.get("location")
             if status in REDIRECT_STATUSES and location:
+                # The target is a discovered URL like any link: it goes through de-dup
+                # (URL_pool), so a page reached both by a redirect and by a link is
+                # fetched once in the whole system. Loops end by themselves: each URL
+                # of the loop is fetched once.
                 self.counters.inc("redirects")
                 try:
                     target = normalize(urllib.parse.urljoin(current, location.strip()))
                 except (BadURL, ValueError):
                     self.counters.inc("fetch_errors", kind="bad_redirect")
                     return failed("bad_redirect", status)
-                if target in chain:
-                    self.counters.inc("fetch_errors", kind="redirect_loop")
-                    return failed("redirect_loop", status)
-                if len(chain) > s.max_redirects:
-                    self.counters.inc("fetch_errors", kind="too_many_redirects")
-                    return failed("too_many_redirects", status)
                 if not in_scope(site_of(target), self.allowed):
                     self.counters.inc("fetch_errors", kind="redirect_out_of_scope")
                     return failed("redirect_out_of_scope", status)
-                chain.append(target)
-                if await until_stored(self._writer, self.counters, self._is_finished, target):
-                    self.counters.inc("redirects_to_finished")
-                    return Outcome(url, chain, depth, attempts=attempts)
-                current, retries = target, 0
-                continue
+                return Outcome(url, chain, depth, links=[target] if target != url else [], attempts=attempts)
             if 200 <= status < 300:
                 return await self._page(url, chain, depth, attempts, resp)
             self.counters.inc("fetch_errors", kind="http_4xx" if 400 <= status < 500 else "http_other")

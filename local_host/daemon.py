@@ -10,20 +10,22 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import trio
 
 from dedupnet import wire
 from dedupnet.aio import AsyncStore
-from dedupnet.messages import Heartbeat, Register
+from dedupnet.messages import Ack, Heartbeat, Register, Task
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.numbers import host_id_from_ip
 from dedupnet.runtime import Reactor, control_session, until_stored
-from dedupnet.store import Store
+from dedupnet.store import URL_POOL, Store
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
 
 from . import protocol as hp
+from .crawler import Crawler, CrawlerSettings
 from .pools import HostPools
 
 log = logging.getLogger("dedupnet.local")
@@ -47,6 +49,8 @@ class LocalSettings:
     metrics: tuple[str, int] | None = None
     #: Address the status port binds (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
+    #: Run the crawler on this host's task_pool (issue #4); None = protocol only.
+    crawler: CrawlerSettings | None = None
 
 
 class LocalDaemon:
@@ -61,6 +65,13 @@ class LocalDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
         self.port = settings.listen_port
+        self.crawler = Crawler(store, settings.crawler, self.counters, consumer=settings.ip) if settings.crawler else None
+        self.crawler_scope = trio.CancelScope()
+        self.handed_back: trio.Event | None = None
+        self._handing_back: int | None = None
+        #: Called with the entries the walker takes from URL_pool (the simulation times
+        #: discovery-to-admission latency with it).
+        self.on_found: Callable[[list[tuple[bytes, str]]], None] | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await until_stored(self.store, self.counters, self.pools.setup)
@@ -78,12 +89,18 @@ class LocalDaemon:
                 await nursery.start(serve_metrics, self.counters, *s.metrics)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
+            if self.crawler is not None:
+                await nursery.start(self._run_crawler)
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
                 max_frame_size=s.max_frame_size, max_urls=s.max_urls))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
             task_status.started(self.port)
+
+    async def _run_crawler(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        with self.crawler_scope:
+            await self.crawler.run(task_status=task_status)
 
     async def _serve_status(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.listen_port, lambda conn: control_session(conn, self.status),
@@ -96,7 +113,9 @@ class LocalDaemon:
             await self.reactor.put(hp.Connected())
             while True:
                 message = await conn.receive()
-                if not isinstance(message, Heartbeat):
+                if isinstance(message, Ack) and message.number == self._handing_back:
+                    self.handed_back.set()
+                elif not isinstance(message, Heartbeat):
                     await self.reactor.put(hp.FromCenter(message))
         except ConnectionClosed:
             log.info("connection to the center lost")
@@ -117,6 +136,8 @@ class LocalDaemon:
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
                 entries = await until_stored(self.store, self.counters, self.pools.take, batch)
                 if entries:
+                    if self.on_found is not None:
+                        self.on_found(entries)
                     await self.reactor.put(hp.Found(entries))
                     continue
             await trio.sleep(self.settings.idle_poll)
@@ -133,10 +154,34 @@ class LocalDaemon:
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a))
         return followups
 
+    async def leave(self, *, timeout: float = 30.0) -> int:
+        """Leave the LAN for good without losing work: stop crawling, let URL_pool drain
+        through the protocol, then hand the uncrawled task_pool back to the center and
+        drop it once the center has stored it. Returns the number of tasks handed back."""
+        if self.crawler is not None:
+            self.crawler_scope.cancel()
+        with trio.fail_after(timeout):
+            while self.core.unacked or (await self.store.run(self.pools.sizes))[URL_POOL]:
+                await trio.sleep(0.05)
+            entries = await self.store.run(self.pools.all_tasks)
+            (number,) = await self.store.run(self.pools.next_numbers, self.core.config, 1)
+            self.handed_back = trio.Event()
+            self._handing_back = number
+            if entries:
+                while self.conn is None or not self.conn.send_nowait(
+                        wire.encode(Task(number, tuple(dict.fromkeys(u for _, u in entries))))):
+                    await trio.sleep(0.05)
+                await self.handed_back.wait()
+                await self.store.run(self.pools.drop_tasks, [i for i, _ in entries])
+        log.info("left the LAN; %d tasks handed back to the center", len(entries))
+        return len(entries)
+
     async def status(self) -> dict:
         return {
             "role": "host", "ip": self.settings.ip, "network": self.settings.network,
             "center": "%s:%d" % self.settings.center, "connected": self.conn is not None,
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "sets_in_flight": {"unacked": len(self.core.unacked)}, "counters": self.counters.snapshot(),
+            "crawler": None if self.crawler is None else {
+                "idle": self.crawler.idle, "in_progress": self.crawler.in_progress, "pages_done": self.crawler.pages_done},
         }

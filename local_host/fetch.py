@@ -41,9 +41,10 @@ __all__ = [
 
 # -- politeness ----------------------------------------------------------------------
 class _Site:
-    __slots__ = ("slots", "last_start", "delay")
+    __slots__ = ("slots", "last_start", "delay", "users")
 
     def __init__(self, per_site: int, delay: float):
+        self.users = 0  # requests holding or waiting for this site
         self.slots = trio.Semaphore(per_site) if per_site > 0 else None
         self.last_start = -math.inf
         self.delay = delay
@@ -93,41 +94,48 @@ class Politeness:
         counts from that moment, so a slow connect does not shorten the gap the server
         sees. The next request re-checks the delay after every wait."""
         s = self._site(site)
-        if s.slots is not None:
-            await s.slots.acquire()
+        s.users += 1
         try:
-            while True:
-                wait = s.last_start + s.delay - trio.current_time()
-                if wait > 0:
-                    await trio.sleep(wait)
-                    continue
-                await self.limiter.acquire()
-                if s.last_start + s.delay > trio.current_time():
-                    self.limiter.release()  # another request to the site started meanwhile
-                    continue
-                break
-            s.last_start = trio.current_time()
-
-            def sent() -> None:
-                s.last_start = max(s.last_start, trio.current_time())
-
-            try:
-                yield sent
-            finally:
-                self.limiter.release()
-        finally:
             if s.slots is not None:
-                s.slots.release()
+                await s.slots.acquire()
+            try:
+                await self._start(s)
+
+                def sent() -> None:
+                    s.last_start = max(s.last_start, trio.current_time())
+
+                try:
+                    yield sent
+                finally:
+                    self.limiter.release()
+            finally:
+                if s.slots is not None:
+                    s.slots.release()
+        finally:
+            s.users -= 1
+
+    async def _start(self, s: _Site) -> None:
+        """Wait for the site's delay and a global slot (held on return)."""
+        while True:
+            wait = s.last_start + s.delay - trio.current_time()
+            if wait > 0:
+                await trio.sleep(wait)
+                continue
+            await self.limiter.acquire()
+            if s.last_start + s.delay > trio.current_time():
+                self.limiter.release()  # another request to the site started meanwhile
+                continue
+            s.last_start = trio.current_time()
+            return
 
     def forget_idle(self) -> int:
         """Drop the state of sites with nothing on the wire or waiting whose delay has
         passed (their next request may start at once anyway). Returns how many."""
         now = trio.current_time()
+        # A site with a Crawl-delay is kept: its delay would be lost with its state.
         drop = [
             name for name, s in self._sites.items()
-            if s.last_start + s.delay <= now
-            and (s.slots is None or (s.slots.value == self.per_site and s.slots.statistics().tasks_waiting == 0))
-            and s.delay == self.delay  # a Crawl-delay must outlive the robots cache entry
+            if s.users == 0 and s.last_start + s.delay <= now and s.delay == self.delay
         ]
         for name in drop:
             del self._sites[name]
@@ -264,7 +272,8 @@ def extract_links(html: str, page_url: str) -> Links:
     """``<a href>`` links of a page, resolved against ``<base href>`` (itself resolved
     against the page URL) if the page has one, else against ``page_url``.
 
-    Dropped (reason in ``dropped``): empty and fragment-only hrefs (``fragment``),
+    Dropped (reason in ``dropped``): empty and fragment-only hrefs that name the page
+    itself (``fragment``; with a ``<base href>`` elsewhere they name the base document),
     schemes other than http/https (``scheme``: javascript:, mailto:, data:, tel: …),
     unparsable hrefs (``unparsable``). Fragments are stripped from the rest.
     """
@@ -284,7 +293,9 @@ def extract_links(html: str, page_url: str) -> Links:
     for node in tree.css("a[href]"):
         found += 1
         href = _TAB_NEWLINE.sub("", (node.attributes.get("href") or "").strip(_STRIP))
-        if not href or href.startswith("#"):
+        if (not href or href.startswith("#")) and base == page_url:
+            # The page itself (RFC 3986: "" and "#x" resolve to the base); under a
+            # <base href> elsewhere they name that other document, and are kept.
             dropped["fragment"] += 1
             continue
         try:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from redis.exceptions import ResponseError
 
 from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
+from dedupnet.numbers import make_number
 from dedupnet.urls import URLGate, fingerprint_many
 
 from . import protocol as hp
@@ -118,6 +119,18 @@ class HostPools:
         """Record URLs as crawled in ``finish_URL``; returns how many were new there."""
         accepted = (gate or URLGate()).accept(urls)
         return self.store.fp_add(FINISH_URL, fingerprint_many(accepted)) if accepted else 0
+
+    def all_tasks(self) -> list[tuple[bytes, str]]:
+        """Every entry of task_pool (pending in the crawler's group or not)."""
+        entries = self.store.redis.xrange(self.store.key(TASK_POOL))
+        return [(eid, fields[b"u"].decode()) for eid, fields in entries]
+
+    def drop_tasks(self, ids: list[bytes]) -> None:
+        for i in range(0, len(ids), 10_000):
+            self.store.command(b"XDEL", self.store.key(TASK_POOL), *ids[i : i + 10_000])
+
+    def next_numbers(self, config: hp.HostConfig, n: int) -> list[int]:
+        return [make_number(config.network, config.host_id, seq) for seq in self.store.next_sequences(n)]
 
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()

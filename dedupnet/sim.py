@@ -1,0 +1,396 @@
+"""``dedupnet sim``: a whole multi-network crawl on one machine, and what it cost.
+
+The harness stands up the synthetic web, one embedded Redis, L centers and L×H
+hosts with their crawlers (each on its own loopback address, 127.0.L.x, peered as a
+real deployment would be), seeds the crawl, shows progress, stops at quiescence and
+reports: pages reachable (the web's ground truth), pages fetched, duplicate fetches
+and lost URLs (from the web server's own counts), frames and bytes, Redis look-ups,
+throughput, discovery-to-admission latency, sets concluded incomplete, load balance.
+
+Redis mapping: one server for the whole simulation; every center and host has its
+own key prefix on it (``sim-<mode>-<seed>:center<L>``, ``...:host:<ip>``), exactly
+the keys a real daemon would use on its own server. ``--processes`` runs every
+daemon as its own OS process (``dedupnet center`` / ``dedupnet local``) against the
+same server.
+
+Modes: ``exact`` and ``paper`` run the protocol; ``owner`` runs the hash-partitioned
+baseline (dedupnet/owner.py) on the same hosts and web.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+import trio
+
+from local_host.crawler import Crawler, CrawlerSettings
+from local_host.pools import HostPools
+
+from .cluster import host_ip, open_cluster
+from .store import TASK_POOL, URL_POOL
+from .web import SyntheticWeb, WebSpec
+
+SCENARIOS = ("default", "concurrent", "churn", "restart")
+MODES = ("exact", "paper", "owner")
+
+
+@dataclass
+class SimConfig:
+    networks: int = 3
+    hosts: int = 3
+    pages: int = 3000
+    sites: int = 30
+    mode: str = "exact"
+    seed: int = 1
+    scenario: str = "default"
+    timeout: float = 120.0
+    set_size: int = 100
+    seeds: int = 6
+    max_depth: int | None = None
+    #: Politeness per site: the simulation is about de-dup, so it is light by default.
+    per_site_delay: float = 0.0
+    per_site_concurrency: int = 4
+    concurrency: int = 16
+    progress_every: float = 1.0
+
+
+@dataclass
+class Report:
+    config: dict
+    timed_out: bool
+    wall_time: float
+    reachable_pages: int
+    reachable_urls: int  # pages + missing (404) + redirects: what a perfect crawl requests
+    fetched_urls: int
+    requests: int
+    duplicate_fetches: int
+    lost_urls: int
+    lost_examples: list[str]
+    unexpected_fetches: int
+    frames: dict[str, int]
+    frames_by_stage: dict[str, int]
+    bytes_on_wire: int
+    redis_lookups: int
+    redis_round_trips: int
+    urls_found: int
+    urls_per_s: float
+    pages_per_s: float
+    latency_p50: float | None
+    latency_p99: float | None
+    sets_concluded_incomplete: int
+    per_host_pages: dict[str, int]
+    per_network_admitted: dict[str, int]
+    timeline: list[dict] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class Observer:
+    """Discovery and admission times of URLs, for the latency figures."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, float] = {}
+        self.latencies: list[float] = []
+
+    def on_found(self, entries: list[tuple[bytes, str]]) -> None:
+        for eid, url in entries:
+            t = int(eid.split(b"-")[0]) / 1000  # a stream id starts with its time in ms
+            if url not in self.found or t < self.found[url]:
+                self.found[url] = t
+
+    def on_admit(self, urls: tuple[str, ...]) -> None:
+        now = time.time()
+        self.latencies += [now - self.found[u] for u in urls if u in self.found]
+
+
+def percentile(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(math.ceil(p / 100 * len(ordered))) - 1)]
+
+
+async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
+    """Run one simulation to quiescence (or ``cfg.timeout``) and report it."""
+    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
+    server = redis.Redis.from_url(redis_url)
+    server.config_resetstat()
+    crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
+                              per_site_delay=cfg.per_site_delay, max_depth=cfg.max_depth, retry_base=0.05,
+                              block_timeout=0.2, progress_interval=3600)
+    observer = Observer()
+    prefix = f"sim-{cfg.mode}-{cfg.seed}-{time.monotonic_ns() % 10**6}"
+    async with trio.open_nursery() as nursery:
+        await nursery.start(web.serve)
+        seeds = web.seeds(cfg.seeds)
+        if cfg.mode == "owner":
+            from .owner import open_owner_cluster
+
+            system_cm = open_owner_cluster(redis_url, cfg.networks, cfg.hosts, prefix=prefix)
+        else:
+            system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
+                                     prefix=prefix, crawler=crawler)
+        async with system_cm as system:
+            crawlers = await _crawlers(system, crawler, nursery, cfg.mode)
+            for d in getattr(system, "centers", {}).values():
+                d.on_admit = observer.on_admit
+            for h in system.hosts.values():
+                if hasattr(h, "on_found"):
+                    h.on_found = observer.on_found
+            await _seed(system, seeds, cfg.scenario)
+            t0 = time.perf_counter()
+            timeline: list[dict] = []
+            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out)
+            wall = time.perf_counter() - t0
+            report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out)
+        nursery.cancel_scope.cancel()
+    return report
+
+
+async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mode: str) -> dict[str, Any]:
+    """The protocol's hosts run their crawler inside the daemon; the owner baseline's
+    hosts get one here, on the same task_pool."""
+    if mode != "owner":
+        return {ip: h.crawler for ip, h in system.hosts.items()}
+    crawlers = {}
+    for ip, h in system.hosts.items():
+        c = Crawler(h.store.store if hasattr(h.store, "store") else h.store, settings, h.counters, consumer=ip)
+        await nursery.start(c.run)
+        crawlers[ip] = c
+    return crawlers
+
+
+async def _seed(system, seeds: list[str], scenario: str) -> None:
+    hosts = list(system.hosts.values())
+    if scenario == "concurrent":
+        # Every host of every network finds the same link-dense pages at the same moment.
+        async with trio.open_nursery() as n:
+            for h in hosts:
+                n.start_soon(trio.to_thread.run_sync, _push, h, seeds)
+        return
+    for i, url in enumerate(seeds):
+        _push(hosts[i % len(hosts)], [url])
+
+
+def _push(host, urls: list[str]) -> None:
+    store = host.store.store if hasattr(host.store, "store") else host.store
+    HostPools(store, exact=True).push(urls)
+
+
+async def _pool_sizes(system) -> dict[str, int]:
+    sizes: Counter[str] = Counter()
+    for h in system.hosts.values():
+        store = h.store.store if hasattr(h.store, "store") else h.store
+        batch = store.batch()
+        batch.add(b"XLEN", store.key(URL_POOL))
+        batch.add(b"XLEN", store.key(TASK_POOL))
+        url_pool, task_pool = await trio.to_thread.run_sync(store.execute, batch)
+        sizes["URL_pool"] += url_pool
+        sizes["task_pool"] += task_pool
+    for c in getattr(system, "centers", {}).values():
+        sizes["reduce_pools"] += len(c.core.sets)
+        sizes["task_URL"] += len(c.core.tasks)
+    return dict(sizes)
+
+
+async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out) -> bool:
+    """Sample progress until nothing is left anywhere (twice in a row) or the timeout."""
+    quiet = 0
+    next_print = 0.0
+    events: set[str] = set()
+    with trio.move_on_after(cfg.timeout) as scope:
+        while quiet < 2:
+            await trio.sleep(0.1)
+            sizes = await _pool_sizes(system)
+            now = time.perf_counter() - t0
+            fetched = sum(web.answer_counts.values())
+            sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
+            timeline.append(sample)
+            await _scenario_events(cfg, system, fetched, events)
+            idle = all(c.idle for c in crawlers.values() if c is not None)
+            done = idle and not any(sizes.values()) and await system.quiescent()
+            quiet = quiet + 1 if done else 0
+            if out is not None and now >= next_print:
+                next_print = now + cfg.progress_every
+                print(f"  t={now:6.1f}s  pages {fetched:>6} ({fetched / max(now, 1e-9):6.0f}/s)  "
+                      f"URL_pool {sizes.get('URL_pool', 0):>5}  task_pool {sizes.get('task_pool', 0):>5}  "
+                      f"in flight {sizes.get('reduce_pools', 0):>3}  duplicates {sample['duplicates']}",
+                      file=out, flush=True)
+    return scope.cancelled_caught
+
+
+async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str]) -> None:
+    """churn: a host leaves and another joins; restart: a center is killed and restarted.
+    Both once a third of the pages are fetched."""
+    if cfg.scenario not in ("churn", "restart") or fetched < cfg.pages // 3 or cfg.scenario in done:
+        return
+    done.add(cfg.scenario)
+    if cfg.scenario == "restart":
+        await system.restart_center(1)
+        return
+    leaving = host_ip(1, cfg.hosts - 1)
+    await system.leave_host(leaving)
+    await system.start_host(1, cfg.hosts)
+
+
+def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out) -> Report:
+    reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
+    expected = reach.fetched
+    fetched = set(web.answer_counts)
+    lost = sorted(expected - fetched)
+    daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
+    frames: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
+    for d in daemons:
+        for key, value in d.counters.snapshot().items():
+            if key.startswith("frames_sent{"):
+                frames[key[len("frames_sent{kind=\""):-2]] += value
+            elif key.startswith("frames_in{"):
+                stages[key[len("frames_in"):]] += value
+    stats = server.info("commandstats")
+    lookups = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
+    trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
+    found = sum(d.counters.get("links_pushed") for d in system.hosts.values())
+    per_host = {ip: sum(v for k, v in h.counters.snapshot().items() if k.startswith("pages_fetched"))
+                for ip, h in sorted(system.hosts.items())}
+    per_net = {f"net:{n}": c.counters.get("urls_admitted") for n, c in sorted(getattr(system, "centers", {}).items())}
+    requests = sum(web.answer_counts.values())
+    return Report(
+        config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
+        reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
+        requests=requests, duplicate_fetches=web.duplicate_fetches(), lost_urls=len(lost), lost_examples=lost[:10],
+        unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
+        bytes_on_wire=sum(d.counters.get("bytes_sent") for d in daemons), redis_lookups=lookups,
+        redis_round_trips=trips, urls_found=found, urls_per_s=round(found / wall, 1) if wall else 0.0,
+        pages_per_s=round(requests / wall, 1) if wall else 0.0,
+        latency_p50=percentile(observer.latencies, 50), latency_p99=percentile(observer.latencies, 99),
+        sets_concluded_incomplete=sum(d.counters.total("concluded_incomplete") for d in daemons),
+        per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline,
+    )
+
+
+def format_report(r: Report) -> str:
+    c = r.config
+    status = "TIMED OUT (not quiescent)" if r.timed_out else "quiescent"
+    lat = "n/a" if r.latency_p50 is None else f"{r.latency_p50 * 1000:.0f} ms / {r.latency_p99 * 1000:.0f} ms"
+    frames = ", ".join(f"{k} {v:,}" for k, v in sorted(r.frames.items()))
+    hosts = " ".join(f"{ip.rsplit('.', 2)[-2]}.{ip.rsplit('.', 1)[-1]}:{n}" for ip, n in r.per_host_pages.items())
+    return f"""dedupnet sim: {c['networks']} networks x {c['hosts']} hosts, {c['mode']} mode, scenario {c['scenario']}, seed {c['seed']}
+  web: {c['pages']:,} pages over {c['sites']} sites; {r.reachable_pages:,} pages reachable from {c['seeds']} seeds ({r.reachable_urls:,} URLs to request)
+  run: {status} after {r.wall_time:.1f} s
+
+  URLs fetched                {r.fetched_urls:>10,} of {r.reachable_urls:,}
+  duplicate fetches           {r.duplicate_fetches:>10,}
+  lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}
+  unexpected fetches          {r.unexpected_fetches:>10,}   (not in the ground truth, e.g. robots-disallowed)
+  requests to the web         {r.requests:>10,}   {r.pages_per_s:,.0f}/s
+  links found (URL_pool)      {r.urls_found:>10,}   {r.urls_per_s:,.0f}/s
+  frames sent                 {sum(r.frames.values()):>10,}   {frames}
+  bytes on the wire           {r.bytes_on_wire:>10,}   {r.bytes_on_wire / max(r.urls_found, 1):,.0f} per URL found
+  Redis look-ups              {r.redis_lookups:>10,}   (SMISMEMBER/HMGET commands)
+  discovery -> admission      p50 / p99: {lat}
+  sets concluded incomplete   {r.sets_concluded_incomplete:>10,}
+  pages per host              {hosts}
+  URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}"""
+
+
+def format_comparison(reports: list[Report]) -> str:
+    head = f"{'mode':<8}{'duplicates':>11}{'lost':>7}{'frames/URL':>12}{'bytes/URL':>11}{'URLs/s':>9}{'p99 ms':>9}{'wall s':>8}"
+    lines = [head, "-" * len(head)]
+    for r in reports:
+        found = max(r.urls_found, 1)
+        p99 = "n/a" if r.latency_p99 is None else f"{r.latency_p99 * 1000:.0f}"
+        lines.append(f"{r.config['mode']:<8}{r.duplicate_fetches:>11,}{r.lost_urls:>7,}"
+                     f"{sum(r.frames.values()) / found:>12.2f}{r.bytes_on_wire / found:>11.0f}"
+                     f"{r.urls_per_s:>9,.0f}{p99:>9}{r.wall_time:>8.1f}")
+    return "\n".join(lines)
+
+
+def plot(report: Report, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [s["t"] for s in report.timeline]
+    fig, (a, b) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    a.plot(t, [s["pages_fetched"] for s in report.timeline], label="pages fetched")
+    a.plot(t, [s["duplicates"] for s in report.timeline], label="duplicate fetches")
+    a.set_ylabel("requests")
+    a.legend()
+    for key in ("URL_pool", "task_pool", "reduce_pools", "task_URL"):
+        b.plot(t, [s.get(key, 0) for s in report.timeline], label=key)
+    b.set_xlabel("seconds")
+    b.set_ylabel("entries")
+    b.legend()
+    c = report.config
+    fig.suptitle(f"dedupnet sim: {c['networks']}x{c['hosts']}, {c['mode']} mode, {c['scenario']}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+
+def run(args) -> int:
+    """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed)."""
+    import contextlib
+
+    import orjson
+
+    from .embedded import EmbeddedRedis
+
+    base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
+                     seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
+                     max_depth=args.max_depth)
+    modes = MODES if args.compare else (args.mode,)
+    reports = []
+    with contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis() as url:
+        for mode in modes:
+            cfg = SimConfig(**{**asdict(base), "mode": mode})
+            print(f"-- {cfg.networks} networks x {cfg.hosts} hosts, {mode} mode, {cfg.scenario}: crawling "
+                  f"{cfg.pages:,} pages over {cfg.sites} sites", flush=True)
+            if args.processes:
+                from .simproc import simulate_processes
+
+                report = trio.run(simulate_processes, cfg, url)
+            else:
+                report = trio.run(simulate, cfg, url)
+            reports.append(report)
+            print(format_report(report), flush=True)
+    if args.compare:
+        print("\n" + format_comparison(reports))
+    if args.json:
+        data = [r.to_json() for r in reports] if args.compare else reports[0].to_json()
+        with open(args.json, "wb") as f:
+            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    if args.plot:
+        plot(reports[0], args.plot)
+    return 1 if any(r.timed_out for r in reports) else 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
+    p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
+    p.add_argument("--pages", type=int, default=3000, help="pages of the synthetic web (default 3000)")
+    p.add_argument("--sites", type=int, default=30, help="sites of the synthetic web (default 30)")
+    p.add_argument("--mode", choices=MODES, default="exact")
+    p.add_argument("--seed", type=int, default=1, help="seeds the web and the run (default 1)")
+    p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
+    p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
+    p.add_argument("--scenario", choices=SCENARIOS, default="default",
+                   help="concurrent: every host seeded with the same pages; churn: a host leaves and another "
+                        "joins; restart: a center is killed and restarted (both a third of the way in)")
+    p.add_argument("--timeout", type=float, default=120.0, help="give up (and say so) after this many seconds")
+    p.add_argument("--compare", action="store_true", help="run exact, paper and owner on the same seed, side by side")
+    p.add_argument("--processes", action="store_true",
+                   help="every center and host as its own OS process (dedupnet center / dedupnet local)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
+    p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one")
