@@ -62,6 +62,20 @@ def build_parser() -> argparse.ArgumentParser:
                            description="A local host: de-dups its URL_pool (§2.2), answers its center's "
                                        "requests (§2.3) and receives tasks into its task_pool.")
     local.add_argument("--center", metavar="HOST:PORT", help="this host's center")
+    crawl = local.add_argument_group("crawler")
+    crawl.add_argument("--no-crawl", dest="crawl", action="store_const", const=False,
+                       help="run the protocol only (URLs come from `dedupnet push`)")
+    crawl.add_argument("--seed", dest="seeds", action="append", metavar="URL", help="a seed URL (repeat)")
+    crawl.add_argument("--seeds-file", metavar="FILE", help="seed URLs, one per line")
+    crawl.add_argument("--concurrency", type=int, help="requests at once, all sites (default 32)")
+    crawl.add_argument("--per-site", dest="per_site_concurrency", type=int, help="requests at once to one site (default 2)")
+    crawl.add_argument("--per-site-delay", type=float, metavar="S", help="seconds between requests to one site (default 0.25)")
+    crawl.add_argument("--max-depth", type=int, help="do not follow links of pages this deep (seeds: 0)")
+    crawl.add_argument("--allow-domain", dest="allowed_domains", action="append", metavar="DOMAIN",
+                       help="only follow links to this host and its subdomains (repeat)")
+    crawl.add_argument("--ignore-robots", dest="respect_robots", action="store_const", const=False)
+    crawl.add_argument("--store", dest="store_dir", metavar="DIR", help="write fetched pages as JSON lines here")
+    crawl.add_argument("--recrawl-interval", type=float, metavar="S", help="re-crawl the seeds this often")
 
     status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters")
     status.add_argument("address", metavar="HOST:PORT", help="the daemon's --listen address")

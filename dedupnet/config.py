@@ -61,6 +61,26 @@ class Settings:
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
 
+    # -- the crawler on a host (``dedupnet local``) -------------------------------------
+    #: Run the crawler on this host's task_pool.
+    crawl: bool = True
+    #: Seed URLs, sent through the protocol like any discovered URL.
+    seeds: list[str] = dataclasses.field(default_factory=list)
+    seeds_file: str | None = None
+    #: Requests at once, all sites together / to one site; seconds between two to one site.
+    concurrency: int = 32
+    per_site_concurrency: int = 2
+    per_site_delay: float = 0.25
+    #: Links of pages at this depth are not followed (seeds: depth 0); none = no limit.
+    max_depth: int | None = None
+    #: Hosts (and their subdomains) links may point to; empty = any.
+    allowed_domains: list[str] = dataclasses.field(default_factory=list)
+    respect_robots: bool = True
+    #: Write fetched pages as JSON lines into this directory.
+    store_dir: str | None = None
+    #: Seconds between re-crawls of the seeds; none = off.
+    recrawl_interval: float | None = None
+
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")

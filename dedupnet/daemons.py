@@ -10,6 +10,7 @@ import orjson
 import trio
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
+from local_host.crawler import CrawlerSettings
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import HostPools
 
@@ -79,12 +80,29 @@ def run_local(settings: Settings) -> int:
         listen_host=listen_host, set_size=settings.set_size, mode=settings.mode,
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, metrics=endpoint(settings.metrics) if settings.metrics else None,
+        crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits) as store:
         trio.run(_until_signalled, LocalDaemon(local, store))
     return 0
+
+
+def crawler_settings(settings: Settings, ip: str) -> CrawlerSettings:
+    return CrawlerSettings(
+        concurrency=settings.concurrency, per_site_concurrency=settings.per_site_concurrency,
+        per_site_delay=settings.per_site_delay, max_depth=settings.max_depth,
+        allowed_domains=frozenset(settings.allowed_domains), respect_robots=settings.respect_robots,
+        store_dir=settings.store_dir, recrawl_interval=settings.recrawl_interval,
+    )
+
+
+def _seeds(settings: Settings) -> list[str]:
+    seeds = list(settings.seeds)
+    if settings.seeds_file:
+        seeds += [line.strip() for line in Path(settings.seeds_file).read_text().splitlines() if line.strip()]
+    return seeds
 
 
 async def _until_signalled(daemon) -> None:

@@ -311,10 +311,8 @@ class OwnerCluster:
         return await self.start_host(ip)  # same port: lower IPs dial it there again
 
     async def quiescent(self) -> bool:
-        for h in self.hosts.values():
-            if not await h.quiescent():
-                return False
-        return True
+        """Every host quiescent: every URL_pool empty, nothing waiting, in flight or unwritten."""
+        return all([await h.quiescent() for h in self.hosts.values()])
 
     async def wait_quiescent(self, poll: float = 0.05) -> None:
         while not await self.quiescent():

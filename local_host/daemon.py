@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import trio
 
@@ -51,6 +51,8 @@ class LocalSettings:
     listen_host: str | None = None
     #: Run the crawler on this host's task_pool (issue #4); None = protocol only.
     crawler: CrawlerSettings | None = None
+    #: Seed URLs, put into URL_pool at start: they go through the protocol like any link.
+    seeds: list[str] = field(default_factory=list)
 
 
 class LocalDaemon:
@@ -91,6 +93,8 @@ class LocalDaemon:
             nursery.start_soon(self._heartbeats)
             if self.crawler is not None:
                 await nursery.start(self._run_crawler)
+                if s.seeds:
+                    log.info("%d seeds into URL_pool", await self.crawler.seed(s.seeds))
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
                 max_frame_size=s.max_frame_size, max_urls=s.max_urls))

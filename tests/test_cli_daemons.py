@@ -45,7 +45,7 @@ def deployment(tmp_path):
     start("center", "--network", "2", "--listen", "127.0.2.1:17700", "--peer", "1,127.0.1.1:17700,127.0.1.0/24")
     for net in (1, 2):
         start("local", "--network", str(net), "--ip", f"127.0.{net}.10", "--center", f"127.0.{net}.1:17700",
-              "--listen", f"127.0.{net}.10:17701", "--set-size", "25")
+              "--listen", f"127.0.{net}.10:17701", "--set-size", "25", "--no-crawl")
     yield tmp_path, procs
     for p in procs:
         p.send_signal(signal.SIGTERM)
