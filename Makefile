@@ -5,13 +5,17 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: sim demo test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+# The main job: a default simulation (3 networks x 3 hosts crawling a synthetic web).
+sim: $(STAMP)
+	$(BIN)/dedupnet sim
 
 demo: $(STAMP)
 	$(BIN)/dedupnet demo
@@ -21,6 +25,8 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py
+	$(BIN)/python bench/bench_protocol.py
+	$(BIN)/python bench/bench_crawler.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -101,7 +101,7 @@ class Reactor:
         self._handle = handle
         self._execute = execute
         self._send, self._receive = trio.open_memory_channel(inbox)
-        self.idle = trio.Event()
+        self._busy = 0
 
     def post(self, event: Any) -> None:
         """From a trio task that must not wait (timers); raises trio.WouldBlock when full."""
@@ -117,7 +117,19 @@ class Reactor:
         async for event in self._receive:
             await self.process(event)
 
+    @property
+    def idle(self) -> bool:
+        """No event waiting and none being handled."""
+        return not self._busy and self.pending() == 0
+
     async def process(self, event: Any) -> None:
+        self._busy += 1
+        try:
+            await self._process(event)
+        finally:
+            self._busy -= 1
+
+    async def _process(self, event: Any) -> None:
         queue = [event]
         while queue:
             item = queue.pop(0)

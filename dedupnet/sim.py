@@ -155,10 +155,10 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
 
 
 async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mode: str) -> dict[str, Any]:
-    """The protocol's hosts run their crawler inside the daemon; the owner baseline's
-    hosts get one here, on the same task_pool."""
+    """The owner baseline's hosts get a crawler here, on their task_pool; the protocol's
+    hosts run theirs inside the daemon (none returned: they are looked up each time)."""
     if mode != "owner":
-        return {ip: h.crawler for ip, h in system.hosts.items()}
+        return {}  # they live in the daemons (and hosts come and go with churn)
     crawlers = {}
     for ip, h in system.hosts.items():
         c = Crawler(h.store.store if hasattr(h.store, "store") else h.store, settings, h.counters, consumer=ip)
@@ -168,7 +168,9 @@ async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mo
 
 
 async def _seed(system, seeds: list[str], scenario: str) -> None:
-    hosts = list(system.hosts.values())
+    # Round-robin over the networks first (host 0 of each network, then host 1, ...),
+    # so every network starts with its share of the seeds.
+    hosts = sorted(system.hosts.values(), key=lambda h: (int(_ip_of(h).rsplit(".", 1)[1]), _ip_of(h)))
     if scenario == "concurrent":
         # Every host of every network finds the same link-dense pages at the same moment.
         async with trio.open_nursery() as n:
@@ -177,6 +179,10 @@ async def _seed(system, seeds: list[str], scenario: str) -> None:
         return
     for i, url in enumerate(seeds):
         _push(hosts[i % len(hosts)], [url])
+
+
+def _ip_of(host) -> str:
+    return host.settings.ip
 
 
 def _push(host, urls: list[str]) -> None:
@@ -214,7 +220,8 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out) -> b
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
             timeline.append(sample)
             await _scenario_events(cfg, system, fetched, events)
-            idle = all(c.idle for c in crawlers.values() if c is not None)
+            current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
+            idle = all(c.idle for c in current.values() if c is not None)
             done = idle and not any(sizes.values()) and await system.quiescent()
             quiet = quiet + 1 if done else 0
             if out is not None and now >= next_print:

@@ -59,7 +59,7 @@ from dedupnet.runtime import until_stored
 from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
 from dedupnet.urls import URLGate, fingerprint_many, normalize, site_of
 
-from .fetch import Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
+from .fetch import ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
@@ -135,6 +135,9 @@ class CrawlerSettings:
     local_address: str | None = None
     #: Honour HTTP(S)_PROXY / NO_PROXY from the environment.
     trust_env: bool = False
+    #: HTTP clients kept open, one per site (each with its keep-alive connections);
+    #: beyond this the least recently used idle one is closed.
+    max_clients: int = 256
     #: Tasks taken from task_pool and not yet done (waiting for a site or a slot included).
     max_leased: int = 256
     #: Entries asked for by one XREADGROUP.
@@ -229,7 +232,7 @@ class Crawler:
                                   on_rules=self._robots_rules)
         self.allowed = frozenset(d.lower().strip(".") for d in s.allowed_domains)
         self.depth_key = s.depth_key or store.key(DEPTH)
-        self._client: httpx.AsyncClient | None = None
+        self._clients: ClientPool | None = None
         self._leases = trio.Semaphore(max(1, s.max_leased))
         self._drained = False
         self._page_file = None
@@ -257,16 +260,7 @@ class Crawler:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
         await until_stored(self._writer, self.counters, self.store.ensure_group, TASK_POOL, GROUP)
-        transport = httpx.AsyncHTTPTransport(
-            limits=httpx.Limits(max_connections=s.concurrency, max_keepalive_connections=s.concurrency),
-            local_address=s.local_address, trust_env=s.trust_env, retries=0,
-        )
-        client = httpx.AsyncClient(
-            transport=transport, timeout=httpx.Timeout(s.timeout), follow_redirects=False,
-            trust_env=s.trust_env,
-            headers={"User-Agent": s.user_agent},
-        )
-        self._client = client
+        clients = self._clients = ClientPool(self._client_factory(), max_clients=s.max_clients)
         try:
             if s.store_dir:
                 Path(s.store_dir).mkdir(parents=True, exist_ok=True)
@@ -282,11 +276,29 @@ class Crawler:
                          "on" if s.respect_robots else "off")
                 task_status.started()
         finally:
-            with trio.CancelScope(shield=True), trio.move_on_after(2):
-                await client.aclose()
+            await clients.aclose()
             if self._page_file is not None:
                 self._page_file.close()
                 self._page_file = None
+
+    def _client_factory(self):
+        """Makes the per-site clients of :class:`ClientPool`: a site never has more
+        requests on the wire than its politeness bound, so that is its pool size. One
+        TLS context for all (making one loads the CA bundle: ~ms each)."""
+        s = self.settings
+        per_site = min(s.per_site_concurrency or s.concurrency, s.concurrency)
+        limits = httpx.Limits(max_connections=per_site, max_keepalive_connections=per_site)
+        tls = httpx.create_ssl_context(trust_env=s.trust_env)
+        timeout = httpx.Timeout(s.timeout)
+        headers = {"User-Agent": s.user_agent}
+
+        def make() -> httpx.AsyncClient:
+            transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, local_address=s.local_address,
+                                                 trust_env=s.trust_env, retries=0)
+            return httpx.AsyncClient(transport=transport, verify=tls, timeout=timeout, follow_redirects=False,
+                                     trust_env=s.trust_env, headers=headers)
+
+        return make
 
     # -- taking tasks ----------------------------------------------------------------------
     def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
@@ -537,12 +549,13 @@ class Crawler:
     async def _fetch(self, url: str) -> _Response:
         """One GET through the politeness gate; the body is read (up to ``max_body``) only
         for a 2xx HTML page (or any 2xx with ``store_dir``)."""
-        assert self._client is not None
+        assert self._clients is not None
         s = self.settings
-        async with self.politeness.slot(site_of(url)) as sent:
+        site = site_of(url)
+        async with self.politeness.slot(site) as sent, self._clients.client(site) as client:
             with trio.move_on_after(s.page_timeout):
                 try:
-                    async with self._client.stream("GET", url, headers={"Accept": ACCEPT},
+                    async with client.stream("GET", url, headers={"Accept": ACCEPT},
                                                    extensions={"trace": _on_send(sent)}) as r:
                         try:
                             return await self._read_response(r)
@@ -586,13 +599,14 @@ class Crawler:
 
     async def _fetch_robots(self, origin: str) -> str | None:
         """robots.txt of an origin for :class:`RobotsCache` (through the politeness gate)."""
-        assert self._client is not None
+        assert self._clients is not None
         s = self.settings
         url = origin + "/robots.txt"
+        site = site_of(url)
         try:
-            async with self.politeness.slot(site_of(url)) as sent:
+            async with self.politeness.slot(site) as sent, self._clients.client(site) as client:
                 with trio.move_on_after(s.page_timeout):
-                    async with self._client.stream("GET", url, follow_redirects=True,
+                    async with client.stream("GET", url, follow_redirects=True,
                                                    extensions={"trace": _on_send(sent)}) as r:
                         self.counters.inc("robots_fetched", status=r.status_code)
                         if 400 <= r.status_code < 500:

@@ -161,24 +161,38 @@ class LocalDaemon:
     async def leave(self, *, timeout: float = 30.0) -> int:
         """Leave the LAN for good without losing work: stop crawling, let URL_pool drain
         through the protocol, then hand the uncrawled task_pool back to the center and
-        drop it once the center has stored it. Returns the number of tasks handed back."""
+        drop it once the center has stored it. The first hand-back also tells the center
+        to assign nothing more here; tasks it sent before that arrive before its ack (one
+        connection), so a second round hands back whatever came in meanwhile.
+        Returns the number of tasks handed back."""
         if self.crawler is not None:
             self.crawler_scope.cancel()
+        handed = 0
         with trio.fail_after(timeout):
             while self.core.unacked or (await self.store.run(self.pools.sizes))[URL_POOL]:
                 await trio.sleep(0.05)
-            entries = await self.store.run(self.pools.all_tasks)
-            (number,) = await self.store.run(self.pools.next_numbers, self.core.config, 1)
-            self.handed_back = trio.Event()
-            self._handing_back = number
-            if entries:
-                while self.conn is None or not self.conn.send_nowait(
-                        wire.encode(Task(number, tuple(dict.fromkeys(u for _, u in entries))))):
-                    await trio.sleep(0.05)
-                await self.handed_back.wait()
-                await self.store.run(self.pools.drop_tasks, [i for i, _ in entries])
-        log.info("left the LAN; %d tasks handed back to the center", len(entries))
-        return len(entries)
+            first = True
+            while True:
+                entries = await self.store.run(self.pools.all_tasks)
+                if not entries and not first:
+                    break
+                for i in range(0, max(len(entries), 1), 5000):  # a Task holds at most 10,000 URLs
+                    await self._hand_back(entries[i : i + 5000])
+                handed += len(entries)
+                first = False
+                while not self.reactor.idle:  # tasks that arrived before the ack, stored
+                    await trio.sleep(0.01)
+        log.info("left the LAN; %d tasks handed back to the center", handed)
+        return handed
+
+    async def _hand_back(self, entries: list[tuple[bytes, str]]) -> None:
+        (number,) = await self.store.run(self.pools.next_numbers, self.core.config, 1)
+        self.handed_back, self._handing_back = trio.Event(), number
+        task = wire.encode(Task(number, tuple(dict.fromkeys(u for _, u in entries))))
+        while self.conn is None or not self.conn.send_nowait(task):
+            await trio.sleep(0.05)
+        await self.handed_back.wait()
+        await self.store.run(self.pools.drop_tasks, [i for i, _ in entries])
 
     async def status(self) -> dict:
         return {

@@ -1,0 +1,202 @@
+"""Benchmark: one host's crawler on the synthetic web, politeness off (issue #4).
+
+For each concurrency level (default 1, 8, 32, 64) the crawler of one host crawls the
+same ``--tasks`` URLs (default 2,000) of a synthetic web (default 5,000 pages over 50
+sites) and a table is printed: pages/s, and CPU seconds per page of the crawler
+process (``time.process_time``: the event loop and the Redis worker threads), of the
+web server and of Redis (psutil). The last line states the target — at least 200
+pages/s for one host, the web server on the same machine — and whether the best
+level met it.
+
+What is measured, and what is not
+    * The web server runs in a separate process (``python -m dedupnet.web``, started
+      afresh for every level so that flaky pages fail again and the work is the same)
+      so it does not share the crawler's GIL; its port is read from its first line of
+      output. Redis is an embedded, non-persistent server (or ``--redis URL``).
+    * There is no protocol here. The tasks are pre-computed from the web's ground
+      truth (:meth:`SyntheticWeb.reachable_detail` from every site's home page; the
+      first ``--tasks`` URLs the crawler would fetch, breadth first: pages, 404s and
+      redirects) and all put into the host's ``task_pool`` before the clock starts.
+      The links the crawler pushes into ``URL_pool`` are written and ignored. So the
+      figure is the crawler's own: take, robots check, fetch, parse, and the one
+      transaction per page that records it (finish_URL, URL_pool, XACK + XDEL).
+    * Politeness off: ``per_site_delay=0``, no per-site bound; robots.txt is on
+      (fetched once per site). Retries of the web's flaky 503 pages wait 10 ms, not
+      the default 0.5 s, so a back-off does not idle the end of the run.
+    * The clock runs from the crawler's start to its last task recorded; each level
+      uses its own key prefix (a fresh finish_URL), which is removed afterwards.
+
+Run: ``.venv/bin/python bench/bench_crawler.py [--levels 1,8,32,64] [--tasks 2000]
+[--pages 5000] [--sites 50] [--redis URL]``. On a 2-core machine the web server and
+the crawler each take about a core; figures depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import re
+import signal
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import psutil
+import trio
+
+from dedupnet.embedded import EmbeddedRedis
+from dedupnet.metrics import Counters
+from dedupnet.store import FINISH_URL, TASK_POOL, Store
+from dedupnet.urls import fingerprint_many
+from dedupnet.web import SyntheticWeb, WebSpec
+from local_host.crawler import FAILED, Crawler, CrawlerSettings
+
+TARGET = 200.0  # pages/s, one host (issue #4)
+
+
+@dataclass
+class Row:
+    concurrency: int
+    pages: int
+    seconds: float
+    crawler_cpu: float
+    web_cpu: float | None
+    redis_cpu: float | None
+    failed: int
+    requests: int
+
+    @property
+    def rate(self) -> float:
+        return self.pages / self.seconds
+
+
+class WebProcess:
+    """``python -m dedupnet.web`` in a child process; :attr:`port` once it serves."""
+
+    def __init__(self, pages: int, sites: int, seed: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "dedupnet.web", "--pages", str(pages), "--sites", str(sites),
+             "--seed", str(seed), "--port", "0", "--seeds", "0"],
+            stdout=subprocess.PIPE, text=True)
+        first = self.proc.stdout.readline()  # printed once every site listens
+        m = re.search(r"port (\d+);", first)
+        if m is None:
+            self.stop()
+            raise RuntimeError(f"synthetic web did not start: {first!r}")
+        self.port = int(m.group(1))
+        self.ps = psutil.Process(self.proc.pid)
+
+    def cpu(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)  # its normal way to stop
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc.stdout.close()
+
+
+def tasks_for(web: SyntheticWeb, n: int) -> list[str]:
+    """The first ``n`` URLs a crawl from every home page fetches, breadth first."""
+    reach = web.reachable_detail(web.seeds(web.spec.sites))
+    fetched = reach.fetched
+    urls = [u for u in reach.depth if u in fetched]  # depth: insertion order is BFS order
+    if len(urls) < n:
+        raise SystemExit(f"the web has only {len(urls)} reachable URLs; use more --pages or fewer --tasks")
+    return urls[:n]
+
+
+def cpu_of(ps: psutil.Process | None) -> float | None:
+    if ps is None:
+        return None
+    t = ps.cpu_times()
+    return t.user + t.system
+
+
+async def crawl(store: Store, settings: CrawlerSettings, n: int, probes) -> tuple[float, float, dict, Counters]:
+    """Crawl until ``n`` tasks are done: (wall seconds, crawler CPU seconds, other CPU deltas)."""
+    counters = Counters()
+    crawler = Crawler(store, settings, counters, consumer="bench")
+    before = {name: cpu_of(ps) for name, ps in probes.items()}
+    c0, t0 = time.process_time(), time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(crawler.run)
+        while crawler.pages_done < n:
+            await trio.sleep(0.005)
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+        nursery.cancel_scope.cancel()
+    others = {name: (cpu_of(probes[name]) - v if v is not None else None) for name, v in before.items()}
+    return seconds, cpu, others, counters
+
+
+def run_level(redis_url: str, redis_ps, args, concurrency: int) -> Row:
+    web_proc = WebProcess(args.pages, args.sites, args.seed)
+    try:
+        web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=web_proc.port)
+        urls = tasks_for(web, args.tasks)
+        store = Store(redis_url, f"benchcrawl{concurrency}")
+        store.delete_prefix()
+        for i in range(0, len(urls), 5000):
+            store.stream_add(TASK_POOL, urls[i : i + 5000])
+        settings = CrawlerSettings(
+            concurrency=concurrency, per_site_concurrency=0, per_site_delay=0.0, respect_robots=True,
+            retry_base=0.01, max_leased=max(256, 4 * concurrency), progress_interval=3600.0)
+        seconds, cpu, others, counters = trio.run(
+            crawl, store, settings, len(urls), {"web": web_proc.ps, "redis": redis_ps})
+        assert store.fp_contains(FINISH_URL, fingerprint_many(urls)).all(), "a task was not recorded"
+        assert store.stream_len(TASK_POOL) == 0
+        failed = store.redis.hlen(store.key(FAILED))
+        store.delete_prefix()
+        store.close()
+        return Row(concurrency, len(urls), seconds, cpu, others["web"], others["redis"], failed,
+                   counters.total("pages_fetched") + counters.total("robots_fetched"))
+    finally:
+        web_proc.stop()
+
+
+def per_page(cpu: float | None, pages: int) -> str:
+    return f"{cpu / pages * 1000:>8.2f}" if cpu is not None else f"{'-':>8}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--levels", default="1,8,32,64", help="concurrency levels, comma-separated (default 1,8,32,64)")
+    ap.add_argument("--tasks", type=int, default=2000, help="pages crawled per level (default 2,000)")
+    ap.add_argument("--pages", type=int, default=5000, help="pages of the synthetic web (default 5,000)")
+    ap.add_argument("--sites", type=int, default=50, help="sites of the synthetic web (default 50)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the synthetic web")
+    ap.add_argument("--redis", help="use this server instead of an embedded one (keys benchcrawl*:* are removed)")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",") if x.strip()]
+    # 404s and the like are logged as warnings per page: not what is measured here.
+    logging.getLogger("dedupnet").setLevel(logging.ERROR)
+
+    server = None if args.redis else EmbeddedRedis()
+    with nullcontext(args.redis) if args.redis else server as redis_url:
+        redis_ps = psutil.Process(server.pid) if server is not None else None
+        print(f"synthetic web {args.pages:,} pages / {args.sites} sites (separate process); "
+              f"{args.tasks:,} tasks per level; politeness off, robots on; {psutil.cpu_count()} CPUs")
+        print(f"{'concurrency':>11} {'pages':>7} {'requests':>8} {'failed':>6} {'seconds':>8} {'pages/s':>8}"
+              f" {'crawler CPU ms/page':>19} {'web ms/page':>11} {'redis ms/page':>13}")
+        rows = []
+        for c in levels:
+            row = run_level(redis_url, redis_ps, args, c)
+            rows.append(row)
+            print(f"{row.concurrency:>11} {row.pages:>7} {row.requests:>8} {row.failed:>6} {row.seconds:>8.2f}"
+                  f" {row.rate:>8.0f} {per_page(row.crawler_cpu, row.pages):>19}"
+                  f" {per_page(row.web_cpu, row.pages):>11} {per_page(row.redis_cpu, row.pages):>13}", flush=True)
+        best = max(rows, key=lambda r: r.rate)
+        verdict = "met" if best.rate >= TARGET else "NOT met"
+        print(f"target: >= {TARGET:.0f} pages/s for one host -> {verdict} "
+              f"(best {best.rate:.0f} pages/s at concurrency {best.concurrency})")
+
+
+if __name__ == "__main__":
+    main()

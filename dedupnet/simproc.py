@@ -1,0 +1,487 @@
+"""``dedupnet sim --processes``: the simulation with every daemon as its own OS process.
+
+Every center and host runs through the same ``dedupnet center`` / ``dedupnet local``
+commands a user would type (``python -m dedupnet.cli ...``), each with stdout and
+stderr in a log file of a temporary directory (kept, and its path printed, when the
+run fails). What stays in this (harness) process: the synthetic web, the seeding and
+the observation. All daemons share the Redis server given, each under the key prefix
+the in-process cluster uses (``<prefix>:center<L>``, ``<prefix>:host:<ip>``).
+
+The harness knows the daemons only from outside: it polls each one's status port (what
+``dedupnet status`` shows) for progress, quiescence and, at the end, the counters of the
+report. What that cannot give is reported as such: discovery-to-admission latency is
+``None`` and Redis round trips are 0 (the daemons' stores are in other processes).
+Status replies are monitoring, not protocol: the frames and bytes the daemons sent to
+this harness's status requests are taken out of the report's frame and byte counts.
+
+Supported: modes ``exact`` and ``paper``; scenarios ``default``, ``concurrent`` and
+``restart`` (center 1 gets SIGTERM a third of the way in and is started again with
+the same command). ``owner`` (no daemons) and ``churn`` (a host leaving for good needs
+the in-process handle) are refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import redis
+import trio
+
+from local_host.pools import HostPools
+
+from . import wire
+from .cluster import center_ip, host_ip, lan
+from .embedded import _spawn
+from .messages import Heartbeat, Register, Status
+from .metrics import Counters
+from .netinfo import source_ip_towards
+from .sim import Observer, Report, SimConfig, _report
+from .store import Store
+from .transport import connect
+from .web import SyntheticWeb, WebSpec
+
+__all__ = ["simulate_processes", "PROCESS_MODES", "PROCESS_SCENARIOS"]
+
+PROCESS_MODES = ("exact", "paper")
+PROCESS_SCENARIOS = ("default", "concurrent", "restart")
+
+_ROOT = Path(__file__).resolve().parent.parent  # holds dedupnet/, center_host/, local_host/
+_STATUS_FRAMES = 'frames_sent{kind="status"}'
+_POLL = 0.2
+_LOG_TAIL = 30
+
+
+class DaemonFailed(RuntimeError):
+    """A daemon process exited (or never answered) when it should be running."""
+
+
+@dataclass
+class Daemon:
+    """One ``dedupnet center`` / ``dedupnet local`` process and what the harness saw of it."""
+
+    name: str  # "center<L>" or the host's IP
+    role: str  # "center" | "host"
+    network: int
+    address: tuple[str, int]  # its status port (a center's --listen)
+    prefix: str
+    argv: list[str]
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    #: The last status body it answered, and the status replies (frames, bytes) it had
+    #: sent to the harness before that one: its counters include them.
+    status: dict | None = None
+    control_before: tuple[int, int] = (0, 0)
+    _control: list[int] = field(default_factory=lambda: [0, 0])
+    #: Counters of earlier lives (the restart scenario), monitoring taken out.
+    carried: Counter = field(default_factory=Counter)
+
+    def start(self, cwd: Path, env: dict) -> None:
+        with open(self.log_path, "ab") as log:
+            log.write(f"$ {' '.join(self.argv)}\n".encode())
+            log.flush()
+            # _spawn: PR_SET_PDEATHSIG, so a daemon dies with the harness even if it is killed outright.
+            self.proc = _spawn(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                               cwd=cwd, env=env)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def check_alive(self) -> None:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise DaemonFailed(f"{self.role} {self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "  (no log)"
+        return "\n".join("  | " + line for line in lines[-_LOG_TAIL:])
+
+    async def poll_status(self, timeout: float = 3.0) -> dict | None:
+        """What ``dedupnet status`` asks (:func:`dedupnet.daemons.fetch_status`), counting
+        the reply's frames and bytes; None when it does not answer."""
+        counters = Counters()
+        before = (self._control[0], self._control[1])
+        try:
+            ip = source_ip_towards(self.address[0])
+            register = Register(ip, 0, "control", f"{ip}:1")
+            with trio.fail_after(timeout):
+                async with await connect(*self.address, register, local_ip=ip, counters=counters) as conn:
+                    conn.send_nowait(wire.encode(Status(True)))
+                    while True:
+                        reply = await conn.receive()
+                        if isinstance(reply, Status):
+                            body = reply.body or {}
+                            break
+                        if not isinstance(reply, Heartbeat):
+                            return None
+        except Exception:  # refused, closed, timed out, garbled: not answering (Cancelled is not an Exception)
+            return None
+        finally:
+            self._control[0] += counters.total("frames_received")
+            self._control[1] += counters.get("bytes_received")
+        self.status, self.control_before = body, before
+        return body
+
+    def counters(self) -> dict[str, int]:
+        """Its counters over all its lives, without the status replies sent to the harness."""
+        snap = Counter(self.carried)
+        if self.status is not None:
+            snap.update(self.status.get("counters", {}))
+            frames, nbytes = self.control_before
+            snap[_STATUS_FRAMES] -= frames
+            snap["bytes_sent"] -= nbytes
+        return {k: v for k, v in sorted(snap.items()) if v > 0}
+
+    def new_life(self) -> None:
+        """Before a restart: keep what this life counted, start the next from zero."""
+        self.carried = Counter(self.counters())
+        self.status, self.control_before, self._control = None, (0, 0), [0, 0]
+
+
+class SnapshotCounters:
+    """The read side of :class:`dedupnet.metrics.Counters` over a status snapshot
+    (``{'name{label="v",...}': n}``), for :func:`dedupnet.sim._report`."""
+
+    _SERIES = re.compile(r'^([^{]+)(?:\{(.*)\})?$')
+    _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+    def __init__(self, snap: dict[str, int]):
+        self._snap = dict(snap)
+
+    def _parse(self, series: str) -> tuple[str, dict[str, str]]:
+        m = self._SERIES.match(series)
+        if m is None:
+            return series, {}
+        return m.group(1), dict(self._LABEL.findall(m.group(2) or ""))
+
+    def snapshot(self) -> dict[str, int]:
+        return dict(self._snap)
+
+    def get(self, name: str, **labels: object) -> int:
+        want = {k: str(v) for k, v in labels.items()}
+        return sum(v for k, v in self._snap.items() if self._parse(k) == (name, want))
+
+    def total(self, name: str) -> int:
+        return sum(v for k, v in self._snap.items() if self._parse(k)[0] == name)
+
+
+def _check(cfg: SimConfig) -> None:
+    if cfg.mode not in PROCESS_MODES:
+        raise ValueError(f"--processes runs the protocol's daemons: mode {cfg.mode!r} is not supported "
+                         f"(supported: {', '.join(PROCESS_MODES)}; run {cfg.mode!r} without --processes)")
+    if cfg.scenario not in PROCESS_SCENARIOS:
+        raise ValueError(f"--processes does not support scenario {cfg.scenario!r} yet "
+                         f"(supported: {', '.join(PROCESS_SCENARIOS)}; run {cfg.scenario!r} without --processes)")
+
+
+def _free_port(host: str) -> int:
+    """A port free on ``host`` now (the daemon binds it a moment later; a lost race shows
+    as a daemon exiting at start, reported with its log)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path) -> tuple[list[Daemon], list[Daemon]]:
+    cli = [sys.executable, "-m", "dedupnet.cli"]
+    ports = {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
+    centers = []
+    for n, port in ports.items():
+        argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
+                "--listen", f"{center_ip(n)}:{port}", "--redis", redis_url, "--prefix", f"{prefix}:center{n}",
+                "--mode", cfg.mode, "--log-level", "INFO"]
+        for m, peer_port in ports.items():
+            if m != n:
+                argv += ["--peer", f"{m},{center_ip(m)}:{peer_port},{lan(m)}"]
+        centers.append(Daemon(f"center{n}", "center", n, (center_ip(n), port), f"{prefix}:center{n}", argv,
+                              logdir / f"center{n}.log"))
+    hosts = []
+    for n in range(1, cfg.networks + 1):
+        for i in range(cfg.hosts):
+            ip = host_ip(n, i)
+            port = _free_port(ip)
+            argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n),
+                    "--center", f"{center_ip(n)}:{ports[n]}", "--listen", f"{ip}:{port}",
+                    "--redis", redis_url, "--prefix", f"{prefix}:host:{ip}", "--set-size", str(cfg.set_size),
+                    "--mode", cfg.mode, "--concurrency", str(cfg.concurrency),
+                    "--per-site", str(cfg.per_site_concurrency), "--per-site-delay", str(cfg.per_site_delay),
+                    "--log-level", "INFO"]
+            if cfg.max_depth is not None:
+                argv += ["--max-depth", str(cfg.max_depth)]
+            hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log"))
+    return centers, hosts
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_ROOT), env.get("PYTHONPATH")) if p)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+async def _poll_all(daemons: list[Daemon]) -> dict[str, dict | None]:
+    """Every daemon's status at once; raises DaemonFailed if one has exited."""
+    results: dict[str, dict | None] = {}
+
+    async def one(d: Daemon) -> None:
+        results[d.name] = await d.poll_status()
+
+    async with trio.open_nursery() as nursery:
+        for d in daemons:
+            nursery.start_soon(one, d)
+    for d in daemons:
+        d.check_alive()
+    return results
+
+
+def _connected(centers: list[Daemon], hosts: list[Daemon], st: dict[str, dict | None]) -> bool:
+    if any(not (st.get(h.name) or {}).get("connected") for h in hosts):
+        return False
+    for c in centers:
+        status = st.get(c.name)
+        members = set(status.get("members", {})) if status else set()
+        want = {h.name for h in hosts if h.network == c.network}
+        want |= {f"net:{o.network}" for o in centers if o is not c}
+        if not want <= members:
+            return False
+    return True
+
+
+async def _wait(what: str, daemons: list[Daemon], ready, timeout: float) -> None:
+    with trio.move_on_after(timeout):
+        while True:
+            st = await _poll_all(daemons)
+            if ready(st):
+                return
+            await trio.sleep(_POLL)
+    pending = [d.name for d in daemons if d.status is None]
+    raise DaemonFailed(f"{what}: not done after {timeout:.0f} s" +
+                       (f" (no status from {', '.join(pending)})" if pending else ""))
+
+
+async def _start(centers: list[Daemon], hosts: list[Daemon], logdir: Path, env: dict, timeout: float) -> None:
+    """Centers first (each answers its status port), then hosts; until all are connected."""
+    for d in centers:
+        d.start(logdir, env)
+    await _wait("starting the centers", centers, lambda st: all(st.values()), timeout)
+    for d in hosts:
+        d.start(logdir, env)
+    await _wait("connecting every host and center", centers + hosts,
+                lambda st: _connected(centers, hosts, st), timeout)
+
+
+async def _stop(daemons: list[Daemon], timeout: float) -> list[str]:
+    """SIGTERM every running daemon, wait (bounded), SIGKILL the stragglers, reap all.
+    Returns what went wrong (exit codes other than 0), for the caller to report."""
+    problems = []
+    running = [d for d in daemons if d.alive()]
+    for d in running:
+        try:
+            d.proc.send_signal(signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    with trio.move_on_after(timeout):
+        while any(d.alive() for d in running):
+            await trio.sleep(0.05)
+    for d in daemons:
+        if d.alive():
+            problems.append(f"{d.name} did not stop within {timeout:.0f} s of SIGTERM: killed")
+            d.proc.kill()
+        if d.proc is not None:
+            try:
+                d.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
+                problems.append(f"{d.name} (pid {d.proc.pid}) did not die on SIGKILL")
+                continue
+            if d in running and d.proc.returncode not in (0, -signal.SIGTERM):
+                problems.append(f"{d.name} exited with code {d.proc.returncode}")
+    return problems
+
+
+async def _restart(d: Daemon, logdir: Path, env: dict, timeout: float) -> None:
+    """SIGTERM one daemon and start it again with the same command (same port, same keys)."""
+    await d.poll_status()  # its latest counters, carried into the next life
+    d.new_life()
+    d.proc.send_signal(signal.SIGTERM)
+    with trio.move_on_after(timeout):
+        while d.alive():
+            await trio.sleep(0.05)
+    if d.alive():
+        d.proc.kill()
+    d.proc.wait(timeout=5)
+    d.start(logdir, env)
+    with trio.move_on_after(timeout):
+        while await d.poll_status() is None:
+            d.check_alive()
+            await trio.sleep(_POLL)
+    if d.status is None:
+        raise DaemonFailed(f"{d.name} did not answer within {timeout:.0f} s of its restart:\n{d.log_tail()}")
+
+
+def _push(redis_url: str, prefix: str, urls: list[str]) -> None:
+    store = Store(redis_url, prefix)
+    try:
+        HostPools(store, exact=True).push(urls)
+    finally:
+        store.close()
+
+
+async def _seed(redis_url: str, hosts: list[Daemon], seeds: list[str], scenario: str) -> None:
+    """As :func:`dedupnet.sim._seed`, through each host's keys on the shared server."""
+    if scenario == "concurrent":
+        async with trio.open_nursery() as n:
+            for h in hosts:
+                n.start_soon(trio.to_thread.run_sync, _push, redis_url, h.prefix, seeds)
+        return
+    for i, url in enumerate(seeds):
+        await trio.to_thread.run_sync(_push, redis_url, hosts[i % len(hosts)].prefix, [url])
+
+
+def _quiet(d: Daemon, st: dict | None) -> bool:
+    if not st:
+        return False
+    pools = st.get("pools", {})
+    if d.role == "center":
+        return not st.get("sets_in_flight") and not pools.get("task_URL")
+    crawler = st.get("crawler") or {}
+    return bool(st.get("connected") and crawler.get("idle") and not crawler.get("in_progress")
+                and not pools.get("URL_pool") and not pools.get("task_pool") and not pools.get("unacked_sets")
+                and not st.get("sets_in_flight", {}).get("unacked"))
+
+
+def _sizes(daemons: list[Daemon], st: dict[str, dict | None]) -> dict[str, int]:
+    sizes: Counter[str] = Counter({"URL_pool": 0, "task_pool": 0, "reduce_pools": 0, "task_URL": 0})
+    for d in daemons:
+        s = st.get(d.name)
+        if not s:
+            continue
+        pools = s.get("pools", {})
+        if d.role == "host":
+            sizes["URL_pool"] += pools.get("URL_pool", 0)
+            sizes["task_pool"] += pools.get("task_pool", 0)
+        else:
+            sizes["reduce_pools"] += sum(s.get("sets_in_flight", {}).values())
+            sizes["task_URL"] += pools.get("task_URL", 0)
+    return dict(sizes)
+
+
+async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, timeline: list, t0: float,
+                             out, restart) -> bool:
+    """As :func:`dedupnet.sim._run_to_quiescence`, from the daemons' status ports."""
+    daemons = centers + hosts
+    quiet, next_print, restarted = 0, 0.0, False
+    with trio.move_on_after(cfg.timeout) as scope:
+        while quiet < 2:
+            await trio.sleep(_POLL)
+            st = await _poll_all(daemons)
+            sizes = _sizes(daemons, st)
+            now = time.perf_counter() - t0
+            fetched = sum(web.answer_counts.values())
+            sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
+            timeline.append(sample)
+            if cfg.scenario == "restart" and not restarted and fetched >= cfg.pages // 3:
+                restarted = True
+                await restart(centers[0])
+                quiet = 0
+                continue
+            done = all(_quiet(d, st.get(d.name)) for d in daemons)
+            quiet = quiet + 1 if done else 0
+            if out is not None and now >= next_print:
+                next_print = now + cfg.progress_every
+                print(f"  t={now:6.1f}s  pages {fetched:>6} ({fetched / max(now, 1e-9):6.0f}/s)  "
+                      f"URL_pool {sizes['URL_pool']:>5}  task_pool {sizes['task_pool']:>5}  "
+                      f"in flight {sizes['reduce_pools']:>3}  duplicates {sample['duplicates']}",
+                      file=out, flush=True)
+    return scope.cancelled_caught
+
+
+def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out) -> Report:
+    """:func:`dedupnet.sim._report` over the daemons' status counters instead of live objects."""
+    system = SimpleNamespace(
+        centers={c.network: SimpleNamespace(counters=SnapshotCounters(c.counters())) for c in centers},
+        hosts={h.name: SimpleNamespace(counters=SnapshotCounters(h.counters())) for h in hosts},
+    )
+    report = _report(cfg, web, seeds, system, server, Observer(), timeline, wall, timed_out)
+    report.config["processes"] = True
+    return report
+
+
+async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, startup_timeout: float = 60.0,
+                             stop_timeout: float = 15.0) -> Report:
+    """Run one simulation with every center and host as its own ``dedupnet`` process,
+    to quiescence (or ``cfg.timeout``), and report it like :func:`dedupnet.sim.simulate`.
+
+    ``startup_timeout`` bounds starting and connecting the daemons (and a restart);
+    ``stop_timeout`` the wait after SIGTERM before SIGKILL. Whatever happens, every
+    daemon is stopped and reaped and the run's keys are removed before this returns
+    or raises; the daemons' logs are kept (path printed) unless the run succeeded.
+    """
+    _check(cfg)
+    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
+    prefix = f"simproc-{cfg.mode}-{cfg.seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    logdir = Path(tempfile.mkdtemp(prefix="dedupnet-simproc-"))
+    env = _env()
+    centers, hosts = _plan(cfg, redis_url, prefix, logdir)
+    daemons = centers + hosts
+    server = redis.Redis.from_url(redis_url)
+    succeeded = False
+    problems: list[str] = []
+    try:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(web.serve)
+            seeds = web.seeds(cfg.seeds)
+            try:
+                t_start = time.perf_counter()
+                await _start(centers, hosts, logdir, env, startup_timeout)
+                if out is not None:
+                    print(f"  {len(centers)} center and {len(hosts)} host processes connected after "
+                          f"{time.perf_counter() - t_start:.1f} s", file=out, flush=True)
+                server.config_resetstat()
+                await _seed(redis_url, hosts, seeds, cfg.scenario)
+                t0 = time.perf_counter()
+                timeline: list[dict] = []
+
+                async def restart(d: Daemon) -> None:
+                    await _restart(d, logdir, env, startup_timeout)
+
+                timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart)
+                wall = time.perf_counter() - t0
+                await _poll_all(daemons)  # the counters as they are now
+                report = _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out)
+            finally:
+                with trio.CancelScope(shield=True):
+                    problems = await _stop(daemons, stop_timeout)
+            nursery.cancel_scope.cancel()
+        succeeded = not report.timed_out and not problems
+        return report
+    finally:
+        for name in [d.prefix for d in daemons] + [prefix]:
+            try:
+                store = Store(redis_url, name)
+                try:
+                    store.delete_prefix()
+                finally:
+                    store.close()
+            except redis.RedisError as e:
+                problems.append(f"could not remove the keys under {name}: {e}")
+        server.close()
+        dest = out if out is not None else sys.stderr
+        for p in problems:
+            print(f"  warning: {p}", file=dest, flush=True)
+        if succeeded:
+            shutil.rmtree(logdir, ignore_errors=True)
+        else:
+            print(f"  daemon logs kept in {logdir}", file=dest, flush=True)
