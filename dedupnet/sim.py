@@ -366,7 +366,11 @@ def run(args) -> int:
             if args.processes:
                 from .simproc import simulate_processes
 
-                report = trio.run(simulate_processes, cfg, url)
+                try:
+                    report = trio.run(simulate_processes, cfg, url)
+                except ValueError as e:  # a mode or scenario processes mode does not run
+                    print(f"dedupnet sim: {e}", file=sys.stderr)
+                    return 2
             else:
                 report = trio.run(simulate, cfg, url)
             reports.append(report)

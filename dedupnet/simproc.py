@@ -44,15 +44,16 @@ from local_host.pools import HostPools
 from . import wire
 from .cluster import center_ip, host_ip, lan
 from .embedded import _spawn
+from .errors import DedupnetError
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
 from .netinfo import source_ip_towards
 from .sim import Observer, Report, SimConfig, _report
 from .store import Store
-from .transport import connect
+from .transport import ConnectionClosed, connect
 from .web import SyntheticWeb, WebSpec
 
-__all__ = ["simulate_processes", "PROCESS_MODES", "PROCESS_SCENARIOS"]
+__all__ = ["PROCESS_MODES", "PROCESS_SCENARIOS", "DaemonFailed", "simulate_processes"]
 
 PROCESS_MODES = ("exact", "paper")
 PROCESS_SCENARIOS = ("default", "concurrent", "restart")
@@ -100,7 +101,8 @@ class Daemon:
 
     def check_alive(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
-            raise DaemonFailed(f"{self.role} {self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}")
+            raise DaemonFailed(f"{self.role} {self.name} exited with code {self.proc.returncode} "
+                               f"(log: {self.log_path}):\n{self.log_tail()}")
 
     def log_tail(self) -> str:
         try:
@@ -127,8 +129,8 @@ class Daemon:
                             break
                         if not isinstance(reply, Heartbeat):
                             return None
-        except Exception:  # refused, closed, timed out, garbled: not answering (Cancelled is not an Exception)
-            return None
+        except (OSError, trio.TooSlowError, trio.BrokenResourceError, ConnectionClosed, DedupnetError):
+            return None  # refused, closed, timed out, garbled: not answering
         finally:
             self._control[0] += counters.total("frames_received")
             self._control[1] += counters.get("bytes_received")
@@ -306,7 +308,7 @@ async def _stop(daemons: list[Daemon], timeout: float) -> list[str]:
             except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
                 problems.append(f"{d.name} (pid {d.proc.pid}) did not die on SIGKILL")
                 continue
-            if d in running and d.proc.returncode not in (0, -signal.SIGTERM):
+            if any(d is r for r in running) and d.proc.returncode not in (0, -signal.SIGTERM):
                 problems.append(f"{d.name} exited with code {d.proc.returncode}")
     return problems
 
@@ -419,6 +421,26 @@ def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed
     return report
 
 
+async def _run(cfg, redis_url, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout) -> Report:
+    t_start = time.perf_counter()
+    await _start(centers, hosts, logdir, env, startup_timeout)
+    if out is not None:
+        print(f"  {len(centers)} center and {len(hosts)} host processes connected after "
+              f"{time.perf_counter() - t_start:.1f} s", file=out, flush=True)
+    server.config_resetstat()
+    await _seed(redis_url, hosts, seeds, cfg.scenario)
+    t0 = time.perf_counter()
+    timeline: list[dict] = []
+
+    async def restart(d: Daemon) -> None:
+        await _restart(d, logdir, env, startup_timeout)
+
+    timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart)
+    wall = time.perf_counter() - t0
+    await _poll_all(centers + hosts)  # the counters as they are now
+    return _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out)
+
+
 async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, startup_timeout: float = 60.0,
                              stop_timeout: float = 15.0) -> Report:
     """Run one simulation with every center and host as its own ``dedupnet`` process,
@@ -434,37 +456,28 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
     prefix = f"simproc-{cfg.mode}-{cfg.seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     logdir = Path(tempfile.mkdtemp(prefix="dedupnet-simproc-"))
     env = _env()
-    centers, hosts = _plan(cfg, redis_url, prefix, logdir)
-    daemons = centers + hosts
     server = redis.Redis.from_url(redis_url)
+    daemons: list[Daemon] = []
     succeeded = False
     problems: list[str] = []
     try:
+        centers, hosts = _plan(cfg, redis_url, prefix, logdir)
+        daemons = centers + hosts
+        error: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(web.serve)
             seeds = web.seeds(cfg.seeds)
             try:
-                t_start = time.perf_counter()
-                await _start(centers, hosts, logdir, env, startup_timeout)
-                if out is not None:
-                    print(f"  {len(centers)} center and {len(hosts)} host processes connected after "
-                          f"{time.perf_counter() - t_start:.1f} s", file=out, flush=True)
-                server.config_resetstat()
-                await _seed(redis_url, hosts, seeds, cfg.scenario)
-                t0 = time.perf_counter()
-                timeline: list[dict] = []
-
-                async def restart(d: Daemon) -> None:
-                    await _restart(d, logdir, env, startup_timeout)
-
-                timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart)
-                wall = time.perf_counter() - t0
-                await _poll_all(daemons)  # the counters as they are now
-                report = _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out)
+                report = await _run(cfg, redis_url, web, seeds, centers, hosts, server, logdir, env, out,
+                                    startup_timeout)
+            except Exception as e:  # noqa: BLE001 - raised below as itself, not in the nursery's ExceptionGroup
+                error = e
             finally:
                 with trio.CancelScope(shield=True):
                     problems = await _stop(daemons, stop_timeout)
             nursery.cancel_scope.cancel()
+        if error is not None:
+            raise error
         succeeded = not report.timed_out and not problems
         return report
     finally:

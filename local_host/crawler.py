@@ -80,6 +80,15 @@ REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 ACCEPT = "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1"
 ROBOTS_MAX = 512 * 1024  # RFC 9309: parse at least 500 KiB
 PARSE_IN_THREAD = 256 * 1024
+#: An unwanted body (404, redirect, 503, a PDF) declared at most this long is read and
+#: dropped, so the connection goes back to the pool: far cheaper than a new connection.
+DRAIN_MAX = 64 * 1024
+#: Requests (so connections) one httpx client carries at once; a site with more on the
+#: wire gets more clients (see :class:`~local_host.fetch.ClientPool`: httpcore's pool
+#: costs O(connections^2) per request, so pools are kept small).
+CONNECTIONS_PER_CLIENT = 4
+#: Clients unused this long (seconds) are closed, with their keep-alive connections.
+CLIENT_IDLE = 30.0
 
 # Keeps the smaller depth of each field. KEYS[1] = depth hash, ARGV[1] = depth,
 # ARGV[2..] = fields. Atomic inside MULTI/EXEC like any command.
@@ -135,8 +144,8 @@ class CrawlerSettings:
     local_address: str | None = None
     #: Honour HTTP(S)_PROXY / NO_PROXY from the environment.
     trust_env: bool = False
-    #: HTTP clients kept open, one per site (each with its keep-alive connections);
-    #: beyond this the least recently used idle one is closed.
+    #: HTTP clients kept open (per site, each with a few keep-alive connections);
+    #: beyond this the least recently used idle ones are closed.
     max_clients: int = 256
     #: Tasks taken from task_pool and not yet done (waiting for a site or a slot included).
     max_leased: int = 256
@@ -260,7 +269,9 @@ class Crawler:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
         await until_stored(self._writer, self.counters, self.store.ensure_group, TASK_POOL, GROUP)
-        clients = self._clients = ClientPool(self._client_factory(), max_clients=s.max_clients)
+        per_client = min(s.per_site_concurrency or s.concurrency, s.concurrency, CONNECTIONS_PER_CLIENT)
+        clients = self._clients = ClientPool(self._client_factory(per_client), per_client=per_client,
+                                             max_clients=s.max_clients)
         try:
             if s.store_dir:
                 Path(s.store_dir).mkdir(parents=True, exist_ok=True)
@@ -281,13 +292,12 @@ class Crawler:
                 self._page_file.close()
                 self._page_file = None
 
-    def _client_factory(self):
-        """Makes the per-site clients of :class:`ClientPool`: a site never has more
-        requests on the wire than its politeness bound, so that is its pool size. One
-        TLS context for all (making one loads the CA bundle: ~ms each)."""
+    def _client_factory(self, connections: int):
+        """Makes the clients of :class:`ClientPool`, ``connections`` each (the pool never
+        puts more requests on one), all with one TLS context (making one loads the CA
+        bundle: ~10 ms each)."""
         s = self.settings
-        per_site = min(s.per_site_concurrency or s.concurrency, s.concurrency)
-        limits = httpx.Limits(max_connections=per_site, max_keepalive_connections=per_site)
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
         tls = httpx.create_ssl_context(trust_env=s.trust_env)
         timeout = httpx.Timeout(s.timeout)
         headers = {"User-Agent": s.user_agent}
@@ -577,10 +587,12 @@ class Crawler:
         s = self.settings
         resp = _Response(r.status_code, r.headers, charset=r.charset_encoding)
         if not 200 <= r.status_code < 300:
+            await _drain(r)
             return resp
         mime = r.headers.get("content-type", "").split(";", 1)[0].strip().lower()
         resp.html = not mime or mime in HTML_TYPES  # no type: try it as HTML
         if not resp.html and not s.store_dir:
+            await _drain(r)
             return resp
         length = r.headers.get("content-length", "")
         if length.isdigit() and int(length) > s.max_body:
@@ -702,6 +714,8 @@ class Crawler:
                          self.counters.get("pages_done", outcome="failed"), self.counters.get("robots_skipped"))
             last_done, last_t = done, now
             self.politeness.forget_idle()
+            if self._clients is not None:
+                await self._clients.close_idle(CLIENT_IDLE)
 
 
 def _internal_failure(url: str) -> Outcome:
@@ -722,6 +736,17 @@ def _on_send(sent):
             sent()
 
     return trace
+
+
+async def _drain(r: httpx.Response) -> None:
+    """Read and drop a small body (see ``DRAIN_MAX``); an error only costs the connection."""
+    length = r.headers.get("content-length", "")
+    if length.isdigit() and int(length) <= DRAIN_MAX:
+        try:
+            async for _ in r.aiter_raw():
+                pass
+        except httpx.HTTPError:
+            pass
 
 
 def _retry_after(headers: httpx.Headers) -> float | None:
