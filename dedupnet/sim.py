@@ -226,11 +226,16 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out) -> b
             quiet = quiet + 1 if done else 0
             if out is not None and now >= next_print:
                 next_print = now + cfg.progress_every
-                print(f"  t={now:6.1f}s  pages {fetched:>6} ({fetched / max(now, 1e-9):6.0f}/s)  "
-                      f"URL_pool {sizes.get('URL_pool', 0):>5}  task_pool {sizes.get('task_pool', 0):>5}  "
-                      f"in flight {sizes.get('reduce_pools', 0):>3}  duplicates {sample['duplicates']}",
-                      file=out, flush=True)
+                print(progress_line(sample), file=out, flush=True)
     return scope.cancelled_caught
+
+
+def progress_line(sample: dict) -> str:
+    """One line of live progress from a timeline sample."""
+    t, fetched = sample["t"], sample["pages_fetched"]
+    return (f"  t={t:6.1f}s  pages {fetched:>6} ({fetched / max(t, 1e-9):6.0f}/s)  "
+            f"URL_pool {sample.get('URL_pool', 0):>5}  task_pool {sample.get('task_pool', 0):>5}  "
+            f"in flight {sample.get('reduce_pools', 0):>3}  duplicates {sample['duplicates']}")
 
 
 async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str]) -> None:

@@ -48,7 +48,7 @@ from .errors import DedupnetError
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
 from .netinfo import source_ip_towards
-from .sim import Observer, Report, SimConfig, _report
+from .sim import Observer, Report, SimConfig, _report, progress_line
 from .store import Store
 from .transport import ConnectionClosed, connect
 from .web import SyntheticWeb, WebSpec
@@ -403,10 +403,7 @@ async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, 
             quiet = quiet + 1 if done else 0
             if out is not None and now >= next_print:
                 next_print = now + cfg.progress_every
-                print(f"  t={now:6.1f}s  pages {fetched:>6} ({fetched / max(now, 1e-9):6.0f}/s)  "
-                      f"URL_pool {sizes['URL_pool']:>5}  task_pool {sizes['task_pool']:>5}  "
-                      f"in flight {sizes['reduce_pools']:>3}  duplicates {sample['duplicates']}",
-                      file=out, flush=True)
+                print(progress_line(sample), file=out, flush=True)
     return scope.cancelled_caught
 
 
