@@ -33,7 +33,8 @@ from local_host.crawler import Crawler, CrawlerSettings
 from local_host.pools import HostPools
 
 from .cluster import host_ip, open_cluster
-from .store import TASK_POOL, URL_POOL
+from .store import FINISH_URL, TASK_POOL, URL_POOL
+from .urls import fingerprint_many
 from .web import SyntheticWeb, WebSpec
 
 SCENARIOS = ("default", "concurrent", "churn", "restart")
@@ -69,7 +70,9 @@ class Report:
     reachable_urls: int  # pages + missing (404) + redirects: what a perfect crawl requests
     fetched_urls: int
     requests: int
+    crawler_requests: int  # the crawlers' own count of answered requests (503s aside)
     duplicate_fetches: int
+    harness_duplicates: int | None  # URLs finished by more than one host, from Redis
     lost_urls: int
     lost_examples: list[str]
     unexpected_fetches: int
@@ -274,10 +277,15 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
                 for ip, h in sorted(system.hosts.items())}
     per_net = {f"net:{n}": c.counters.get("urls_admitted") for n, c in sorted(getattr(system, "centers", {}).items())}
     requests = sum(web.answer_counts.values())
+    crawler_requests = sum(v for h in system.hosts.values() for k, v in h.counters.snapshot().items()
+                           if k.startswith("pages_fetched{") and k != 'pages_fetched{status="503"}')
+    stores = [h.store.store for h in system.hosts.values() if hasattr(getattr(h, "store", None), "store")]
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
-        requests=requests, duplicate_fetches=web.duplicate_fetches(), lost_urls=len(lost), lost_examples=lost[:10],
+        requests=requests, crawler_requests=crawler_requests, duplicate_fetches=web.duplicate_fetches(),
+        harness_duplicates=finished_twice(stores, reach.disallowed) if stores else None,
+        lost_urls=len(lost), lost_examples=lost[:10],
         unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
         bytes_on_wire=sum(d.counters.get("bytes_sent") for d in daemons), redis_lookups=lookups,
         redis_round_trips=trips, urls_found=found, urls_per_s=round(found / wall, 1) if wall else 0.0,
@@ -286,6 +294,21 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         sets_concluded_incomplete=sum(d.counters.total("concluded_incomplete") for d in daemons),
         per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline,
     )
+
+
+def finished_twice(stores: list, skipped: set[str]) -> int:
+    """The harness's own duplicate count: URLs recorded in the finish_URL of more than one
+    host (each host finishes a URL once), less robots-disallowed ones, which are finished
+    without a request. Independent of the web server's counts, which it should match."""
+    seen: Counter[tuple[int, bytes]] = Counter()
+    for store in stores:
+        batch = store.batch()
+        for bucket in range(1 << store.bucket_bits):
+            batch.add(b"SMEMBERS", f"{store.key(FINISH_URL)}:{bucket}")
+        for bucket, members in enumerate(store.execute(batch)):
+            seen.update((bucket, m) for m in members)
+    excluded = set(stores[0].fp_members(fingerprint_many(sorted(skipped)))) if skipped else set()
+    return sum(c - 1 for key, c in seen.items() if c > 1 and key not in excluded)
 
 
 def format_report(r: Report) -> str:

@@ -346,6 +346,12 @@ class Store:
         handle = batch.fingerprints(b"SREM", self.key(pool), fps)
         return handle.total(self.execute(batch))
 
+    def fp_members(self, fps: np.ndarray) -> list[tuple[int, bytes]]:
+        """``(bucket, member)`` of each fingerprint, as a fingerprint set stores it."""
+        shift = 64 - self.bucket_bits
+        mask = (1 << shift) - 1
+        return [(int(fp) >> shift, b"%d" % ((int(fp) & mask) + _MEMBER_OFFSET)) for fp in fps]
+
     def fp_count(self, pool: str) -> int:
         """Size of a fingerprint set (one SCARD per bucket, one round trip)."""
         batch = self.batch()

@@ -510,7 +510,9 @@ class SyntheticWeb:
     def _broken_html(self, i: int) -> bytes:
         """Broken markup whose links are still unambiguous (quoted, unquoted, uppercase,
         attributes spread over lines, unclosed tags), plus bytes that are not UTF-8."""
-        parts = ['<html><head><title>broken<body><p>a < b && c > d</div></span>\n']
+        # Broken, but not so broken that a browser would see no links: an unclosed
+        # <title> would swallow the whole document as its text (HTML5 RCDATA).
+        parts = ['<html><head><title>broken</title><body><p>a < b && c > d</div></span>\n']
         for k, t in enumerate(self.links[i]):
             tp = self._target_url(t) if k % 2 else self._href(t, ROOT, self.site[i], "/", k)
             parts.append((f"<a href={tp}>unquoted {k}</a>", f"<A HREF='{tp}'>UPPER {k}",

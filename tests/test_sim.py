@@ -58,7 +58,7 @@ def test_cli_json_and_plot(tmp_path):
         [sys.executable, "-m", "dedupnet.cli", "sim", "--networks", "2", "--hosts", "1", "--pages", "200",
          "--sites", "4", "--json", str(tmp_path / "r.json"), "--plot", str(tmp_path / "r.png")],
         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.returncode == 0, (out.stdout[-2000:], out.stderr[-2000:])
     report = json.loads((tmp_path / "r.json").read_text())
     assert report["lost_urls"] == 0 and report["timeline"]
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"

@@ -149,3 +149,11 @@ def test_every_allowed_bucket_width_keeps_full_fingerprints(redis_url, bits):
 def test_too_few_bucket_bits_are_refused(redis_url):
     with pytest.raises(ValueError, match="8..24"):
         Store(redis_url, "x", bucket_bits=7)
+
+
+def test_fp_members_name_what_redis_holds(store):
+    fps = random_fps(20)
+    store.fp_add(FINISH_URL, fps)
+    stored = {(b, m) for b, m in store.fp_members(fps)
+              if m in store.redis.smembers(f"{store.key(FINISH_URL)}:{b}")}
+    assert len(stored) == 20
