@@ -256,6 +256,8 @@ class Crawler:
         self._clients: ClientPool | None = None
         self._leases = trio.Semaphore(max(1, s.max_leased))
         self._drained = False
+        #: Cancelled by :meth:`stop_taking`: no new task is taken, those taken finish.
+        self._take_scope = trio.CancelScope()
         self._page_file = None
         self._page_limiter = trio.CapacityLimiter(1)
         #: Done tasks waiting to be written: (entry id, outcome, written event, error box).
@@ -356,7 +358,16 @@ class Crawler:
             self.store.stream_done(TASK_POOL, GROUP, gone)
         return entries, raw[-1][0]
 
+    def stop_taking(self) -> None:
+        """Take no new task; the ones in progress finish (a host leaving gracefully).
+        Anything read but not started stays in task_pool, pending."""
+        self._take_scope.cancel()
+
     async def _take_loop(self, nursery: trio.Nursery) -> None:
+        with self._take_scope:
+            await self._take(nursery)
+
+    async def _take(self, nursery: trio.Nursery) -> None:
         s = self.settings
         block_ms = max(1, int(s.block_timeout * 1000))
         cursor: bytes | None = b"0"  # first this consumer's pending entries (a restart)

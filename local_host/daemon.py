@@ -159,16 +159,20 @@ class LocalDaemon:
         return followups
 
     async def leave(self, *, timeout: float = 30.0) -> int:
-        """Leave the LAN for good without losing work: stop crawling, let URL_pool drain
+        """Leave the LAN for good without losing work: finish the pages in progress and
+        stop crawling, let URL_pool drain
         through the protocol, then hand the uncrawled task_pool back to the center and
         drop it once the center has stored it. The first hand-back also tells the center
         to assign nothing more here; tasks it sent before that arrive before its ack (one
         connection), so a second round hands back whatever came in meanwhile.
         Returns the number of tasks handed back."""
-        if self.crawler is not None:
-            self.crawler_scope.cancel()
         handed = 0
         with trio.fail_after(timeout):
+            if self.crawler is not None:  # finish the pages in progress, then stop
+                self.crawler.stop_taking()
+                while self.crawler.in_progress:
+                    await trio.sleep(0.02)
+                self.crawler_scope.cancel()
             while self.core.unacked or (await self.store.run(self.pools.sizes))[URL_POOL]:
                 await trio.sleep(0.05)
             first = True
