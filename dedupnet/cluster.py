@@ -39,6 +39,7 @@ class Cluster:
     hosts: dict[str, LocalDaemon] = field(default_factory=dict)
     stores: dict[str, Store] = field(default_factory=dict)
     scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
+    stopped: dict[str, trio.Event] = field(default_factory=dict)
     nursery: trio.Nursery | None = None
 
     def _store(self, name: str) -> Store:
@@ -47,10 +48,15 @@ class Cluster:
         return self.stores[name]
 
     async def _start(self, name: str, daemon) -> None:
+        stopped = self.stopped[name] = trio.Event()
+
         async def run(task_status=trio.TASK_STATUS_IGNORED):
-            with trio.CancelScope() as scope:
-                self.scopes[name] = scope
-                await daemon.run(task_status=task_status)
+            try:
+                with trio.CancelScope() as scope:
+                    self.scopes[name] = scope
+                    await daemon.run(task_status=task_status)
+            finally:
+                stopped.set()
         await self.nursery.start(run)
 
     async def start_center(self, n: int, networks: int, port: int = 0) -> CenterDaemon:
@@ -75,7 +81,9 @@ class Cluster:
     async def kill(self, name: str) -> None:
         """Stop one daemon at once, as a crash would: its memory is gone, its Redis stays."""
         self.scopes.pop(name).cancel()
-        await trio.sleep(0)
+        # Until its worker threads have returned: a restarted daemon must not read the
+        # pools while the old one is still writing them.
+        await self.stopped.pop(name).wait()
 
     async def restart_center(self, n: int) -> CenterDaemon:
         old = self.centers[n]

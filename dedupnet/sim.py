@@ -140,8 +140,8 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
         else:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
                                      prefix=prefix, crawler=crawler)
-        async with system_cm as system:
-            crawlers = await _crawlers(system, crawler, nursery, cfg.mode)
+        async with system_cm as system, trio.open_nursery() as crawling:
+            crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
             for d in getattr(system, "centers", {}).values():
                 d.on_admit = observer.on_admit
             for h in system.hosts.values():
@@ -153,6 +153,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
             timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out)
             wall = time.perf_counter() - t0
             report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out)
+            crawling.cancel_scope.cancel()  # before the system closes the stores they use
         nursery.cancel_scope.cancel()
     return report
 

@@ -270,6 +270,8 @@ class Store:
             reader = hiredis.Reader(replyError=ResponseError)
             results: list = []
             sock = conn._sock
+            if sock is None:  # closed under us (the store is being closed): retry or give up
+                raise RedisConnectionError("connection closed")
             while len(results) < replies:
                 data = sock.recv(1 << 18)
                 if not data:
