@@ -51,7 +51,7 @@ class SimConfig:
     seed: int = 1
     scenario: str = "default"
     timeout: float = 120.0
-    set_size: int = 100
+    set_size: int = 400
     seeds: int = 6
     max_depth: int | None = None
     #: Politeness per site: the simulation is about de-dup, so it is light by default.
@@ -384,7 +384,7 @@ def run(args) -> int:
 
     base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
-                     max_depth=args.max_depth)
+                     max_depth=args.max_depth, set_size=args.set_size)
     modes = MODES if args.compare else (args.mode,)
     reports = []
     with contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis() as url:
@@ -424,6 +424,7 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=1, help="seeds the web and the run (default 1)")
     p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
     p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
+    p.add_argument("--set-size", type=int, default=SimConfig.set_size, help="URLs per URL_set (default %(default)s)")
     p.add_argument("--scenario", choices=SCENARIOS, default="default",
                    help="concurrent: every host seeded with the same pages; churn: a host leaves and another "
                         "joins; restart: a center is killed and restarted (both a third of the way in)")
