@@ -29,7 +29,7 @@ from dedupnet.store import Store
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
 
 from . import protocol as cp
-from .pools import CenterPools
+from .pools import WRITES, CenterPools
 
 log = logging.getLogger("dedupnet.center")
 
@@ -174,8 +174,7 @@ class CenterDaemon:
 
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
-        if any(isinstance(a, (cp.Save, cp.Drop, cp.RecordClaims, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask))
-               for a in actions):
+        if any(isinstance(a, WRITES) for a in actions):
             await until_stored(self.store, self.counters, self.pools.apply, actions)
         followups = []
         for a in actions:

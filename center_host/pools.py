@@ -33,9 +33,7 @@ class CenterPools:
 
     def apply(self, actions: list) -> None:
         """Carry out the store actions among ``actions`` atomically, in order."""
-        writes = [a for a in actions if isinstance(a, WRITES)]
-        if writes:
-            self.store.transact(lambda batch: self._queue(batch, writes))
+        self.store.apply_writes(actions, WRITES, self._queue)
 
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key

@@ -321,6 +321,13 @@ class Store:
                 raise reply
         return results
 
+    def apply_writes(self, actions: list, kinds: tuple, queue: Callable[[Batch, list], None]) -> None:
+        """The writes among a core's ``actions`` (those of ``kinds``), queued by ``queue``,
+        as one MULTI/EXEC: all of one event's writes or none."""
+        writes = [a for a in actions if isinstance(a, kinds)]
+        if writes:
+            self.transact(lambda batch: queue(batch, writes))
+
     def command(self, *args: Any) -> Any:
         """One plain command (status, admin), with the same retry as batches."""
         batch = self.batch()

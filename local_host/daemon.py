@@ -26,7 +26,7 @@ from dedupnet.transport import Connection, ConnectionClosed, connect_forever, se
 
 from . import protocol as hp
 from .crawler import Crawler, CrawlerSettings
-from .pools import HostPools
+from .pools import WRITES, HostPools
 
 log = logging.getLogger("dedupnet.local")
 
@@ -147,7 +147,7 @@ class LocalDaemon:
             await trio.sleep(self.settings.idle_poll)
 
     async def _execute(self, actions: list) -> list:
-        if any(isinstance(a, (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)) for a in actions):
+        if any(isinstance(a, WRITES) for a in actions):
             await until_stored(self.store, self.counters, self.pools.apply, actions)
         followups = []
         for a in actions:

@@ -38,9 +38,7 @@ class HostPools:
 
     # -- the core's actions ------------------------------------------------------------
     def apply(self, actions: list) -> None:
-        writes = [a for a in actions if isinstance(a, WRITES)]
-        if writes:
-            self.store.transact(lambda batch: self._queue(batch, writes))
+        self.store.apply_writes(actions, WRITES, self._queue)
 
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
