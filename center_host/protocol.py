@@ -256,6 +256,16 @@ class Rejected(Exception):
         self.reason = reason
 
 
+def task_key(number: int, host: str) -> str:
+    """The ``task_URL`` key of set ``number``'s URLs for ``host`` ("" = no host yet)."""
+    return f"{number}:{host}"
+
+
+def task_parts(key: str) -> tuple[int, str]:
+    number, host = key.split(":", 1)
+    return int(number), host
+
+
 def owner_of(url: str, hosts: Iterable[str]) -> str:
     """The host whose ``task_pool`` gets ``url``: rendezvous hashing on the URL's site,
     so one site stays with one host (politeness) and a host that leaves moves only
@@ -551,8 +561,8 @@ class CenterProtocol:
         self.hosts.add(member.ip)
         # A host that comes back is sent again the tasks it has not acknowledged; then
         # what was admitted while no host was there is handed out (and sent) as usual.
-        resend = [Send((member,), wire.encode(Task(int(k.split(":")[0]), tuple(urls))))
-                  for k, urls in self.tasks.items() if k.split(":", 1)[1] == member.ip]
+        resend = [Send((member,), wire.encode(Task(task_parts(k)[0], tuple(urls))))
+                  for k, urls in self.tasks.items() if task_parts(k)[1] == member.ip]
         return resend + self._reassign("")
 
     def _left(self, member: Member) -> list[Action]:
@@ -578,7 +588,7 @@ class CenterProtocol:
             return []
         if not self.hosts:
             # Nobody to crawl them yet: keep them in task_URL for the first host that joins.
-            key = f"{number}:"
+            key = task_key(number, "")
             self.tasks[key] = self.tasks.get(key, []) + list(urls)
             return [SaveTask(key, tuple(self.tasks[key]))]
         per_host: dict[str, list[str]] = {}
@@ -586,7 +596,7 @@ class CenterProtocol:
             per_host.setdefault(owner_of(url, self.hosts), []).append(url)
         actions: list[Action] = []
         for host, batch in sorted(per_host.items()):
-            key = f"{number}:{host}"
+            key = task_key(number, host)
             self.tasks[key] = self.tasks.get(key, []) + batch
             actions += [SaveTask(key, tuple(self.tasks[key])),
                         Send((Host(host),), wire.encode(Task(number, tuple(self.tasks[key]))))]
@@ -594,10 +604,10 @@ class CenterProtocol:
 
     def _reassign(self, gone: str) -> list[Action]:
         actions: list[Action] = []
-        for key in [k for k in self.tasks if k.split(":", 1)[1] == gone]:
+        for key in [k for k in self.tasks if task_parts(k)[1] == gone]:
             urls = self.tasks.pop(key)
             actions.append(DropTask(key))
-            actions += self._assign(int(key.split(":")[0]), urls)
+            actions += self._assign(task_parts(key)[0], urls)
             if gone:
                 self.counters.inc("tasks_reassigned", amount=len(urls))
         return actions
@@ -612,7 +622,7 @@ class CenterProtocol:
         return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]
 
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
-        key = f"{number}:{sender.ip}"
+        key = task_key(number, sender.ip)
         if self.tasks.pop(key, None) is None:
             self.counters.inc("repeated_answers")
             return []

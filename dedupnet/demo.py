@@ -14,6 +14,8 @@ import time
 from contextlib import nullcontext
 
 from local_host.local_dedup import local_reduce
+from local_host.pools import HostPools
+from local_host.protocol import Forget
 
 from . import wire
 from .config import Settings
@@ -70,10 +72,10 @@ def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: i
     gate = URLGate(max_length=settings.max_url_length)
 
     # Step 1 (§2.2): the crawler stores extracted URLs into URL_pool (normalised; junk never enters).
+    pools = HostPools(store, exact=False)
+    pools.setup()
     accepted = gate.accept(raw)
-    store.ensure_group(URL_POOL, "local-dedup")
-    for i in range(0, len(accepted), 10_000):
-        store.stream_add(URL_POOL, accepted[i : i + 10_000])
+    store.stream_add(URL_POOL, accepted)  # normalised by the gate above: one round trip
 
     # Pretend an earlier crawl finished part of the distinct pages.
     distinct = sorted(set(accepted))
@@ -88,7 +90,7 @@ def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: i
     host_id = host_id_from_ip(HOST_IP, LAN)
     batch_size = max(settings.set_size * 10, 10_000)
     round_trips0 = store.round_trips
-    while entries := store.stream_take(URL_POOL, "local-dedup", "demo", batch_size):
+    while entries := pools.take(batch_size):
         ids = [eid for eid, _ in entries]
         batch = [u for _, u in entries]
         fps = fingerprint_many(batch)
@@ -96,7 +98,7 @@ def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: i
         crawled += len(result.crawled)
         repeated += len(result.repeated)
         # Already crawled, or a repeat of a URL in this batch: they leave URL_pool now.
-        store.stream_done(URL_POOL, "local-dedup", [ids[i] for i in result.crawled + result.repeated])
+        pools.apply([Forget(tuple(ids[i] for i in result.crawled + result.repeated))])
         for seq, url_set in zip(store.next_sequences(len(result.url_sets)), result.url_sets):
             number = make_number(NETWORK, host_id, seq)
             first_number = first_number if first_number is not None else number
@@ -104,7 +106,7 @@ def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: i
     elapsed = time.perf_counter() - t0
     sent = [url for f in frames for url in wire.decode_one(f).URL_set]
     in_sets, across_sets = len(sent), len(sent) - len(set(sent))
-    pending = store.stream_len(URL_POOL)
+    pending = pools.sizes()[URL_POOL]
 
     rejected = ", ".join(f"{r} {c}" for r, c in gate.rejected.most_common()) or "none"
     net, host, seq = split_number(first_number) if first_number is not None else (0, 0, 0)

@@ -30,7 +30,6 @@ import redis
 import trio
 
 from local_host.crawler import Crawler, CrawlerSettings
-from local_host.pools import HostPools
 
 from .cluster import host_ip, open_cluster
 from .store import FINISH_URL, TASK_POOL, URL_POOL
@@ -165,7 +164,7 @@ async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mo
         return {}  # they live in the daemons (and hosts come and go with churn)
     crawlers = {}
     for ip, h in system.hosts.items():
-        c = Crawler(h.store.store if hasattr(h.store, "store") else h.store, settings, h.counters, consumer=ip)
+        c = Crawler(h.pools.store, settings, h.counters, consumer=ip)
         await nursery.start(c.run)
         crawlers[ip] = c
     return crawlers
@@ -190,20 +189,15 @@ def _ip_of(host) -> str:
 
 
 def _push(host, urls: list[str]) -> None:
-    store = host.store.store if hasattr(host.store, "store") else host.store
-    HostPools(store, exact=True).push(urls)
+    host.pools.push(urls)
 
 
 async def _pool_sizes(system) -> dict[str, int]:
     sizes: Counter[str] = Counter()
     for h in system.hosts.values():
-        store = h.store.store if hasattr(h.store, "store") else h.store
-        batch = store.batch()
-        batch.add(b"XLEN", store.key(URL_POOL))
-        batch.add(b"XLEN", store.key(TASK_POOL))
-        url_pool, task_pool = await trio.to_thread.run_sync(store.execute, batch)
-        sizes["URL_pool"] += url_pool
-        sizes["task_pool"] += task_pool
+        pools = await trio.to_thread.run_sync(h.pools.sizes)
+        sizes["URL_pool"] += pools[URL_POOL]
+        sizes["task_pool"] += pools[TASK_POOL]
     for c in getattr(system, "centers", {}).values():
         sizes["reduce_pools"] += len(c.core.sets)
         sizes["task_URL"] += len(c.core.tasks)
@@ -280,7 +274,7 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
     requests = sum(web.answer_counts.values())
     crawler_requests = sum(v for h in system.hosts.values() for k, v in h.counters.snapshot().items()
                            if k.startswith("pages_fetched{") and k != 'pages_fetched{status="503"}')
-    stores = [h.store.store for h in system.hosts.values() if hasattr(getattr(h, "store", None), "store")]
+    stores = [h.pools.store for h in system.hosts.values() if hasattr(h, "pools")]
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),

@@ -7,7 +7,6 @@ import pytest
 import trio
 
 from dedupnet.cluster import open_cluster
-from dedupnet.store import TASK_POOL
 
 
 def site_urls(tag, n):
@@ -15,8 +14,7 @@ def site_urls(tag, n):
 
 
 async def host_tasks(host):
-    entries = await host.store.run(host.store.store.redis.xrange, host.store.store.key(TASK_POOL))
-    return [fields[b"u"].decode() for _, fields in entries]
+    return [url for _, url in await host.store.run(host.pools.all_tasks)]
 
 
 async def task_pool_urls(cluster):

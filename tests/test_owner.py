@@ -8,7 +8,6 @@ import trio
 
 from dedupnet.daemons import fetch_status
 from dedupnet.owner import open_owner_cluster, owner_of
-from dedupnet.store import TASK_POOL
 
 
 def urls(tag, n):
@@ -16,8 +15,7 @@ def urls(tag, n):
 
 
 async def task_pool(host):
-    entries = await host.store.run(host.store.store.redis.xrange, host.store.store.key(TASK_POOL))
-    return [fields[b"u"].decode() for _, fields in entries]
+    return [url for _, url in await host.store.run(host.pools.all_tasks)]
 
 
 async def queued_where(cluster):
