@@ -52,6 +52,7 @@ class CenterSettings:
     mode: str = "exact"
     answer_timeout: float = 2.0
     max_resends: int = 2
+    partition_policy: str | None = None  # default by mode (CenterConfig)
     resume_grace: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
@@ -69,13 +70,14 @@ class CenterDaemon:
         config = cp.CenterConfig(
             network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
             mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
-            resume_grace=settings.resume_grace,
+            resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store)
         self.store = AsyncStore(store)
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
+        self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
@@ -148,7 +150,13 @@ class CenterDaemon:
                 message = await conn.receive()
                 self.last_seen[member] = trio.current_time()
                 if not isinstance(message, Heartbeat):
-                    await self.reactor.put(cp.Received(member, message))
+                    # While our own inbox is full this member's silence is ours, not its own.
+                    self.busy_with.add(member)
+                    try:
+                        await self.reactor.put(cp.Received(member, message))
+                    finally:
+                        self.busy_with.discard(member)
+                        self.last_seen[member] = trio.current_time()
         except ConnectionClosed:
             pass
         finally:
@@ -159,14 +167,22 @@ class CenterDaemon:
                 self.reactor.post(cp.Left(member))
 
     async def _heartbeats(self) -> None:
-        """Send ours to every member; gap 3: a member whose heartbeats stop is closed, and so leaves."""
+        """Send ours to every member; gap 3: a member whose heartbeats stop is closed, and so
+        leaves. Slow is not dead: any message counts as a heartbeat, a member whose message
+        waits for room in our own inbox is not silent, and a pause of this daemon (an
+        overloaded event loop, a GC or VM freeze) is not counted against anyone."""
+        interval = self.settings.heartbeat_interval
+        last = trio.current_time()
         while True:
-            await trio.sleep(self.settings.heartbeat_interval)
-            beat = wire.encode(Heartbeat(self.settings.ip, trio.current_time()))
+            await trio.sleep(interval)
+            now = trio.current_time()
+            stalled, last = max(0.0, now - last - interval), now
+            beat = wire.encode(Heartbeat(self.settings.ip, now))
             for conn in list(self.conns.values()):
                 conn.send_nowait(beat)
-            limit = trio.current_time() - self.settings.heartbeat_timeout
+            limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
+                seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled
                 if seen < limit and member in self.conns:
                     self.counters.inc("heartbeat_missed")
                     log.warning("%s missed its heartbeats; it leaves", member)

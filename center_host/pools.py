@@ -3,9 +3,10 @@
 ``local_reduce_pool`` and ``dist_reduce_pool`` are hashes ``number -> record`` (the
 stored frame plus who was asked and who answered), ``task_URL`` a hash
 ``"number:host" -> URLs`` of assignments not yet acknowledged by their host. Exact mode
-adds the ``admitted`` record (a fingerprint set) and ``claims`` (fingerprint ->
-number of another network's set that holds the URL here). ``concluded`` remembers
-the numbers already finished, so a frame sent again is recognised.
+adds the ``admitted`` record (a fingerprint set); the claims of sets in flight are the
+core's memory, rebuilt from the reduce pools on restart (docs/PROTOCOL.md §10), so
+nothing per URL is stored for another network's set. ``concluded`` remembers the
+numbers already finished, so a frame sent again is recognised.
 
 All writes of one event go in one MULTI/EXEC; a look-up is one round trip.
 """
@@ -15,16 +16,15 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Store, fingerprint_fields
+from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Store
 from dedupnet.urls import fingerprint_many
 
 from . import protocol as cp
 
 ADMITTED = "admitted"
-CLAIMS = "claims"
 CONCLUDED = "concluded"
 
-WRITES = (cp.Save, cp.Drop, cp.RecordClaims, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask)
+WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask)
 
 
 class CenterPools:
@@ -42,14 +42,9 @@ class CenterPools:
                 batch.add(b"HSET", key(a.pool), a.number, a.record)
             elif isinstance(a, cp.Drop):
                 batch.add(b"HDEL", key(a.pool), a.number)
-            elif isinstance(a, cp.RecordClaims):
-                fields = fingerprint_fields(fingerprint_many(a.urls))
-                batch.add(b"HSET", key(CLAIMS), *[x for f in fields for x in (f, a.number)])
             elif isinstance(a, cp.Admit):
                 if a.urls:
-                    fps = fingerprint_many(a.urls)
-                    batch.fingerprints(b"SADD", key(ADMITTED), fps)
-                    batch.add(b"HDEL", key(CLAIMS), *fingerprint_fields(fps))
+                    batch.fingerprints(b"SADD", key(ADMITTED), fingerprint_many(a.urls))
             elif isinstance(a, cp.Conclude):
                 batch.fingerprints(b"SADD", key(CONCLUDED), np.array([a.number], dtype=np.uint64))
             elif isinstance(a, cp.SaveTask):
@@ -61,19 +56,9 @@ class CenterPools:
         batch = self.store.batch()
         key = self.store.key
         concluded = batch.fingerprints(b"SMISMEMBER", key(CONCLUDED), np.array([number], dtype=np.uint64))
-        if urls:
-            fps = fingerprint_many(urls)
-            admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fps)
-            claims_at = batch.add(b"HMGET", key(CLAIMS), *fingerprint_fields(fps))
+        admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fingerprint_many(urls))
         results = self.store.execute(batch)
-        if not urls:
-            return cp.LookupDone(number, bool(concluded.flags(results)[0]), [], [])
-        return cp.LookupDone(
-            number,
-            bool(concluded.flags(results)[0]),
-            admitted.flags(results).tolist(),
-            [int(c) if c is not None else None for c in results[claims_at]],
-        )
+        return cp.LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist())
 
     def load(self) -> cp.Resume:
         """Everything a restarted center must pick up."""

@@ -101,7 +101,6 @@ class LookupDone:
     number: int
     concluded: bool  # the number was concluded before (a repeated frame)
     admitted: list[bool]  # URL is in this center's admitted record
-    claims: list[int | None]  # number of another network's set that claims the URL here
 
 
 @dataclass(frozen=True)
@@ -145,16 +144,8 @@ class CancelTimer:
 
 @dataclass(frozen=True)
 class Lookup:
-    """Look up ``urls`` in the admitted record and the claims, and whether ``number``
-    was concluded; answer with :class:`LookupDone` before any other event."""
-
-    number: int
-    urls: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class RecordClaims:
-    """Exact mode: from now on ``number`` (another network's set) claims these URLs here."""
+    """Look up ``urls`` in the admitted record, and whether ``number`` was concluded;
+    answer with :class:`LookupDone` before any other event."""
 
     number: int
     urls: tuple[str, ...]
@@ -187,10 +178,13 @@ class DropTask:
     key: str
 
 
-Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, RecordClaims, Admit, Conclude, SaveTask, DropTask]
+Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, SaveTask, DropTask]
 
 
 # -- configuration -------------------------------------------------------------------
+PARTITION_POLICIES = ("wait", "admit")
+
+
 @dataclass(frozen=True)
 class CenterConfig:
     network: int
@@ -202,8 +196,26 @@ class CenterConfig:
     #: After a restart, how long members get to reconnect before a stored set is asked again.
     resume_grace: float = 5.0
     #: Own sets in flight before new flag=1 frames wait (unacknowledged, so the hosts
-    #: slow down): back-pressure, so answers are not queued past their deadline.
+    #: slow down): back-pressure, so waiting stays bounded (the hosts' URL_pool is the buffer).
     max_in_flight: int = 16
+    #: What a set does about a member that does not answer (docs/PROTOCOL.md §10):
+    #: ``"wait"`` (exact mode's default): slow is not dead — re-send with back-off for as
+    #: long as the member is alive; a LAN host that leaves is not waited for, a peer
+    #: network that is down is (the set stays in ``dist_reduce_pool``) until it is back or
+    #: removed from the configuration. ``"admit"`` (paper mode's default, the paper's
+    #: "within the time limit"): after ``max_resends`` the set concludes with the answers
+    #: it has, counted as ``concluded_incomplete``.
+    partition_policy: str | None = None
+    #: Longest pause between re-sends to a member that is alive but slow (``wait``).
+    max_resend_interval: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("exact", "paper"):
+            raise ValueError(f"mode must be 'exact' or 'paper', not {self.mode!r}")
+        if self.partition_policy is None:
+            object.__setattr__(self, "partition_policy", "wait" if self.mode == "exact" else "admit")
+        if self.partition_policy not in PARTITION_POLICIES:
+            raise ValueError(f"partition_policy must be one of {PARTITION_POLICIES}, not {self.partition_policy!r}")
 
     def network_of(self, ip: str) -> int | None:
         addr = ipaddress.ip_address(ip)
@@ -281,6 +293,7 @@ class CenterProtocol:
     def __init__(self, config: CenterConfig, counters: Counters | None = None):
         self.config = config
         self.exact = config.mode == "exact"
+        self.wait = config.partition_policy == "wait"
         self.counters = counters or Counters()
         self.sets: dict[int, SetRecord] = {}
         self.hosts: set[str] = set()  # live LAN members
@@ -368,8 +381,8 @@ class CenterProtocol:
             self.counters.inc("repeated_frames")
             return [ack]
         urls = {}
-        for url, admitted, claim in zip(frame.URL_set, found.admitted, found.claims):
-            if self.exact and (admitted or claim is not None or url in self.claims):
+        for url, admitted in zip(frame.URL_set, found.admitted):
+            if self.exact and (admitted or url in self.claims):
                 self.counters.inc("urls_dropped", stage="center-record")
                 continue
             urls[url] = 0
@@ -390,9 +403,19 @@ class CenterProtocol:
             return self._stage_done(rec)
         if not rec.awaiting:
             return self._stage_done(rec)
-        data = wire.encode(rec.frame)
-        return [Send(tuple(member_from_str(m) for m in sorted(rec.awaiting)), data),
-                SetTimer(rec.number, self.config.answer_timeout)]
+        return [*self._send_to(rec, rec.awaiting), SetTimer(rec.number, self._resend_delay(rec))]
+
+    def _send_to(self, rec: SetRecord, members: Iterable[str]) -> list[Action]:
+        """The stored frame to those of ``members`` that are connected now (one encoding);
+        the others are sent it when they come back (:meth:`_joined`)."""
+        to = tuple(member_from_str(m) for m in sorted(members) if self._live(m))
+        return [Send(to, wire.encode(rec.frame))] if to else []
+
+    def _resend_delay(self, rec: SetRecord) -> float:
+        """``answer_timeout``, then (``wait``, past ``max_resends``) doubling up to
+        ``max_resend_interval``: a slow member is not flooded with the same question."""
+        extra = max(0, rec.attempts - 1 - self.config.max_resends) if self.wait else 0
+        return min(self.config.answer_timeout * 2**extra, max(self.config.max_resend_interval, self.config.answer_timeout))
 
     def _answer(self, sender: Member, frame: Frame) -> list[Action]:
         rec = self.sets.get(frame.number)
@@ -451,7 +474,10 @@ class CenterProtocol:
     def _stage_done(self, rec: SetRecord) -> list[Action]:
         if rec.stage is Stage.LAN and rec.frame.URL_set and self.config.peers:
             missing = set(self.config.peers) - self.peers
-            if missing:  # gap 4: not waited for, but the set is not complete without them
+            if missing and self.wait:
+                log.warning("set %d: networks %s not connected; it waits for them in dist_reduce_pool",
+                            rec.number, sorted(missing))
+            elif missing:  # gap 4 under "admit": not waited for, and not complete without them
                 rec.incomplete = True
                 self.counters.inc("peers_missing", amount=len(missing))
                 log.warning("set %d: networks %s not connected; not asked", rec.number, sorted(missing))
@@ -468,8 +494,9 @@ class CenterProtocol:
         return self._admit(rec)
 
     def peers_to_ask(self) -> set[str]:
-        """Paper gap 4: the peer networks connected at this moment."""
-        return {str(Peer(n)) for n in self.peers}
+        """Paper gap 4: under ``wait`` every configured peer network (those not connected
+        are asked when they come back); under ``admit`` those connected at this moment."""
+        return {str(Peer(n)) for n in (self.config.peers if self.wait else self.peers)}
 
     def _admit(self, rec: SetRecord) -> list[Action]:
         urls = list(rec.frame.URL_set)
@@ -486,23 +513,18 @@ class CenterProtocol:
     def _reply_foreign(self, rec: SetRecord, found: LookupDone | None) -> list[Action]:
         """Answer another network (§2.4) and, in exact mode, apply the claim rule."""
         actions: list[Action] = []
-        claimed: list[str] = []
+        losers: set[int] = set()
         answer = rec.frame.URL_set
         if found is not None:
-            for url, admitted, foreign in zip(list(answer), found.admitted, found.claims):
+            for url, admitted in zip(list(answer), found.admitted):
                 if answer[url]:
                     continue
                 own = self.claims.get(url)
-                holder = own if own is not None else foreign
-                if admitted or (holder is not None and holder < rec.number):
+                if admitted or (own is not None and own < rec.number):
                     answer[url] = 1
-                    continue
-                # The requesting set wins the URL: lower number (or nobody here holds it).
-                if own is not None:
-                    actions += self._lose(url, own)
-                claimed.append(url)
-            if claimed:
-                actions.append(RecordClaims(rec.number, tuple(claimed)))
+                elif own is not None:  # R2: the requesting set has the lower number and wins the URL
+                    losers.add(self._lose(url, own))
+            actions += [Save(POOL_OF[self.sets[n].stage], n, self.sets[n].dump()) for n in sorted(losers)]
         del self.sets[rec.number]
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         log.info("set %d of %s: answered, %d of %d URLs seen here", rec.number, rec.origin,
@@ -511,13 +533,13 @@ class CenterProtocol:
         return [*actions, Send((member_from_str(rec.origin),), reply), Drop(DIST_REDUCE_POOL, rec.number),
                 Conclude(rec.number, not rec.incomplete)]
 
-    def _lose(self, url: str, number: int) -> list[Action]:
-        """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered set."""
+    def _lose(self, url: str, number: int) -> int:
+        """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered
+        set; returns ``number`` (its record is saved once for all it gave up)."""
         del self.claims[url]
-        rec = self.sets[number]
-        del rec.frame.URL_set[url]
+        del self.sets[number].frame.URL_set[url]
         self.counters.inc("urls_dropped", stage="tie-break")
-        return [Save(POOL_OF[rec.stage], number, rec.dump())]
+        return number
 
     # -- look-up results ---------------------------------------------------------------
     def _lookup_done(self, found: LookupDone) -> list[Action]:
@@ -535,6 +557,8 @@ class CenterProtocol:
         rec = self.sets.get(number)
         if rec is None:
             return []
+        if self.wait:
+            return self._timer_wait(rec)
         live = {m for m in rec.awaiting if self._live(m)}  # gap 3: the dead are not waited for
         rec.incomplete |= live != rec.awaiting
         rec.awaiting = live
@@ -550,20 +574,59 @@ class CenterProtocol:
             rec.awaiting = set()
         return self._stage_done(rec)
 
+    def _timer_wait(self, rec: SetRecord) -> list[Action]:
+        """Slow is not dead (``wait``): no answer yet from a member that is alive means
+        ask again later, never conclude without it. Not waited for: a LAN host that has
+        left (the admitted record speaks for what the LAN crawled), a peer network no
+        longer configured. A peer network that is down is waited for."""
+        gone = {m for m in rec.awaiting if not self._waited_for(m)}
+        if gone:
+            rec.awaiting -= gone
+            rec.incomplete = True
+            log.warning("set %d: not waiting for %s (left)", rec.number, ", ".join(sorted(gone)))
+        if not rec.awaiting:
+            return self._stage_done(rec)
+        rec.attempts += 1
+        live = [m for m in rec.awaiting if self._live(m)]
+        if live:
+            self.counters.inc("resends", stage=rec.stage.value)
+            log.info("set %d: no answer yet from %s; asking again (attempt %d)", rec.number, ", ".join(sorted(live)), rec.attempts)
+        return [*self._send_to(rec, live), SetTimer(rec.number, self._resend_delay(rec))]
+
+    def _waited_for(self, member: str) -> bool:
+        m = member_from_str(member)
+        return m.ip in self.hosts if isinstance(m, Host) else m.network in self.config.peers
+
+    def waiting_for(self) -> dict[str, int]:
+        """Sets in flight per member whose answer they still wait for (status, metrics)."""
+        counts: dict[str, int] = {}
+        for rec in self.sets.values():
+            for m in rec.awaiting:
+                counts[m] = counts.get(m, 0) + 1
+        return counts
+
     def _live(self, member: str) -> bool:
         m = member_from_str(member)
         return m.ip in self.hosts if isinstance(m, Host) else m.network in self.peers
 
     def _joined(self, member: Member) -> list[Action]:
-        if not isinstance(member, Host):
+        # Sets that wait for this member (it reconnected, or a peer network is back) ask it now.
+        who = str(member)
+        again = [rec for rec in self.sets.values() if who in rec.awaiting]
+        if isinstance(member, Peer):
             self.peers.add(member.network)
-            return []
-        self.hosts.add(member.ip)
+        else:
+            self.hosts.add(member.ip)
+        asks = [a for rec in again for a in self._send_to(rec, (who,))]
+        if again:
+            log.info("%s is here: asking it for %d sets that wait for it", who, len(again))
+        if not isinstance(member, Host):
+            return asks
         # A host that comes back is sent again the tasks it has not acknowledged; then
         # what was admitted while no host was there is handed out (and sent) as usual.
         resend = [Send((member,), wire.encode(Task(task_parts(k)[0], tuple(urls))))
                   for k, urls in self.tasks.items() if task_parts(k)[1] == member.ip]
-        return resend + self._reassign("")
+        return asks + resend + self._reassign("")
 
     def _left(self, member: Member) -> list[Action]:
         who = str(member)
@@ -572,6 +635,10 @@ class CenterProtocol:
         else:
             self.peers.discard(member.network)
         actions: list[Action] = []
+        if isinstance(member, Peer) and self.wait:
+            waiting = sum(1 for rec in self.sets.values() if who in rec.awaiting)
+            log.warning("%s is down: %d sets wait for it in dist_reduce_pool", who, waiting)
+            return actions
         for rec in list(self.sets.values()):
             if who in rec.awaiting:
                 rec.awaiting.discard(who)

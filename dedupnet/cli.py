@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import MODES, Settings, endpoint, load_settings
+from .config import MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
 
 NOT_YET: dict[str, str] = {}
 
@@ -19,6 +19,7 @@ COMMON = [
     (("--redis",), dict(dest="redis_url", metavar="URL", help="Redis URL; without it an embedded server is started")),
     (("--prefix",), dict(help="key prefix of the pools on the Redis server")),
     (("--set-size",), dict(type=int, help="URLs per URL_set (default 1000)")),
+    (("--set-linger",), dict(type=float, metavar="S", help="seconds a host waits for a URL_set to fill (default 0.5)")),
     (("--mode",), dict(choices=MODES, help="exact (default): no URL admitted twice; paper: the paper's look-ups only")),
     (("--log-level",), dict(choices=["DEBUG", "INFO", "WARNING", "ERROR"])),
 ]
@@ -30,7 +31,10 @@ DAEMON = [
     (("--data-dir",), dict(metavar="DIR", help="where the embedded Redis keeps its append-only file")),
     (("--metrics",), dict(metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics")),
     (("--answer-timeout",), dict(type=float, metavar="S", help="seconds to wait for answers (default 2)")),
-    (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding (default 2)")),
+    (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding ('admit') or slowing down ('wait') (default 2)")),
+    (("--partition-policy",), dict(choices=PARTITION_POLICIES,
+                                   help="a silent member or a network that is down: wait (exact mode's default) "
+                                        "or admit without it after --max-resends (paper mode's default)")),
     (("--heartbeat-interval",), dict(type=float, metavar="S")),
     (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
 ]

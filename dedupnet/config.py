@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 MODES = ("exact", "paper")
+PARTITION_POLICIES = ("wait", "admit")
 
 
 @dataclass
@@ -25,6 +26,9 @@ class Settings:
     bucket_bits: int = 10
     #: URLs per URL_set (paper §2.2 step 3: "a fixed size").
     set_size: int = 1000
+    #: Seconds a host waits for a URL_set to fill before sending it part full (like a
+    #: message producer's linger): full sets cost the centers far less per URL.
+    set_linger: float = 0.5
     #: Largest frame body accepted from the network, checked before reading it.
     max_frame_size: int = 4 * 1024 * 1024
     #: Largest URL_set accepted from the network.
@@ -55,8 +59,13 @@ class Settings:
     metrics: str | None = None
     #: Seconds to wait for answers to a broadcast before re-sending (paper gap 3).
     answer_timeout: float = 2.0
-    #: Re-sends to silent members before a set is concluded incomplete.
+    #: Re-sends to silent members before a set is concluded incomplete (``admit``), or
+    #: before re-sends slow down (``wait``).
     max_resends: int = 2
+    #: A member that does not answer: ``wait`` (exact mode's default: never conclude
+    #: without a live member; a set whose peer network is down waits for it) or ``admit``
+    #: (paper mode's default: conclude after ``max_resends``, counted). docs/PROTOCOL.md §10.
+    partition_policy: str | None = None
     heartbeat_interval: float = 1.0
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
@@ -84,6 +93,10 @@ class Settings:
     def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.partition_policy not in (None, *PARTITION_POLICIES):
+            raise ValueError(f"partition_policy must be one of {', '.join(PARTITION_POLICIES)}, not {self.partition_policy!r}")
+        if self.set_linger < 0:
+            raise ValueError("set_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
                      "heartbeat_interval", "heartbeat_timeout"):
             if getattr(self, name) < 1:

@@ -49,7 +49,7 @@ def _data_dir(settings: Settings, default: str) -> str | None:
 
 def _timing(settings: Settings) -> dict:
     return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
-                heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
+                partition_policy=settings.partition_policy, heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
 def run_center(settings: Settings) -> int:
@@ -77,7 +77,7 @@ def run_local(settings: Settings) -> int:
     listen_host, port = endpoint(settings.listen) if settings.listen else (ip, 0)
     local = LocalSettings(
         network=settings.network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
-        listen_host=listen_host, set_size=settings.set_size, mode=settings.mode,
+        listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, metrics=endpoint(settings.metrics) if settings.metrics else None,
         crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),

@@ -40,6 +40,8 @@ class LocalSettings:
     listen_port: int = 0  # status port on ``ip``; 0 picks a free one
     host_id: int | None = None  # default: the host part of ip in lan
     set_size: int = 1000
+    #: Seconds the walker waits for a set to fill before sending it part full.
+    set_linger: float = 0.5
     mode: str = "exact"
     max_unacked: int = 64
     heartbeat_interval: float = 1.0
@@ -134,17 +136,26 @@ class LocalDaemon:
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:
-        """§2.2: take what the crawler put in URL_pool, while the center keeps up."""
-        batch = self.settings.set_size * 4
+        """§2.2: take what the crawler put in URL_pool, while the center keeps up, and hand
+        it on once it fills a set or has waited ``set_linger`` seconds: a center's cost is
+        mostly per set, so sets of a few URLs cost it ten times more per URL than full
+        ones. What is held stays pending in URL_pool; a restart de-dups it again."""
+        s = self.settings
+        held: list[tuple[bytes, str]] = []
+        since = 0.0
         while True:
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
-                entries = await until_stored(self.store, self.counters, self.pools.take, batch)
-                if entries:
+                entries = await until_stored(self.store, self.counters, self.pools.take, 4 * s.set_size - len(held))
+                if entries and not held:
+                    since = trio.current_time()
+                held += entries
+                if held and (len(held) >= s.set_size or trio.current_time() - since >= s.set_linger):
                     if self.on_found is not None:
-                        self.on_found(entries)
-                    await self.reactor.put(hp.Found(entries))
+                        self.on_found(held)
+                    await self.reactor.put(hp.Found(held))
+                    held = []
                     continue
-            await trio.sleep(self.settings.idle_poll)
+            await trio.sleep(s.idle_poll)
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):

@@ -145,15 +145,15 @@ async def test_bad_input_on_both_daemons_ports_is_counted_and_others_are_served(
 
 
 async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, autojump_clock):
-    """A host that registers and never answers: the set is re-sent to it max_resends
-    times, then concluded incomplete; nothing blocks (virtual time: MockClock)."""
+    """Under "admit": a host that registers and never answers is re-sent the set
+    max_resends times, then it concludes incomplete; nothing blocks (virtual time: MockClock)."""
     from dedupnet import wire
     from dedupnet.messages import Frame, Register
     from dedupnet.metrics import Counters
     from dedupnet.transport import connect
 
-    async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"silent{random.random()}",
-                            answer_timeout=2.0, max_resends=2, heartbeat_timeout=1e6) as system:
+    async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"silent{random.random()}", answer_timeout=2.0,
+                            max_resends=2, heartbeat_timeout=1e6, partition_policy="admit") as system:
         center = system.centers[1]
         silent_ip = "127.0.1.99"
         register = Register(silent_ip, 1, "host", f"{silent_ip}:1", "127.0.1.0/24")
@@ -176,6 +176,38 @@ async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, a
             assert center.counters.get("concluded_incomplete", stage="lan") == 1
             assert center.counters.get("urls_admitted") == 40
             assert trio.current_time() >= 3 * 2.0  # three answer deadlines passed, in virtual time
+
+
+async def test_silent_live_host_is_waited_for_until_it_leaves(redis_url, autojump_clock):
+    """Exact mode's "wait": a host that is connected but does not answer is asked again
+    past max_resends and nothing is admitted without it; once it is gone (here: its
+    connection closes), the set concludes without it."""
+    from dedupnet.messages import Frame, Register
+    from dedupnet.metrics import Counters
+    from dedupnet.transport import connect
+
+    async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"slow{random.random()}",
+                            answer_timeout=2.0, max_resends=2, heartbeat_timeout=1e6) as system:
+        center = system.centers[1]
+        silent_ip = "127.0.1.99"
+        register = Register(silent_ip, 1, "host", f"{silent_ip}:1", "127.0.1.0/24")
+        with trio.fail_after(3600):
+            async with await connect(center.settings.ip, center.port, register, local_ip=silent_ip,
+                                     counters=Counters()) as silent:
+                while len(center.core.hosts) < 2:
+                    await trio.sleep(0.01)
+                host = system.hosts["127.0.1.10"]
+                await host.store.run(host.pools.push, site_urls("slow", 40))
+                asked = 0
+                while asked < 4:  # the broadcast, two re-sends, and one more: still waiting
+                    message = await silent.receive()
+                    asked += isinstance(message, Frame) and message.flag == 2
+                assert center.core.sets and center.counters.get("urls_admitted") == 0
+                assert center.core.waiting_for() == {silent_ip: 1}
+            while center.core.sets:
+                await trio.sleep(0.1)
+        assert center.counters.get("concluded_incomplete") == 0
+        assert center.counters.get("urls_admitted") == 40
 
 
 @pytest.mark.parametrize("ip, network, role, reason", [

@@ -41,6 +41,50 @@ def test_concurrent_discovery_random_interleavings(mode, seed):
         assert not h.URL_pool and not h.unacked
 
 
+def check_exact_and_nothing_lost(net: MemNet, pushed: set[str]) -> Counter:
+    admitted = Counter(net.admitted())
+    assert set(admitted) == pushed  # nothing lost
+    for c in net.centers.values():
+        assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.sets and not c.timers
+    return admitted
+
+
+def push_shared(net: MemNet) -> set[str]:
+    shared = urls(*range(16))
+    for i, host in enumerate(net.hosts.values()):
+        host.push(net.rnd.sample(shared, 10) + urls(100 + i))
+    return set(shared) | {u for i in range(len(net.hosts)) for u in urls(100 + i)}
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_exact_under_late_answers_and_partitions(seed):
+    """Slow is not dead: timers fire while answers are on their way, and WAN links are
+    cut (what was on them is lost) and healed. Exact mode ("wait") still admits every
+    URL exactly once and concludes nothing incomplete."""
+    net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, max_in_flight=1 + seed % 4)
+    pushed = push_shared(net)
+    net.run()
+    net.settle()
+    admitted = check_exact_and_nothing_lost(net, pushed)
+    assert max(admitted.values()) == 1, admitted.most_common(3)
+    assert sum(c.core.counters.get("sets_concluded", complete="false") for c in net.centers.values()) == 0
+
+
+def test_admit_policy_under_the_same_faults_concludes_incomplete_and_says_so():
+    """The "admit" policy (paper's time limit) loses nothing either, but concludes sets
+    without late or cut-off networks, counts them, and so may admit a URL twice."""
+    incomplete = dups = 0
+    for seed in range(40):
+        net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, partition_policy="admit")
+        pushed = push_shared(net)
+        net.run()
+        net.settle()
+        admitted = check_exact_and_nothing_lost(net, pushed)
+        dups += sum(n - 1 for n in admitted.values())
+        incomplete += sum(c.core.counters.get("sets_concluded", complete="false") for c in net.centers.values())
+    assert incomplete > 0 and dups > 0
+
+
 def test_paper_mode_duplicates_do_happen_and_are_visible():
     dups = 0
     for seed in range(40):
@@ -82,8 +126,8 @@ def sent(c):
     return [(str(to), decode(data)) for to, data in c.take_outbox()]
 
 
-def test_silent_host_set_concludes_after_resends():
-    c = center(peers={}, max_resends=2)
+def test_silent_host_set_concludes_after_resends_under_admit():
+    c = center(peers={}, max_resends=2, partition_policy="admit")
     c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)))
     out = sent(c)
     assert ("127.0.1.10", Ack(7, "stored")) in out
@@ -96,6 +140,69 @@ def test_silent_host_set_concludes_after_resends():
     c.fire(7)
     assert c.core.counters.get("concluded_incomplete", stage="lan") == 1
     assert c.admitted == {"http://a.example/"} and not c.timers and not c.local_reduce_pool
+
+
+def test_silent_live_host_is_waited_for_with_backoff():
+    """"wait" (exact's default): a host that is alive but slow is asked again, less and
+    less often, and the set concludes complete once it answers — never without it."""
+    c = center(peers={}, max_resends=1, answer_timeout=2.0, max_resend_interval=10.0)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
+    sent(c)
+    delays = []
+    for _ in range(6):
+        delays.append(c.timers[7])
+        c.fire(7)
+        assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.12"]
+    assert delays == [2.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert not c.admitted and 7 in c.core.sets and c.core.waiting_for() == {"127.0.1.12": 1}
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
+    assert c.admitted == {"http://a.example/"} and not c.timers
+    assert c.core.counters.get("sets_concluded", complete="true") == 1
+
+
+def test_set_waits_for_a_peer_network_that_is_down():
+    """"wait": a set whose peer network is down stays in dist_reduce_pool, asks nobody,
+    admits nothing; so does one that reaches the stage meanwhile. When the network is
+    back it is asked, and both conclude complete."""
+    c = center(peers={2: "127.0.2.0/24"})
+    c.feed(cp.Joined(cp.Peer(2)))
+    first = Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), first.with_flag(3)))
+    assert [to for to, m in sent(c) if isinstance(m, Frame)][-1:] == ["net:2"]
+    c.feed(cp.Left(cp.Peer(2)))
+    second = Frame({"http://b.example/": 0}, "127.0.1.11", 8, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.11"), second))
+    for ip in ("127.0.1.10", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), second.with_flag(3)))
+    sent(c)
+    for _ in range(5):
+        for n in list(c.timers):
+            c.fire(n)
+    assert not [m for _, m in sent(c) if isinstance(m, (Frame, Task))]
+    assert not c.admitted and sorted(c.dist_reduce_pool) == [7, 8]
+    assert c.core.waiting_for() == {"net:2": 2}
+    c.feed(cp.Joined(cp.Peer(2)))
+    asked = [m for to, m in sent(c) if isinstance(m, Frame)]
+    assert sorted(m.number for m in asked) == [7, 8]
+    for m in asked:
+        c.feed(cp.Received(cp.Peer(2), m.with_flag(3)))
+    assert c.admitted == {"http://a.example/", "http://b.example/"} and not c.dist_reduce_pool
+    assert c.core.counters.get("sets_concluded", complete="true") == 2
+
+
+def test_a_network_removed_from_the_configuration_is_no_longer_waited_for():
+    c = center(peers={2: "127.0.2.0/24"})
+    f = Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
+    assert 7 in c.dist_reduce_pool  # network 2 never connected: waited for
+    c = c.restart(peers={})  # the operator removes it and restarts the center
+    c.fire(7)
+    assert c.admitted == {"http://a.example/"}
 
 
 @pytest.mark.parametrize("sender, frame, reason", [
@@ -153,9 +260,10 @@ def test_center_restart_resumes_and_loses_nothing():
     sent(c)
     c = c.restart()
     assert 5 in c.core.sets and c.timers == {5: 1.0}
-    c.feed(cp.Joined(cp.Host("127.0.1.11")))
-    c.fire(5)  # 127.0.1.12 never came back: not waited for; .11 is asked again
+    c.feed(cp.Joined(cp.Host("127.0.1.11")))  # back: asked at once
     assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.11"]
+    c.fire(5)  # 127.0.1.12 never came back: no longer waited for
+    assert "127.0.1.12" not in c.core.sets[5].awaiting
     c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 5, 3)))
     assert c.admitted == {"http://a/"}
 

@@ -7,6 +7,7 @@ drive the protocol without I/O. Nothing here decides anything about the protocol
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from center_host import protocol as cp
@@ -22,7 +23,6 @@ class MemoryCenter:
     dist_reduce_pool: dict[int, bytes] = field(default_factory=dict)
     task_URL: dict[str, tuple[str, ...]] = field(default_factory=dict)
     admitted: set[str] = field(default_factory=set)
-    claims: dict[str, int] = field(default_factory=dict)
     concluded: set[int] = field(default_factory=set)
     timers: dict[int, float] = field(default_factory=dict)
     outbox: list[tuple[cp.Member, bytes]] = field(default_factory=list)
@@ -55,8 +55,6 @@ class MemoryCenter:
                 self.timers[a.number] = a.delay
             elif isinstance(a, cp.CancelTimer):
                 self.timers.pop(a.number, None)
-            elif isinstance(a, cp.RecordClaims):
-                self.claims.update(dict.fromkeys(a.urls, a.number))
             elif isinstance(a, cp.Admit):
                 self.admitted.update(a.urls)
                 self.admissions.append((a.number, a.urls))
@@ -71,7 +69,7 @@ class MemoryCenter:
         for a in deferred:
             self.run(self.core.handle(cp.LookupDone(
                 a.number, a.number in self.concluded,
-                [u in self.admitted for u in a.urls], [self.claims.get(u) for u in a.urls])))
+                [u in self.admitted for u in a.urls])))
 
     def fire(self, number: int) -> None:
         assert number in self.timers, f"no timer set for {number}"
@@ -82,10 +80,11 @@ class MemoryCenter:
         out, self.outbox = self.outbox, []
         return out
 
-    def restart(self) -> "MemoryCenter":
-        """A new core over the same pools, as after a crash (memory lost, Redis kept)."""
-        fresh = MemoryCenter(cp.CenterProtocol(self.core.config, Counters()), self.local_reduce_pool,
-                             self.dist_reduce_pool, self.task_URL, self.admitted, self.claims, self.concluded,
+    def restart(self, **changes) -> "MemoryCenter":
+        """A new core over the same pools, as after a crash (memory lost, Redis kept),
+        with ``changes`` to its configuration (an operator's edit)."""
+        fresh = MemoryCenter(cp.CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
+                             self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
                              admissions=self.admissions)
         fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
                              {k: list(v) for k, v in self.task_URL.items()}))

@@ -28,13 +28,12 @@ def on_the_wire(spec: dict):
 class CenterUnderTest:
     def __init__(self, vector, mode: str):
         cfg = vector["config"]
-        keys = ("answer_timeout", "max_resends")
+        keys = ("answer_timeout", "max_resends", "partition_policy")
         self.m = MemoryCenter.make(network=cfg["network"], lan=cfg["lan"], mode=mode,
                                    peers={int(n): cidr for n, cidr in cfg.get("peers", {}).items()},
                                    **{k: cfg[k] for k in keys if k in cfg})
         init = vector["initial"]
         self.m.admitted.update(init.get("admitted", []))
-        self.m.claims.update(init.get("claims", {}))
         self.m.concluded.update(init.get("concluded", []))
         for ip in init.get("hosts", []):
             self.m.feed(cp.Joined(cp.Host(ip)))
@@ -66,7 +65,7 @@ class CenterUnderTest:
         def frames(pool):
             return {n: cp.SetRecord.load(rec).frame.URL_set for n, rec in pool.items()}
         return {"local_reduce_pool": frames(self.m.local_reduce_pool), "dist_reduce_pool": frames(self.m.dist_reduce_pool),
-                "admitted": self.m.admitted, "claims": self.m.claims, "concluded": self.m.concluded,
+                "admitted": self.m.admitted, "concluded": self.m.concluded,
                 "task_URL": self.m.task_URL}
 
 

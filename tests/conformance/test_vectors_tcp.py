@@ -29,11 +29,11 @@ import trio
 
 from center_host import protocol as cp
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
-from center_host.pools import ADMITTED, CLAIMS, CONCLUDED, CenterPools
+from center_host.pools import ADMITTED, CONCLUDED, CenterPools
 from dedupnet import wire
 from dedupnet.messages import Error, Heartbeat, Register
 from dedupnet.metrics import Counters
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL, fingerprint_fields
+from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL
 from dedupnet.transport import ConnectionClosed, connect, serve
 from dedupnet.urls import fingerprint_many
 from local_host import protocol as hp
@@ -167,7 +167,8 @@ class CenterUnderTest:
         peers = [PeerAddress(int(n), first_address(c), 0, c) for n, c in self.cfg.get("peers", {}).items()]
         settings = CenterSettings(self.cfg["network"], self.ip, 0, self.cfg["lan"], peers, mode=mode,
                                   answer_timeout=HOUR, heartbeat_interval=HOUR, heartbeat_timeout=2 * HOUR,
-                                  max_resends=self.cfg.get("max_resends", 2))
+                                  max_resends=self.cfg.get("max_resends", 2),
+                                  partition_policy=self.cfg.get("partition_policy"))
         self.daemon = CenterDaemon(settings, store)
         self.tap = Tap(self.daemon.reactor)
         self.fakes = Fakes(nursery)
@@ -182,10 +183,6 @@ class CenterUnderTest:
     async def start(self):
         init = self.vector["initial"]
         writes = [cp.Admit(0, tuple(init.get("admitted", [])))]
-        by_number = {}
-        for url, n in init.get("claims", {}).items():
-            by_number.setdefault(n, []).append(url)
-        writes += [cp.RecordClaims(n, tuple(urls)) for n, urls in by_number.items()]
         writes += [cp.Conclude(n, True) for n in init.get("concluded", [])]
         await in_thread(CenterPools(self.store).apply, writes)
         self.port = await self.nursery.start(self.daemon.run)
@@ -233,13 +230,11 @@ class CenterUnderTest:
             return found + ["<not in the vector>"] * (self.store.fp_count(pool) - len(found))
 
         urls = sorted(self.urls)
-        field_url = dict(zip(fingerprint_fields(fingerprint_many(urls)), urls))
         numbers = sorted(self.numbers)
         return {
             "local_reduce_pool": frames(LOCAL_REDUCE_POOL), "dist_reduce_pool": frames(DIST_REDUCE_POOL),
             "admitted": members(ADMITTED, urls, fingerprint_many(urls)),
             "concluded": members(CONCLUDED, numbers, np.array(numbers, dtype=np.uint64)),
-            "claims": {field_url.get(f, f.hex()): int(n) for f, n in r.hgetall(key(CLAIMS)).items()},
             "task_URL": {k.decode(): orjson.loads(v) for k, v in r.hgetall(key(TASK_URL)).items()},
         }
 

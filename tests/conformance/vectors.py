@@ -162,8 +162,6 @@ def normalise_pools(pools: dict) -> dict:
             out[key] = sorted(str(n) for n in value)
         elif key in _REDUCE_POOLS:
             out[key] = {str(n): dict(url_set) for n, url_set in value.items()}
-        elif key == "claims":
-            out[key] = {u: int(n) for u, n in value.items()}
         elif key == "task_URL":
             out[key] = {k: list(v) for k, v in value.items()}
         else:
