@@ -208,6 +208,9 @@ class CenterConfig:
     partition_policy: str | None = None
     #: Longest pause between re-sends to a member that is alive but slow (``wait``).
     max_resend_interval: float = 30.0
+    #: URLs remembered as held by another network's set (exact mode; memory only, an
+    #: early drop, not a correctness record): ~150 bytes of Python memory each.
+    held_elsewhere_max: int = 200_000
 
     def __post_init__(self) -> None:
         if self.mode not in ("exact", "paper"):
@@ -300,6 +303,10 @@ class CenterProtocol:
         self.peers: set[int] = set()  # connected peer networks
         self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
         self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
+        #: Exact mode, a bounded cache: URL -> the lowest number of another network's set
+        #: told here that the URL was unseen (so that set held it). Not needed for
+        #: exactness, only to drop such URLs early; lost on restart (PROTOCOL.md §10).
+        self.held_elsewhere: dict[str, int] = {}
         self._lookups: dict[int, tuple[str, object]] = {}  # number -> why we asked
         self.waiting: dict[int, tuple[Host, Frame]] = {}  # flag=1 frames held back (not acked)
 
@@ -382,7 +389,7 @@ class CenterProtocol:
             return [ack]
         urls = {}
         for url, admitted in zip(frame.URL_set, found.admitted):
-            if self.exact and (admitted or url in self.claims):
+            if self.exact and (admitted or url in self.claims or url in self.held_elsewhere):
                 self.counters.inc("urls_dropped", stage="center-record")
                 continue
             urls[url] = 0
@@ -520,10 +527,13 @@ class CenterProtocol:
                 if answer[url]:
                     continue
                 own = self.claims.get(url)
-                if admitted or (own is not None and own < rec.number):
+                holder = own if own is not None else self.held_elsewhere.get(url)
+                if admitted or (holder is not None and holder < rec.number):
                     answer[url] = 1
-                elif own is not None:  # R2: the requesting set has the lower number and wins the URL
+                    continue
+                if own is not None:  # R2: the requesting set has the lower number and wins the URL
                     losers.add(self._lose(url, own))
+                self._held_elsewhere(url, rec.number)
             actions += [Save(POOL_OF[self.sets[n].stage], n, self.sets[n].dump()) for n in sorted(losers)]
         del self.sets[rec.number]
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
@@ -532,6 +542,14 @@ class CenterProtocol:
         reply = wire.encode(rec.frame.with_flag(FLAG_ANSWER))
         return [*actions, Send((member_from_str(rec.origin),), reply), Drop(DIST_REDUCE_POOL, rec.number),
                 Conclude(rec.number, not rec.incomplete)]
+
+    def _held_elsewhere(self, url: str, number: int) -> None:
+        """Remember (newest last) that another network's set ``number`` holds ``url``;
+        the oldest entries go beyond ``held_elsewhere_max``."""
+        self.held_elsewhere.pop(url, None)
+        self.held_elsewhere[url] = number
+        while len(self.held_elsewhere) > self.config.held_elsewhere_max:
+            del self.held_elsewhere[next(iter(self.held_elsewhere))]
 
     def _lose(self, url: str, number: int) -> int:
         """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered

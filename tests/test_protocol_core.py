@@ -321,3 +321,21 @@ def test_back_pressure_holds_frames_unacknowledged_until_a_set_concludes():
     out = sent(c)
     assert ("127.0.1.11", Ack(6, "stored")) in out  # the first concluded; the held one goes on
     assert 6 in c.core.sets and not c.core.waiting
+
+
+def test_urls_held_by_other_networks_sets_are_a_bounded_memory_cache():
+    """Exact mode drops early what another network's set holds, from a bounded cache
+    (never Redis, never needed for exactness): the oldest entries go first."""
+    c = center(held_elsewhere_max=2)
+    c.feed(cp.Joined(cp.Peer(2)))
+    for i, number in enumerate((11, 12, 13)):
+        f = Frame({f"http://e.example/{i}": 0}, "127.0.2.10", number, 2)
+        c.feed(cp.Received(cp.Peer(2), f))
+        for ip in ("127.0.1.10", "127.0.1.11", "127.0.1.12"):
+            c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
+    assert c.core.held_elsewhere == {"http://e.example/1": 12, "http://e.example/2": 13}
+    sent(c)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://e.example/0": 0, "http://e.example/2": 0},
+                                                   "127.0.1.10", 20, 1)))
+    asked = [m for _, m in sent(c) if isinstance(m, Frame)]
+    assert asked and all(m.URL_set == {"http://e.example/0": 0} for m in asked)
