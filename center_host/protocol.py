@@ -419,9 +419,10 @@ class CenterProtocol:
         return [Send(to, wire.encode(rec.frame))] if to else []
 
     def _resend_delay(self, rec: SetRecord) -> float:
-        """``answer_timeout``, then (``wait``, past ``max_resends``) doubling up to
-        ``max_resend_interval``: a slow member is not flooded with the same question."""
-        extra = max(0, rec.attempts - 1 - self.config.max_resends) if self.wait else 0
+        """``answer_timeout``; under ``wait`` doubling after each re-send, up to
+        ``max_resend_interval``: a member that is alive has the question (TCP delivers, a
+        reconnection asks again at once), so re-sending to a slow one only adds load."""
+        extra = rec.attempts - 1 if self.wait else 0
         return min(self.config.answer_timeout * 2**extra, max(self.config.max_resend_interval, self.config.answer_timeout))
 
     def _answer(self, sender: Member, frame: Frame) -> list[Action]:

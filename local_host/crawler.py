@@ -53,7 +53,7 @@ import logging
 import re
 import time
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -263,6 +263,9 @@ class Crawler:
         #: Done tasks waiting to be written: (entry id, outcome, written event, error box).
         self._done_queue: list[tuple[bytes, Outcome, trio.Event, list]] = []
         self._done_ready = trio.Event()
+        #: Called after each write that pushed links into URL_pool (the host's walker
+        #: wakes on it instead of polling).
+        self.on_commit: Callable[[], None] | None = None
         #: Tasks taken and not yet done (fetching, waiting for a slot or a retry).
         self.in_progress = 0
         #: Tasks done by this crawler (fetched, failed or skipped).
@@ -473,6 +476,8 @@ class Crawler:
                     if e is not None:
                         error.append(e)
                     done.set()
+                if self.on_commit is not None and any(o.links for _, o in items):
+                    self.on_commit()
 
     def _fill_done(self, items: list[tuple[bytes, Outcome]], batch: Batch) -> None:
         """Everything done tasks write, queued into one MULTI/EXEC: their URLs (and

@@ -30,6 +30,9 @@ from .pools import WRITES, HostPools
 
 log = logging.getLogger("dedupnet.local")
 
+#: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
+MAX_IDLE_POLL = 0.5
+
 
 @dataclass
 class LocalSettings:
@@ -71,6 +74,9 @@ class LocalDaemon:
         self.port = settings.listen_port
         self.crawler = Crawler(store, settings.crawler, self.counters, consumer=settings.ip) if settings.crawler else None
         self.crawler_scope = trio.CancelScope()
+        self._pushed = trio.Event()  # the crawler put links into URL_pool
+        if self.crawler is not None:
+            self.crawler.on_commit = lambda: self._pushed.set()
         self.handed_back: trio.Event | None = None
         self._handing_back: int | None = None
         #: Called with the entries the walker takes from URL_pool (the simulation times
@@ -143,9 +149,12 @@ class LocalDaemon:
         s = self.settings
         held: list[tuple[bytes, str]] = []
         since = 0.0
+        poll = s.idle_poll
         while True:
+            entries = []
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
-                entries = await until_stored(self.store, self.counters, self.pools.take, 4 * s.set_size - len(held))
+                room = 4 * s.set_size - len(held)
+                entries = await until_stored(self.store, self.counters, self.pools.take, room)
                 if entries and not held:
                     since = trio.current_time()
                 held += entries
@@ -155,7 +164,15 @@ class LocalDaemon:
                     await self.reactor.put(hp.Found(held))
                     held = []
                     continue
-            await trio.sleep(s.idle_poll)
+                if len(entries) == room:
+                    continue
+            # Nothing more for now: sleep until the crawler pushes links, the linger
+            # ends, or a poll (backing off while idle: URL_pool may be fed from outside).
+            poll = s.idle_poll if entries else min(2 * poll, MAX_IDLE_POLL)
+            wait = min(poll, since + s.set_linger - trio.current_time()) if held else poll
+            with trio.move_on_after(max(wait, 0.0)):
+                await self._pushed.wait()
+            self._pushed = trio.Event()
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):

@@ -154,7 +154,7 @@ def test_silent_live_host_is_waited_for_with_backoff():
         delays.append(c.timers[7])
         c.fire(7)
         assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.12"]
-    assert delays == [2.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert delays == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
     assert not c.admitted and 7 in c.core.sets and c.core.waiting_for() == {"127.0.1.12": 1}
     c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
     assert c.admitted == {"http://a.example/"} and not c.timers
