@@ -78,6 +78,7 @@ class CenterDaemon:
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
         self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
+        self._gauged: set[str] = set()
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
@@ -180,6 +181,7 @@ class CenterDaemon:
             beat = wire.encode(Heartbeat(self.settings.ip, now))
             for conn in list(self.conns.values()):
                 conn.send_nowait(beat)
+            self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
                 seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled
@@ -187,6 +189,13 @@ class CenterDaemon:
                     self.counters.inc("heartbeat_missed")
                     log.warning("%s missed its heartbeats; it leaves", member)
                     await self.conns[member].aclose()
+
+    def _gauge_waiting(self) -> None:
+        """``sets_waiting{member}``: sets in flight that still wait for that member's answer."""
+        waiting = self.core.waiting_for()
+        for member in set(waiting) | self._gauged:
+            self.counters.set_gauge("sets_waiting", waiting.get(member, 0), member=member)
+        self._gauged = set(waiting)
 
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
@@ -219,7 +228,8 @@ class CenterDaemon:
             "role": "center", "network": self.settings.network, "listen": f"{self.settings.ip}:{self.port}",
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "members": {str(m): round(now - t, 3) for m, t in sorted(self.last_seen.items(), key=str)},
-            "sets_in_flight": stages, "timers": len(self.timers), "counters": self.counters.snapshot(),
+            "sets_in_flight": stages, "waiting_for": self.core.waiting_for(), "timers": len(self.timers),
+            "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
         }
 
     async def _control_session(self, conn: Connection) -> None:

@@ -146,6 +146,9 @@ def format_status(body: dict) -> str:
         lines.append(f"  center {body['center']}: {'connected' if body['connected'] else 'NOT connected'}")
     lines.append("  pools:          " + ", ".join(f"{k} {v}" for k, v in body.get("pools", {}).items()))
     lines.append("  sets in flight: " + (", ".join(f"{k} {v}" for k, v in body.get("sets_in_flight", {}).items()) or "none"))
+    if "waiting_for" in body:
+        lines.append(f"  waiting for ({body.get('partition_policy')}): "
+                     + (", ".join(f"{m} {n} sets" for m, n in sorted(body["waiting_for"].items())) or "nobody"))
     if "members" in body:
         lines.append("  members (seconds since last heartbeat):")
         lines += [f"    {m:<18} {age:>6.1f}" for m, age in body["members"].items()] or ["    none"]

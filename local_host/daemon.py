@@ -58,6 +58,9 @@ class LocalSettings:
     crawler: CrawlerSettings | None = None
     #: Seed URLs, put into URL_pool at start: they go through the protocol like any link.
     seeds: list[str] = field(default_factory=list)
+    #: Fault injection for tests and the simulation: every protocol message this host
+    #: sends waits this long first, as from a host too busy to answer in time. 0 in use.
+    send_delay: float = 0.0
 
 
 class LocalDaemon:
@@ -92,6 +95,7 @@ class LocalDaemon:
             await self.reactor.process(hp.Found(orphans))
         s = self.settings
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self.reactor.run)
             self.port = await nursery.start(self._serve_status)
             register = Register(s.ip, s.network, "host", f"{s.ip}:{self.port}", s.lan)
@@ -179,12 +183,21 @@ class LocalDaemon:
             await until_stored(self.store, self.counters, self.pools.apply, actions)
         followups = []
         for a in actions:
-            if isinstance(a, hp.Send):
-                if self.conn is None or not self.conn.send_nowait(a.data):
-                    self.counters.inc("send_skipped")  # unacked frames go again on reconnect
+            if isinstance(a, hp.Send) and self.settings.send_delay:
+                self._nursery.start_soon(self._send_later, a.data)
+            elif isinstance(a, hp.Send):
+                self._send(a.data)
             elif isinstance(a, hp.Lookup):
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a))
         return followups
+
+    def _send(self, data: bytes) -> None:
+        if self.conn is None or not self.conn.send_nowait(data):
+            self.counters.inc("send_skipped")  # unacked frames go again on reconnect
+
+    async def _send_later(self, data: bytes) -> None:
+        await trio.sleep(self.settings.send_delay)
+        self._send(data)
 
     async def leave(self, *, timeout: float = 30.0) -> int:
         """Leave the LAN for good without losing work: finish the pages in progress and

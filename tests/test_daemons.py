@@ -236,3 +236,39 @@ async def test_members_outside_the_configuration_are_refused(system, ip, network
 
 def cp_member_count(center):
     return len(center.core.hosts) + len(center.core.peers)
+
+
+@pytest.mark.parametrize("policy", ["wait", "admit"])
+async def test_peer_network_down_longer_than_every_timeout(redis_url, autojump_clock, policy):
+    """Network 2's center is down far longer than every timeout while both networks find
+    the same URLs. "wait" (exact mode's default): network 1 admits none of them until
+    network 2 is back, then each URL is queued once and none is lost. "admit": network 1
+    goes on without it and counts the sets that concluded without the peer."""
+    async with open_cluster(redis_url, 2, 1, set_size=50, prefix=f"down{random.random()}", answer_timeout=1.0,
+                            max_resends=1, heartbeat_timeout=3.0, partition_policy=policy) as system:
+        c1 = system.centers[1]
+        port = system.centers[2].port
+        await system.kill("center2")
+        urls = site_urls("down", 60)
+        h1, h2 = system.hosts["127.0.1.10"], system.hosts["127.0.2.10"]
+        with trio.fail_after(3600):
+            while c1.core.peers:
+                await trio.sleep(0.1)
+            await h1.store.run(h1.pools.push, urls)
+            await h2.store.run(h2.pools.push, urls[20:])  # found there too; its center is down
+            await trio.sleep(120)
+            if policy == "wait":
+                assert c1.counters.get("urls_admitted") == 0
+                assert c1.core.waiting_for().get("net:2", 0) >= 1 and c1.core.sets
+            else:
+                assert c1.counters.get("urls_admitted") == len(urls)
+                assert c1.counters.get("sets_concluded", complete="false") >= 1
+                assert c1.counters.get("peers_missing") + c1.counters.get("concluded_incomplete") >= 1
+            await system.start_center(2, 2, port=port)
+            await system.wait_connected()
+            await system.wait_quiescent()
+        queued = Counter(await task_pool_urls(system))
+        assert set(queued) == set(urls)  # nothing lost
+        assert max(queued.values()) == 1
+        if policy == "wait":
+            assert sum(c.counters.get("sets_concluded", complete="false") for c in system.centers.values()) == 0
