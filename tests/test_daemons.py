@@ -274,3 +274,26 @@ async def test_peer_network_down_longer_than_every_timeout(redis_url, autojump_c
             assert max(queued.values()) == 1 and incomplete == 0
         else:  # network 2 may in turn conclude without network 1 (late, or not yet reconnected): counted
             assert max(queued.values()) == 1 or system.centers[2].counters.get("sets_concluded", complete="false") >= 1
+
+
+async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
+    """Both networks find the same URLs at once (claims and tie-breaks at work); after
+    the crawl a center's Redis holds, per URL, only its admitted record: no claims of
+    another network's sets, no set in flight, no assignment left."""
+    async with open_cluster(redis_url, 3, 2, set_size=40, prefix=f"mem{random.random()}") as system:
+        urls = site_urls("both", 300)
+        async with trio.open_nursery() as nursery:
+            for h in system.hosts.values():
+                nursery.start_soon(h.store.run, h.pools.push, urls)
+        with trio.fail_after(60):
+            await system.wait_quiescent()
+        queued = Counter(await task_pool_urls(system))
+        assert set(queued) == set(urls) and max(queued.values()) == 1
+        assert sum(c.counters.get("urls_dropped", stage="tie-break") + c.counters.get("urls_dropped", stage="center-record")
+                   for c in system.centers.values()) > 0  # the same URLs did meet in flight
+        for n, center in system.centers.items():
+            store = center.pools.store
+            families = {k.decode()[len(store.prefix) + 1:].split(":")[0]
+                        for k in store.redis.scan_iter(match=f"{store.prefix}:*")}
+            assert families <= {"admitted", "concluded"}, families
+        assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
