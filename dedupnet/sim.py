@@ -596,6 +596,9 @@ def run(args) -> int:
 
     from .embedded import EmbeddedRedis
 
+    if args.sweep:
+        return _sweep(args)
+
     base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                      max_depth=args.max_depth, set_size=args.set_size)
@@ -629,6 +632,24 @@ def run(args) -> int:
     return 1 if any(r.timed_out for r in reports) else 0
 
 
+def _sweep(args) -> int:
+    """``dedupnet sim --sweep 2x2,3x3``: :mod:`dedupnet.sweep` with this command's web,
+    seed and --processes (one simulation process per layout)."""
+    from . import sweep
+
+    argv = ["--layouts", args.sweep, "--pages", str(args.pages), "--sites", str(args.sites), "--seed", str(args.seed),
+            "--seeds", str(args.seeds), "--mode", args.mode]
+    if args.timeout != SimConfig.timeout:
+        argv += ["--timeout", str(args.timeout)]
+    if args.processes:
+        argv.append("--processes")
+    if args.baseline_python:
+        argv += ["--baseline-python", args.baseline_python]
+    if args.json:
+        argv += ["--out", args.json]
+    return sweep.main(argv)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
@@ -646,6 +667,11 @@ def add_arguments(p) -> None:
     p.add_argument("--compare", action="store_true", help="run exact, paper and owner on the same seed, side by side")
     p.add_argument("--processes", action="store_true",
                    help="every center and host as its own OS process (dedupnet center / dedupnet local)")
+    p.add_argument("--sweep", metavar="LAYOUTS",
+                   help="run these layouts (e.g. 2x2,3x3,5x5,8x4; --networks/--hosts ignored) one after the other "
+                        "and print one table (see bench/bench_topology.py for all its options)")
+    p.add_argument("--baseline-python", metavar="PYTHON",
+                   help="with --sweep: also run each layout with another checkout's interpreter, side by side")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one")
