@@ -20,7 +20,9 @@ baseline (dedupnet/owner.py) on the same hosts and web.
 from __future__ import annotations
 
 import math
+import re
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -88,6 +90,22 @@ class Report:
     sets_concluded_incomplete: int
     per_host_pages: dict[str, int]
     per_network_admitted: dict[str, int]
+    #: Seed URLs each network's hosts were given (every network gets at least one).
+    seeds_per_network: dict[str, int] = field(default_factory=dict)
+    urls_admitted: int = 0
+    #: Average URLs per URL_set a host sends its center (flag=1 frames), from the centers' counters.
+    set_fill: float | None = None
+    frames_per_url: float | None = None  # frames sent / URLs found (URL_pool)
+    bytes_per_url: float | None = None  # bytes on the wire / distinct URLs (reachable_urls)
+    max_url_pool: int = 0  # the largest URL_pool backlog (all hosts) the timeline saw
+    #: CPU seconds of the centers: with --processes the processes' own (/proc/<pid>/stat,
+    #: from seeding to the end); in one process the centers' reactor work, timed (see CpuMeter).
+    center_cpu_s: float | None = None
+    center_cpu_ms_per_1k_urls: float | None = None  # per 1,000 admitted URLs
+    #: MEMORY USAGE of the run's keys at the end, by role ("center", "host") and key family.
+    redis_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    center_redis_bytes_per_url: float | None = None  # per admitted URL
+    host_redis_bytes_per_url: float | None = None  # per admitted URL
     timeline: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -112,6 +130,128 @@ class Observer:
         self.latencies += [now - self.found[u] for u in urls if u in self.found]
 
 
+class _Timed:
+    """Awaits a coroutine, adding the CPU time of this thread spent *inside* it (each
+    step between two suspensions) to a meter: what other tasks do while it waits is
+    not counted."""
+
+    def __init__(self, coro, meter: "CpuMeter"):
+        self._coro, self._meter = coro, meter
+
+    def __await__(self):
+        it = self._coro.__await__()
+        value, error = None, None
+        while True:
+            t = time.thread_time()
+            try:
+                yielded = it.throw(error) if error is not None else it.send(value)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                self._meter.add(time.thread_time() - t)
+            value, error = None, None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                it.close()
+                raise
+            except BaseException as e:  # noqa: BLE001 - handed to the coroutine, as await would
+                error = e
+
+
+class CpuMeter:
+    """CPU time of the centers' work when they run in this process, for the report's
+    "center CPU per 1,000 URLs": each center's core (``reactor._handle``), the carrying
+    out of its actions (``reactor._execute``, step by step) and its Redis client calls
+    (``store.run``, in the worker thread). Not counted: reading and decoding frames in
+    the transport tasks and the heartbeats, which --processes (whole-process CPU) does
+    count; so the in-process figure is a lower bound of the same thing."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+
+    def add(self, seconds: float) -> None:
+        with self._lock:
+            self.seconds += seconds
+
+    def attach(self, daemon) -> None:
+        """Instrument one center daemon (once; a restarted center is a new daemon)."""
+        if getattr(daemon, "_sim_cpu_meter", None) is self:
+            return
+        daemon._sim_cpu_meter = self
+        reactor, store = daemon.reactor, daemon.store
+        handle, execute, run = reactor._handle, reactor._execute, store.run
+
+        def timed_handle(event):
+            t = time.thread_time()
+            try:
+                return handle(event)
+            finally:
+                self.add(time.thread_time() - t)
+
+        async def timed_execute(actions):
+            return await _Timed(execute(actions), self)
+
+        def timed_call(fn, args, kwargs):
+            t = time.thread_time()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(time.thread_time() - t)
+
+        async def timed_run(fn, *args, **kwargs):
+            return await run(timed_call, fn, args, kwargs)
+
+        reactor._handle, reactor._execute, store.run = timed_handle, timed_execute, timed_run
+
+
+_NUMERIC = re.compile(r"^\d+$")
+
+
+def key_family(rest: str) -> str:
+    """``finish_URL:517`` -> ``finish_URL``; ``task_pool:fp:3`` -> ``task_pool:fp``: a
+    key's name under its daemon's prefix, less the bucket numbers."""
+    parts = rest.split(":")
+    while len(parts) > 1 and _NUMERIC.match(parts[-1]):
+        parts.pop()
+    return ":".join(parts)
+
+
+def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
+    """MEMORY USAGE (every element: SAMPLES 0) of each key of a run, found by SCAN under
+    ``prefix``, summed by role and family: ``{"center": {"admitted": n, ...}, "host":
+    {"finish_URL": n, ...}}``. Keys are ``<prefix>:center<L>:<family>`` and
+    ``<prefix>:host:<ip>:<family>`` (both runners)."""
+    out: dict[str, Counter[str]] = {"center": Counter(), "host": Counter()}
+    keys = [k.decode() for k in server.scan_iter(match=f"{prefix}:*", count=1000)]
+    for i in range(0, len(keys), 1000):
+        chunk = keys[i:i + 1000]
+        pipe = server.pipeline(transaction=False)
+        for k in chunk:
+            pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
+        for k, size in zip(chunk, pipe.execute(raise_on_error=False)):
+            if not isinstance(size, int):
+                continue  # gone since the SCAN
+            rest = k[len(prefix) + 1:]
+            if rest.startswith("center"):
+                role, rest = "center", rest.split(":", 1)[1] if ":" in rest else ""
+            elif rest.startswith("host:"):
+                parts = rest.split(":", 2)  # host, a.b.c.d, <family>
+                role, rest = "host", parts[2] if len(parts) == 3 else ""
+            else:
+                continue
+            out[role][key_family(rest)] += size
+    return {role: dict(sorted(c.items())) for role, c in out.items()}
+
+
+def seeds_per_network(plan: dict[str, list[str]]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for ip, urls in plan.items():
+        counts[f"net:{int(ip.split('.')[2])}"] += len(urls)
+    return dict(sorted(counts.items(), key=lambda kv: int(kv[0][4:])))
+
+
 def percentile(values: list[float], p: float) -> float | None:
     if not values:
         return None
@@ -131,7 +271,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
     prefix = f"sim-{cfg.mode}-{cfg.seed}-{time.monotonic_ns() % 10**6}"
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)
-        seeds = web.seeds(cfg.seeds)
+        seeds = web.seeds(seed_count(cfg))
         if cfg.mode == "owner":
             from .owner import open_owner_cluster
 
@@ -141,17 +281,23 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
                                      prefix=prefix, crawler=crawler)
         async with system_cm as system, trio.open_nursery() as crawling:
             crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
+            meter = CpuMeter() if cfg.mode != "owner" else None
             for d in getattr(system, "centers", {}).values():
                 d.on_admit = observer.on_admit
+                if meter is not None:
+                    meter.attach(d)
             for h in system.hosts.values():
                 if hasattr(h, "on_found"):
                     h.on_found = observer.on_found
-            await _seed(system, seeds, cfg.scenario)
+            meter_start = meter.seconds if meter else 0.0
+            plan = await _seed(system, seeds, cfg.scenario)
             t0 = time.perf_counter()
             timeline: list[dict] = []
-            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out)
+            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter)
             wall = time.perf_counter() - t0
-            report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out)
+            memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
+            report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
+                             center_cpu=meter.seconds - meter_start if meter else None, memory=memory)
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
         nursery.cancel_scope.cancel()
     return report
@@ -170,18 +316,45 @@ async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mo
     return crawlers
 
 
-async def _seed(system, seeds: list[str], scenario: str) -> None:
-    # Round-robin over the networks first (host 0 of each network, then host 1, ...),
-    # so every network starts with its share of the seeds.
-    hosts = sorted(system.hosts.values(), key=lambda h: (int(_ip_of(h).rsplit(".", 1)[1]), _ip_of(h)))
+def seed_count(cfg: SimConfig) -> int:
+    """Seed URLs a run starts from: ``cfg.seeds``, but at least one per network, so that
+    no network of a wide layout (8x4 with the default 6 seeds) sits idle."""
+    return max(cfg.seeds, cfg.networks)
+
+
+def seed_order(ips: list[str]) -> list[str]:
+    """Hosts in the order seeds are dealt to them: host 0 of every network, then host 1
+    of every network, ... (round-robin over the networks first), so that with at least
+    as many seeds as networks every network gets one. Deterministic: by address."""
+    def key(ip: str) -> tuple[int, int]:
+        parts = ip.split(".")
+        return int(parts[3]), int(parts[2])  # host index (10 + i), then network
+    return sorted(ips, key=key)
+
+
+def assign_seeds(ips: list[str], seeds: list[str]) -> dict[str, list[str]]:
+    """Which host gets which seeds (both runners deal them the same way)."""
+    order = seed_order(ips)
+    plan: dict[str, list[str]] = {ip: [] for ip in order}
+    for i, url in enumerate(seeds):
+        plan[order[i % len(order)]].append(url)
+    return plan
+
+
+async def _seed(system, seeds: list[str], scenario: str) -> dict[str, list[str]]:
+    """Push the seeds; returns which host got which."""
+    hosts = {_ip_of(h): h for h in system.hosts.values()}
     if scenario == "concurrent":
         # Every host of every network finds the same link-dense pages at the same moment.
         async with trio.open_nursery() as n:
-            for h in hosts:
+            for h in hosts.values():
                 n.start_soon(trio.to_thread.run_sync, _push, h, seeds)
-        return
-    for i, url in enumerate(seeds):
-        _push(hosts[i % len(hosts)], [url])
+        return {ip: list(seeds) for ip in hosts}
+    plan = assign_seeds(list(hosts), seeds)
+    for ip, urls in plan.items():
+        if urls:
+            _push(hosts[ip], urls)
+    return plan
 
 
 def _ip_of(host) -> str:
@@ -204,7 +377,7 @@ async def _pool_sizes(system) -> dict[str, int]:
     return dict(sizes)
 
 
-async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out) -> bool:
+async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None) -> bool:
     """Sample progress until nothing is left anywhere (twice in a row) or the timeout."""
     quiet = 0
     next_print = 0.0
@@ -218,6 +391,9 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out) -> b
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
             timeline.append(sample)
             await _scenario_events(cfg, system, fetched, events)
+            if meter is not None:
+                for c in getattr(system, "centers", {}).values():
+                    meter.attach(c)  # a restarted center is a new daemon
             current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
             idle = all(c.idle for c in current.values() if c is not None)
             done = idle and not any(sizes.values()) and await system.quiescent()
@@ -250,7 +426,9 @@ async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str])
     await system.start_host(1, cfg.hosts)
 
 
-def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out) -> Report:
+def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
+            plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
+            memory: dict[str, dict[str, int]] | None = None) -> Report:
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
     fetched = set(web.answer_counts)
@@ -275,6 +453,26 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
     crawler_requests = sum(v for h in system.hosts.values() for k, v in h.counters.snapshot().items()
                            if k.startswith("pages_fetched{") and k != 'pages_fetched{status="503"}')
     stores = [h.pools.store for h in system.hosts.values() if hasattr(h, "pools")]
+    centers = list(getattr(system, "centers", {}).values())
+    admitted = sum(per_net.values())
+    set_frames = sum(c.counters.get("frames_in", stage="lan", flag="1") for c in centers)
+    set_urls = sum(c.counters.get("urls_in", stage="lan") for c in centers)
+    frames_sent = sum(frames.values())
+    memory = memory or {}
+    center_bytes = sum(memory.get("center", {}).values())
+    host_bytes = sum(memory.get("host", {}).values())
+    extra = dict(
+        seeds_per_network=seeds_per_network(plan or {}), urls_admitted=admitted,
+        set_fill=round(set_urls / set_frames, 1) if set_frames else None,
+        frames_per_url=round(frames_sent / found, 3) if found else None,
+        bytes_per_url=round(sum(d.counters.get("bytes_sent") for d in daemons) / len(expected), 1) if expected else None,
+        max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
+        center_cpu_s=None if center_cpu is None else round(center_cpu, 3),
+        center_cpu_ms_per_1k_urls=round(center_cpu * 1e6 / admitted, 1) if center_cpu is not None and admitted else None,
+        redis_bytes=memory,
+        center_redis_bytes_per_url=round(center_bytes / admitted, 1) if memory and admitted else None,
+        host_redis_bytes_per_url=round(host_bytes / admitted, 1) if memory and admitted else None,
+    )
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
@@ -287,7 +485,7 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         pages_per_s=round(requests / wall, 1) if wall else 0.0,
         latency_p50=percentile(observer.latencies, 50), latency_p99=percentile(observer.latencies, 99),
         sets_concluded_incomplete=sum(d.counters.total("concluded_incomplete") for d in daemons),
-        per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline,
+        per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline, **extra,
     )
 
 
@@ -312,8 +510,15 @@ def format_report(r: Report) -> str:
     lat = "n/a" if r.latency_p50 is None else f"{r.latency_p50 * 1000:.0f} ms / {r.latency_p99 * 1000:.0f} ms"
     frames = ", ".join(f"{k} {v:,}" for k, v in sorted(r.frames.items()))
     hosts = " ".join(f"{ip.rsplit('.', 2)[-2]}.{ip.rsplit('.', 1)[-1]}:{n}" for ip, n in r.per_host_pages.items())
+    seeds = sum(r.seeds_per_network.values()) if r.config.get("scenario") != "concurrent" and r.seeds_per_network \
+        else c["seeds"]
+    cpu = "n/a" if r.center_cpu_s is None else (
+        f"{r.center_cpu_s * 1000:,.0f} ms   {_num(r.center_cpu_ms_per_1k_urls, '.1f')} ms per 1,000 admitted URLs"
+        + ("" if r.config.get("processes") else "   (reactor work, timed in-process)"))
+    memory = "; ".join(f"{role} " + " ".join(f"{k}:{v / max(r.urls_admitted, 1):.1f}" for k, v in fam.items())
+                       for role, fam in r.redis_bytes.items() if fam) or "n/a"
     return f"""dedupnet sim: {c['networks']} networks x {c['hosts']} hosts, {c['mode']} mode, scenario {c['scenario']}, seed {c['seed']}
-  web: {c['pages']:,} pages over {c['sites']} sites; {r.reachable_pages:,} pages reachable from {c['seeds']} seeds ({r.reachable_urls:,} URLs to request)
+  web: {c['pages']:,} pages over {c['sites']} sites; {r.reachable_pages:,} pages reachable from {seeds} seeds ({r.reachable_urls:,} URLs to request)
   run: {status} after {r.wall_time:.1f} s
 
   URLs fetched                {r.fetched_urls:>10,} of {r.reachable_urls:,}
@@ -323,12 +528,27 @@ def format_report(r: Report) -> str:
   requests to the web         {r.requests:>10,}   {r.pages_per_s:,.0f}/s
   links found (URL_pool)      {r.urls_found:>10,}   {r.urls_per_s:,.0f}/s
   frames sent                 {sum(r.frames.values()):>10,}   {frames}
-  bytes on the wire           {r.bytes_on_wire:>10,}   {r.bytes_on_wire / max(r.urls_found, 1):,.0f} per URL found
+  bytes on the wire           {r.bytes_on_wire:>10,}   {r.bytes_on_wire / max(r.urls_found, 1):,.0f} per URL found, {_num(r.bytes_per_url, ',.0f')} per distinct URL
+  frames per URL found        {_num(r.frames_per_url, '>10.3f')}
+  URLs per URL_set (fill)     {_num(r.set_fill, '>10.1f')}   (flag=1 frames at the centers)
+  max URL_pool backlog        {r.max_url_pool:>10,}
   Redis look-ups              {r.redis_lookups:>10,}   (SMISMEMBER/HMGET commands)
   discovery -> admission      p50 / p99: {lat}
   sets concluded incomplete   {r.sets_concluded_incomplete:>10,}
+  center CPU                  {cpu}
+  Redis bytes per admitted URL  center {_num(r.center_redis_bytes_per_url, '.1f')}, hosts {_num(r.host_redis_bytes_per_url, '.1f')}   ({r.urls_admitted:,} URLs admitted)
+    by key family             {memory}
   pages per host              {hosts}
-  URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}"""
+  URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}"""
+
+
+def _num(value, spec: str) -> str:
+    """A figure, or n/a (right-aligned like the figure would be) when it was not measured."""
+    if value is None:
+        width = re.match(r"[<>^]?(\d*)", spec.lstrip(",")).group(1) or "0"
+        return f"{'n/a':>{width}}"
+    return format(value, spec)
 
 
 def format_comparison(reports: list[Report]) -> str:
@@ -376,6 +596,9 @@ def run(args) -> int:
 
     from .embedded import EmbeddedRedis
 
+    if args.sweep:
+        return _sweep(args)
+
     base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                      max_depth=args.max_depth, set_size=args.set_size)
@@ -409,6 +632,24 @@ def run(args) -> int:
     return 1 if any(r.timed_out for r in reports) else 0
 
 
+def _sweep(args) -> int:
+    """``dedupnet sim --sweep 2x2,3x3``: :mod:`dedupnet.sweep` with this command's web,
+    seed and --processes (one simulation process per layout)."""
+    from . import sweep
+
+    argv = ["--layouts", args.sweep, "--pages", str(args.pages), "--sites", str(args.sites), "--seed", str(args.seed),
+            "--seeds", str(args.seeds), "--mode", args.mode]
+    if args.timeout != SimConfig.timeout:
+        argv += ["--timeout", str(args.timeout)]
+    if args.processes:
+        argv.append("--processes")
+    if args.baseline_python:
+        argv += ["--baseline-python", args.baseline_python]
+    if args.json:
+        argv += ["--out", args.json]
+    return sweep.main(argv)
+
+
 def add_arguments(p) -> None:
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
@@ -426,6 +667,11 @@ def add_arguments(p) -> None:
     p.add_argument("--compare", action="store_true", help="run exact, paper and owner on the same seed, side by side")
     p.add_argument("--processes", action="store_true",
                    help="every center and host as its own OS process (dedupnet center / dedupnet local)")
+    p.add_argument("--sweep", metavar="LAYOUTS",
+                   help="run these layouts (e.g. 2x2,3x3,5x5,8x4; --networks/--hosts ignored) one after the other "
+                        "and print one table (see bench/bench_topology.py for all its options)")
+    p.add_argument("--baseline-python", metavar="PYTHON",
+                   help="with --sweep: also run each layout with another checkout's interpreter, side by side")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one")

@@ -48,7 +48,7 @@ from .errors import DedupnetError
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
 from .netinfo import source_ip_towards
-from .sim import Observer, Report, SimConfig, _report, progress_line
+from .sim import Observer, Report, SimConfig, _report, assign_seeds, progress_line, redis_memory, seed_count
 from .store import Store
 from .transport import ConnectionClosed, connect
 from .web import SyntheticWeb, WebSpec
@@ -62,6 +62,7 @@ _ROOT = Path(__file__).resolve().parent.parent  # holds dedupnet/, center_host/,
 _STATUS_FRAMES = 'frames_sent{kind="status"}'
 _POLL = 0.2
 _LOG_TAIL = 30
+_CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 class DaemonFailed(RuntimeError):
@@ -87,6 +88,29 @@ class Daemon:
     _control: list[int] = field(default_factory=lambda: [0, 0])
     #: Counters of earlier lives (the restart scenario), monitoring taken out.
     carried: Counter = field(default_factory=Counter)
+    #: CPU seconds (/proc/<pid>/stat) when the measured run started (of this life), and
+    #: those of earlier lives since then.
+    cpu_base: float = 0.0
+    cpu_carried: float = 0.0
+
+    def cpu(self) -> float:
+        """CPU seconds (user + system) this life's process has used so far; 0 if gone."""
+        if self.proc is None:
+            return 0.0
+        try:
+            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+        except OSError:
+            return 0.0
+        fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: fields 14, 15
+
+    def mark_cpu(self) -> None:
+        """From now on: the run's CPU is counted from here."""
+        self.cpu_base, self.cpu_carried = self.cpu(), 0.0
+
+    def cpu_used(self) -> float:
+        """CPU seconds since :meth:`mark_cpu`, over all lives."""
+        return self.cpu_carried + max(self.cpu() - self.cpu_base, 0.0)
 
     def start(self, cwd: Path, env: dict) -> None:
         with open(self.log_path, "ab") as log:
@@ -317,6 +341,7 @@ async def _restart(d: Daemon, logdir: Path, env: dict, timeout: float) -> None:
     """SIGTERM one daemon and start it again with the same command (same port, same keys)."""
     await d.poll_status()  # its latest counters, carried into the next life
     d.new_life()
+    cpu_so_far = d.cpu_used()
     d.proc.send_signal(signal.SIGTERM)
     with trio.move_on_after(timeout):
         while d.alive():
@@ -331,6 +356,7 @@ async def _restart(d: Daemon, logdir: Path, env: dict, timeout: float) -> None:
             await trio.sleep(_POLL)
     if d.status is None:
         raise DaemonFailed(f"{d.name} did not answer within {timeout:.0f} s of its restart:\n{d.log_tail()}")
+    d.cpu_base, d.cpu_carried = d.cpu(), cpu_so_far  # the start-up of the new life is not counted
 
 
 def _push(redis_url: str, prefix: str, urls: list[str]) -> None:
@@ -341,15 +367,19 @@ def _push(redis_url: str, prefix: str, urls: list[str]) -> None:
         store.close()
 
 
-async def _seed(redis_url: str, hosts: list[Daemon], seeds: list[str], scenario: str) -> None:
+async def _seed(redis_url: str, hosts: list[Daemon], seeds: list[str], scenario: str) -> dict[str, list[str]]:
     """As :func:`dedupnet.sim._seed`, through each host's keys on the shared server."""
     if scenario == "concurrent":
         async with trio.open_nursery() as n:
             for h in hosts:
                 n.start_soon(trio.to_thread.run_sync, _push, redis_url, h.prefix, seeds)
-        return
-    for i, url in enumerate(seeds):
-        await trio.to_thread.run_sync(_push, redis_url, hosts[i % len(hosts)].prefix, [url])
+        return {h.name: list(seeds) for h in hosts}
+    by_ip = {h.name: h for h in hosts}
+    plan = assign_seeds(list(by_ip), seeds)
+    for ip, urls in plan.items():
+        if urls:
+            await trio.to_thread.run_sync(_push, redis_url, by_ip[ip].prefix, urls)
+    return plan
 
 
 def _quiet(d: Daemon, st: dict | None) -> bool:
@@ -407,25 +437,27 @@ async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, 
     return scope.cancelled_caught
 
 
-def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out) -> Report:
+def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, **extra) -> Report:
     """:func:`dedupnet.sim._report` over the daemons' status counters instead of live objects."""
     system = SimpleNamespace(
         centers={c.network: SimpleNamespace(counters=SnapshotCounters(c.counters())) for c in centers},
         hosts={h.name: SimpleNamespace(counters=SnapshotCounters(h.counters())) for h in hosts},
     )
-    report = _report(cfg, web, seeds, system, server, Observer(), timeline, wall, timed_out)
+    report = _report(cfg, web, seeds, system, server, Observer(), timeline, wall, timed_out, **extra)
     report.config["processes"] = True
     return report
 
 
-async def _run(cfg, redis_url, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout) -> Report:
+async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout) -> Report:
     t_start = time.perf_counter()
     await _start(centers, hosts, logdir, env, startup_timeout)
     if out is not None:
         print(f"  {len(centers)} center and {len(hosts)} host processes connected after "
               f"{time.perf_counter() - t_start:.1f} s", file=out, flush=True)
     server.config_resetstat()
-    await _seed(redis_url, hosts, seeds, cfg.scenario)
+    for c in centers:
+        c.mark_cpu()
+    plan = await _seed(redis_url, hosts, seeds, cfg.scenario)
     t0 = time.perf_counter()
     timeline: list[dict] = []
 
@@ -435,7 +467,10 @@ async def _run(cfg, redis_url, web, seeds, centers, hosts, server, logdir, env, 
     timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart)
     wall = time.perf_counter() - t0
     await _poll_all(centers + hosts)  # the counters as they are now
-    return _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out)
+    cpu = sum(c.cpu_used() for c in centers)
+    memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
+    return _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, plan=plan,
+                         center_cpu=cpu, memory=memory)
 
 
 async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, startup_timeout: float = 60.0,
@@ -463,9 +498,9 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
         error: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(web.serve)
-            seeds = web.seeds(cfg.seeds)
+            seeds = web.seeds(seed_count(cfg))
             try:
-                report = await _run(cfg, redis_url, web, seeds, centers, hosts, server, logdir, env, out,
+                report = await _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out,
                                     startup_timeout)
             except Exception as e:  # noqa: BLE001 - raised below as itself, not in the nursery's ExceptionGroup
                 error = e

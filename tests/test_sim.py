@@ -24,6 +24,9 @@ async def test_small_exact_simulation_loses_nothing_and_fetches_nothing_twice(re
     assert r.crawler_requests == r.requests
     assert r.harness_duplicates == r.duplicate_fetches
     assert "lost URLs" in format_report(r)
+    assert r.seeds_per_network == {"net:1": 2, "net:2": 2}
+    assert r.set_fill > 1 and r.center_cpu_s > 0 and r.center_redis_bytes_per_url > 0
+    assert r.urls_admitted == sum(r.per_network_admitted.values())
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

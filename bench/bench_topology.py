@@ -1,0 +1,16 @@
+"""Topology sweep: 2x2, 3x3, 5x5, 8x4 networks x hosts on the same web and seed, in one
+table, optionally side by side with another checkout (``--baseline-python``).
+
+    .venv/bin/python bench/bench_topology.py --pages 10000
+    .venv/bin/python bench/bench_topology.py --layouts 2x2,3x3 --pages 3000 \\
+        --baseline-python /work/base/.venv/bin/python --out sweep.json
+
+See dedupnet/sweep.py (``dedupnet sim --sweep LAYOUTS`` runs the same).
+"""
+
+import sys
+
+from dedupnet.sweep import main
+
+if __name__ == "__main__":
+    sys.exit(main())
