@@ -53,6 +53,12 @@ class SimConfig:
     scenario: str = "default"
     timeout: float = 120.0
     set_size: int = 400
+    set_linger: float = 0.5
+    partition_policy: str | None = None  # the mode's default
+    answer_timeout: float = 2.0
+    #: Fault injection: every message a host sends waits this long (hosts too busy to
+    #: answer in time). 0 in a normal run.
+    send_delay: float = 0.0
     seeds: int = 6
     max_depth: int | None = None
     #: Politeness per site: the simulation is about de-dup, so it is light by default.
@@ -278,7 +284,9 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
             system_cm = open_owner_cluster(redis_url, cfg.networks, cfg.hosts, prefix=prefix)
         else:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
-                                     prefix=prefix, crawler=crawler)
+                                     prefix=prefix, crawler=crawler, set_linger=cfg.set_linger,
+                                     partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
+                                     send_delay=cfg.send_delay)
         async with system_cm as system, trio.open_nursery() as crawling:
             crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
             meter = CpuMeter() if cfg.mode != "owner" else None
@@ -601,7 +609,9 @@ def run(args) -> int:
 
     base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
-                     max_depth=args.max_depth, set_size=args.set_size)
+                     max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
+                     partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
+                     send_delay=args.send_delay)
     modes = MODES if args.compare else (args.mode,)
     reports = []
     with contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis() as url:
@@ -660,6 +670,14 @@ def add_arguments(p) -> None:
     p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
     p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
     p.add_argument("--set-size", type=int, default=SimConfig.set_size, help="URLs per URL_set (default %(default)s)")
+    p.add_argument("--set-linger", type=float, default=SimConfig.set_linger, metavar="S",
+                   help="seconds a host waits for a URL_set to fill (default %(default)s)")
+    p.add_argument("--partition-policy", choices=("wait", "admit"),
+                   help="a late answer or a network that is down: wait (exact mode's default) or admit")
+    p.add_argument("--answer-timeout", type=float, default=SimConfig.answer_timeout, metavar="S",
+                   help="seconds before a set is asked again (default %(default)s)")
+    p.add_argument("--send-delay", type=float, default=0.0, metavar="S",
+                   help="fault injection: every message a host sends waits S seconds (one process only)")
     p.add_argument("--scenario", choices=SCENARIOS, default="default",
                    help="concurrent: every host seeded with the same pages; churn: a host leaves and another "
                         "joins; restart: a center is killed and restarted (both a third of the way in)")

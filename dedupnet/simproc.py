@@ -211,6 +211,8 @@ def _check(cfg: SimConfig) -> None:
     if cfg.scenario not in PROCESS_SCENARIOS:
         raise ValueError(f"--processes does not support scenario {cfg.scenario!r} yet "
                          f"(supported: {', '.join(PROCESS_SCENARIOS)}; run {cfg.scenario!r} without --processes)")
+    if cfg.send_delay:
+        raise ValueError("--send-delay is a fault hook of the one-process simulation; run it without --processes")
 
 
 def _free_port(host: str) -> int:
@@ -228,7 +230,9 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path) -> tuple[li
     for n, port in ports.items():
         argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
                 "--listen", f"{center_ip(n)}:{port}", "--redis", redis_url, "--prefix", f"{prefix}:center{n}",
-                "--mode", cfg.mode, "--log-level", "INFO"]
+                "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout)]
+        if cfg.partition_policy:
+            argv += ["--partition-policy", cfg.partition_policy]
         for m, peer_port in ports.items():
             if m != n:
                 argv += ["--peer", f"{m},{center_ip(m)}:{peer_port},{lan(m)}"]
@@ -242,6 +246,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path) -> tuple[li
             argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n),
                     "--center", f"{center_ip(n)}:{ports[n]}", "--listen", f"{ip}:{port}",
                     "--redis", redis_url, "--prefix", f"{prefix}:host:{ip}", "--set-size", str(cfg.set_size),
+                    "--set-linger", str(cfg.set_linger),
                     "--mode", cfg.mode, "--concurrency", str(cfg.concurrency),
                     "--per-site", str(cfg.per_site_concurrency), "--per-site-delay", str(cfg.per_site_delay),
                     "--log-level", "INFO"]
