@@ -33,6 +33,8 @@ DAEMON = [
     (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding (default 2)")),
     (("--heartbeat-interval",), dict(type=float, metavar="S")),
     (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
+    (("--no-compress",), dict(dest="compress", action="store_const", const=False,
+                              help="never offer or accept zstd-compressed bodies (default: negotiated per connection)")),
 ]
 
 

@@ -179,8 +179,9 @@ async def test_server_with_compress_off_declines_the_offer():
     assert not server_counters.get("compressed_sent") and not client_counters.get("compressed_sent")
 
 
-async def test_server_that_predates_compression_gets_plain_bytes():
-    """A client's offer to an old server: no Welcome comes, so it never compresses."""
+async def test_server_that_never_welcomes_gets_plain_bytes():
+    """A server that does not answer the offer (no Welcome): the client never compresses.
+    (A server that predates compression rejects the offer instead: see PROTOCOL.md §5.)"""
     received: list = []
     done = trio.Event()
 
