@@ -58,6 +58,7 @@ class CenterSettings:
     heartbeat_timeout: float = 5.0
     max_frame_size: int = 4 * 1024 * 1024
     max_urls: int = 10_000
+    compress: bool = True  # offer/accept zstd bodies (negotiated per connection)
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
@@ -109,12 +110,13 @@ class CenterDaemon:
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.port, self._on_connection, counters=self.counters,
                     max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
-                    accept_roles=("host", "center", "control"), task_status=task_status)
+                    accept_roles=("host", "center", "control"), compress=self.settings.compress, task_status=task_status)
 
     async def _dial(self, peer: PeerAddress) -> None:
         await connect_forever(peer.host, peer.port, self.register(), self._peer_session,
                               local_ip=self.settings.ip, counters=self.counters,
-                              max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls)
+                              max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
+                              compress=self.settings.compress)
 
     async def _peer_session(self, conn: Connection) -> None:
         reply = await conn.receive(timeout=self.settings.heartbeat_timeout)  # the peer registers back
@@ -180,7 +182,7 @@ class CenterDaemon:
             stalled, last = max(0.0, now - last - interval), now
             beat = wire.encode(Heartbeat(self.settings.ip, now))
             for conn in list(self.conns.values()):
-                conn.send_nowait(beat)
+                conn.send_urgent(beat)
             self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):

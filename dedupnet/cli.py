@@ -37,6 +37,8 @@ DAEMON = [
                                         "or admit without it after --max-resends (paper mode's default)")),
     (("--heartbeat-interval",), dict(type=float, metavar="S")),
     (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
+    (("--no-compress",), dict(dest="compress", action="store_const", const=False,
+                              help="never offer or accept zstd-compressed bodies (default: negotiated per connection)")),
 ]
 
 

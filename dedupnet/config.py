@@ -69,6 +69,9 @@ class Settings:
     heartbeat_interval: float = 1.0
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
+    #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
+    #: does not offer it always gets plain JSON).
+    compress: bool = True
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.

@@ -61,7 +61,7 @@ def run_center(settings: Settings) -> int:
     center = CenterSettings(
         network=settings.network, ip=ip, port=port, lan=settings.lan or lan_of(ip), peers=peers, mode=settings.mode,
         max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
-        metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
+        compress=settings.compress, metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -79,8 +79,8 @@ def run_local(settings: Settings) -> int:
         network=settings.network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
-        max_urls=settings.max_urls_per_set, metrics=endpoint(settings.metrics) if settings.metrics else None,
-        crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
+        max_urls=settings.max_urls_per_set, compress=settings.compress,
+        metrics=endpoint(settings.metrics) if settings.metrics else None, crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,

@@ -57,6 +57,8 @@ __all__ = [
     "Task",
     "Status",
     "Error",
+    "Welcome",
+    "COMPRESSIONS",
     "Message",
     "MESSAGE_TYPES",
     "SCHEMAS",
@@ -77,6 +79,7 @@ FLAGS = frozenset((FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER))
 MAX_URLS = 10_000  # default/ceiling URLs per URL_set (frame) or URLs list (task)
 MAX_URL_LENGTH = 8192  # characters (code points) per URL
 MAX_NUMBER = 2**63 - 1  # `number` is a non-negative signed 64-bit integer
+COMPRESSIONS = ("zstd",)  # body compressions this codec speaks (Register.compress, Welcome)
 
 
 class Kind(enum.IntEnum):
@@ -89,6 +92,7 @@ class Kind(enum.IntEnum):
     TASK = 5
     STATUS = 6
     ERROR = 7
+    WELCOME = 8
 
     @property
     def schema_file(self) -> str:
@@ -134,6 +138,8 @@ class Register:
     role: str  # "host" | "center" | "control" (status and operator tools)
     listen: str  # "host:port", IPv6 as "[addr]:port"
     CIDR: str | None = None  # the sender's LAN, e.g. "127.0.1.0/24"
+    #: Body compressions offered (e.g. ("zstd",)); None: no offer (and no Welcome back).
+    compress: tuple[str, ...] | None = None
 
     KIND: ClassVar[Kind] = Kind.REGISTER
 
@@ -141,6 +147,8 @@ class Register:
         obj: dict[str, Any] = {"IP": self.IP, "network": self.network, "role": self.role, "listen": self.listen}
         if self.CIDR is not None:
             obj["CIDR"] = self.CIDR
+        if self.compress is not None:
+            obj["compress"] = list(self.compress)
         return obj
 
 
@@ -216,7 +224,20 @@ class Error:
         return {"reason": self.reason, "message": self.message}
 
 
-Message: TypeAlias = Frame | Register | Heartbeat | Ack | Task | Status | Error
+@dataclass(frozen=True, slots=True)
+class Welcome:
+    """A server's answer to a Register that offered compression: the one it accepts
+    (empty: none). Only ever sent to a peer that offered; the transport consumes it."""
+
+    compress: tuple[str, ...] = ()
+
+    KIND: ClassVar[Kind] = Kind.WELCOME
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compress": list(self.compress)}
+
+
+Message: TypeAlias = Frame | Register | Heartbeat | Ack | Task | Status | Error | Welcome
 
 MESSAGE_TYPES: dict[Kind, type] = {
     Kind.FRAME: Frame,
@@ -226,6 +247,7 @@ MESSAGE_TYPES: dict[Kind, type] = {
     Kind.TASK: Task,
     Kind.STATUS: Status,
     Kind.ERROR: Error,
+    Kind.WELCOME: Welcome,
 }
 
 # --- schemas and validators ------------------------------------------------------------
@@ -427,7 +449,9 @@ def _register(obj: dict[str, Any]) -> Register:
             cidr = str(ipaddress.ip_network(cidr, strict=False))
         except ValueError as exc:
             raise _fail(Kind.REGISTER, f"field 'CIDR' is not a network ({exc})") from None
-    return Register(_ip(Kind.REGISTER, obj["IP"]), obj["network"], obj["role"], listen, cidr)
+    compress = obj.get("compress")
+    return Register(_ip(Kind.REGISTER, obj["IP"]), obj["network"], obj["role"], listen, cidr,
+                    None if compress is None else tuple(compress))
 
 
 def _heartbeat(obj: dict[str, Any]) -> Heartbeat:
@@ -454,6 +478,10 @@ def _error(obj: dict[str, Any]) -> Error:
     return Error(obj["reason"], obj["message"])
 
 
+def _welcome(obj: dict[str, Any]) -> Welcome:
+    return Welcome(tuple(obj["compress"]))
+
+
 _BUILDERS: dict[Kind, Callable[[dict[str, Any]], Message]] = {
     Kind.FRAME: _frame,
     Kind.REGISTER: _register,
@@ -462,6 +490,7 @@ _BUILDERS: dict[Kind, Callable[[dict[str, Any]], Message]] = {
     Kind.TASK: _task,
     Kind.STATUS: _status,
     Kind.ERROR: _error,
+    Kind.WELCOME: _welcome,
 }
 
 

@@ -25,6 +25,20 @@ Why it is shaped this way
   ``source-protocol.md``). Clients therefore bind their source address to their own IP
   (``local_ip``); on Linux any 127.x.y.z can be bound, which is how one machine hosts a
   whole simulated system.
+* **Heartbeats never queue behind data.** :meth:`Connection.send_urgent` puts a message
+  in a one-slot priority lane that the writer takes before the next queued message
+  (after finishing the one it is writing: messages are never interleaved); a newer
+  urgent message replaces an unsent one. The daemons send their heartbeats this way, so
+  a busy connection does not make its peer think it is dead.
+* **Compression is negotiated, never assumed.** :func:`connect` offers ``zstd`` in its
+  Register (``compress=True``, the default); :func:`serve` answers such a Register with a
+  :class:`~dedupnet.messages.Welcome` naming what it accepts, which the client's
+  :meth:`Connection.receive` consumes. From then on both directions send bodies of at
+  least ``wire.COMPRESS_MIN_BODY`` bytes compressed. A peer that offers nothing (an
+  older one, or ``compress=False``) gets no Welcome and only plain bodies. Callers
+  always hand the connection one encoded form (plain, or ``encode(..., compress=True)``)
+  and the connection converts it for its peer, once per encoded object, so a broadcast
+  is compressed once however many peers it goes to.
 * **Every wait has a deadline**: connect, handshake, each send, the writer's
   ``send_all``, the best-effort error and the flush on close. The one exception is
   :meth:`Connection.receive`, which waits as long as its caller wants (pass ``timeout=``
@@ -53,8 +67,13 @@ Counters (in the :class:`~dedupnet.metrics.Counters` passed in)
 =======================================  =======================================================
 ``frames_received{kind[,flag]}``         messages decoded; ``flag`` only for kind ``frame``
 ``bytes_received``                       bytes read from sockets
-``frames_sent{kind}``, ``bytes_sent``    messages / bytes written (counted once written)
-``bad_input{reason}``                    ProtocolError reasons (bad-magic, too-large, ...)
+``frames_sent{kind}``, ``bytes_sent``    messages / bytes written (counted once written;
+                                         bytes as sent, i.e. compressed where negotiated)
+``compressed_sent``                      messages sent with a compressed body
+``compressed_received``                  messages received with a compressed body
+``urgent_replaced``                      an unsent urgent message replaced by a newer one
+``bad_input{reason}``                    ProtocolError reasons (bad-magic, too-large,
+                                         bad-compression, unexpected-welcome, ...)
 ``send_overflow``                        send_nowait found the queue full (peer closed)
 ``send_timeout``                         send / the writer waited past ``send_timeout``
 ``connections_accepted``                 server: TCP connections accepted
@@ -69,10 +88,12 @@ Counters (in the :class:`~dedupnet.metrics.Counters` passed in)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import ipaddress
 import logging
 import random
 import struct
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
@@ -80,9 +101,20 @@ from typing import Any
 import trio
 
 from .errors import ProtocolError
-from .messages import MAX_URLS, Error, Frame, Kind, Message, Register, normalize_ip
+from .messages import COMPRESSIONS, MAX_URLS, Error, Frame, Kind, Message, Register, Welcome, normalize_ip
 from .metrics import Counters
-from .wire import DEFAULT_MAX_FRAME_SIZE, HEADER_SIZE, MAGIC, NEED_DATA, Decoder, encode
+from .wire import (
+    COMPRESS_MIN_BODY,
+    DEFAULT_MAX_FRAME_SIZE,
+    HEADER_SIZE,
+    MAGIC,
+    NEED_DATA,
+    Decoder,
+    compressed,
+    encode,
+    is_compressed,
+    uncompressed,
+)
 
 __all__ = [
     "ConnectionClosed",
@@ -139,6 +171,32 @@ def _without_closed(exc: BaseException) -> BaseException | None:
     return exc
 
 
+_RECODED: OrderedDict[tuple[int, bool], tuple[bytes, bytes]] = OrderedDict()
+_RECODED_MAX = 4  # a broadcast sends one object to every peer in a row: a few entries suffice
+
+
+def _recode(data: bytes, compress: bool) -> bytes:
+    """``data`` with its bodies compressed (``compress``) or plain, converted once per
+    object: a broadcast calls this with the same bytes for every peer, and every peer
+    gets the same converted object (one compression, one copy in memory)."""
+    if compress:
+        if len(data) < HEADER_SIZE + COMPRESS_MIN_BODY:
+            return data
+    elif not is_compressed(data):
+        return data
+    key = (id(data), compress)
+    hit = _RECODED.get(key)
+    if hit is not None and hit[0] is data:
+        _RECODED.move_to_end(key)
+        return hit[1]
+    out = compressed(data) if compress else uncompressed(data)
+    if out is not data:
+        _RECODED[key] = (data, out)  # holding data keeps its id from being reused
+        if len(_RECODED) > _RECODED_MAX:
+            _RECODED.popitem(last=False)
+    return out
+
+
 def _sent_kinds(data: bytes) -> list[str]:
     """The kinds of the messages in ``data`` (normally one), from their headers: byte 3 of
     each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
@@ -164,6 +222,10 @@ class Connection:
         close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``error:<reason>``
             (we rejected the peer), ``send-overflow``, ``send-timeout``, ``broken``,
             ``local``), None while open.
+        compress: whether this side offers/accepts compressed bodies (the setting).
+        compression: the compression negotiated with the peer (``"zstd"``), or None:
+            then only plain bodies are sent to it, and a compressed one from it is
+            bad input.
 
     Use it as an async context manager (see the module docstring); the writer runs only
     inside the ``async with`` block. Messages queued before entering are sent once the
@@ -181,6 +243,7 @@ class Connection:
         send_timeout: float = DEFAULT_SEND_TIMEOUT,
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         error_timeout: float = DEFAULT_ERROR_TIMEOUT,
+        compress: bool = True,
     ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
@@ -195,8 +258,16 @@ class Connection:
         self.send_timeout = send_timeout
         self.close_timeout = close_timeout
         self.error_timeout = error_timeout
-        self._decoder = Decoder(max_frame_size, max_urls)
+        self.compress = compress
+        self.compression: str | None = None
+        self._offered = False  # client: our Register offered compression
+        self._welcomed = False  # client: the server's Welcome arrived
+        self._decoder = Decoder(max_frame_size, max_urls, allow_compressed=False)
+        self._compressed_seen = 0
         self._send_ch, self._recv_ch = trio.open_memory_channel[bytes](max_queue)
+        self._urgent: bytes | None = None  # the priority lane: one slot, newest wins
+        self._held: bytes | None = None  # taken from the queue, sent after the urgent one
+        self._idle_scope: trio.CancelScope | None = None  # the writer waiting for data
         self._closing = False  # no more sends accepted (flushing or closed)
         self._closed = False  # socket closed
         self._writer_running = False
@@ -257,6 +328,7 @@ class Connection:
         if self._closed:
             return
         self._closed = True
+        self._urgent = self._held = None
         self._send_ch.close()
         self._recv_ch.close()  # frees the queued bytes now
         self.stream.socket.close()
@@ -339,6 +411,9 @@ class Connection:
                 msg = decoder.next_message()
                 if msg is not NEED_DATA:
                     self._count_received(msg)
+                    if type(msg) is Welcome:  # the transport's own: never handed out
+                        self._on_welcome(msg)
+                        continue
                     return msg
                 if self._closed:
                     raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
@@ -357,7 +432,29 @@ class Connection:
                 await self._bad_input(exc)
                 raise ConnectionClosed(f"bad input from {self.peer}: {exc.reason}") from exc
 
+    def _negotiated(self, compression: str) -> None:
+        self.compression = compression
+        self._decoder.allow_compressed = True
+        log.debug("%s: %s bodies negotiated", self.peer, compression)
+
+    def _on_welcome(self, msg: Welcome) -> None:
+        """Client side: the server's answer to our offer (a ProtocolError if we did not
+        offer, already had one, or it names a compression we did not offer)."""
+        if not self._offered or self._welcomed:
+            raise ProtocolError("welcome from a peer that was not asked for one", "unexpected-welcome")
+        self._welcomed = True
+        offered = self.register.compress or () if self.register is not None else ()
+        for name in msg.compress:
+            if name not in offered or name not in COMPRESSIONS:
+                raise ProtocolError(f"welcome chose compression {name!r}, which was not offered",
+                                    "unexpected-welcome")
+        if "zstd" in msg.compress:
+            self._negotiated("zstd")
+
     def _count_received(self, msg: Message) -> None:
+        if self._decoder.compressed_messages != self._compressed_seen:
+            self._compressed_seen = self._decoder.compressed_messages
+            self.counters.inc("compressed_received")
         if type(msg) is Frame:
             self.counters.inc("frames_received", kind="frame", flag=str(msg.flag))
             return
@@ -374,15 +471,25 @@ class Connection:
 
     # -- sending --
 
+    def _prepare(self, data: bytes) -> bytes:
+        """The form of ``data`` this peer gets: compressed if negotiated (and the body is
+        large enough), plain otherwise. Converted once per object, so a broadcast of one
+        encoded frame is compressed (or decompressed for old peers) once."""
+        return _recode(data, self.compression is not None)
+
     def send_nowait(self, data: bytes) -> bool:
         """Queue encoded bytes (one message) for the writer; never blocks.
 
         Returns False if the connection is closed, or if the queue is full — then the
         peer is too slow to keep up: the connection is closed, logged and counted
         (``send_overflow``) so that it cannot hold up anyone else.
+
+        ``data`` may be plain or compressed (``encode(..., compress=True)``): the peer
+        gets bodies compressed if it negotiated compression, plain if it did not.
         """
         if self._closing:
             return False
+        data = self._prepare(data)
         try:
             self._send_ch.send_nowait(data)
         except trio.WouldBlock:
@@ -403,6 +510,7 @@ class Connection:
         """
         if self._closing:
             raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
+        data = self._prepare(data)
         with trio.move_on_after(self.send_timeout):
             try:
                 await self._send_ch.send(data)
@@ -416,18 +524,70 @@ class Connection:
         self._close_now("send-timeout")
         raise ConnectionClosed(f"send to {self.peer} timed out")
 
+    def send_urgent(self, data: bytes) -> bool:
+        """Send encoded bytes (one message, e.g. a heartbeat) ahead of everything queued.
+
+        The priority lane has one slot: the writer takes it before the next queued
+        message, after finishing the message it is writing (messages are never
+        interleaved). A newer urgent message replaces one not yet sent (only the newest
+        heartbeat matters; counted ``urgent_replaced``). Never blocks; returns False if
+        the connection is closed.
+        """
+        if self._closing:
+            return False
+        if self._urgent is not None:
+            self.counters.inc("urgent_replaced")
+        self._urgent = self._prepare(data)
+        if self._idle_scope is not None:
+            self._idle_scope.cancel()  # wake the writer waiting on the queue
+        return True
+
     def _count_sent(self, data: bytes) -> None:
         for kind in _sent_kinds(data):
             self.counters.inc("frames_sent", kind=kind)
         self.counters.inc("bytes_sent", len(data))
+        if is_compressed(data):
+            self.counters.inc("compressed_sent")
+
+    async def _next_to_send(self) -> bytes | None:
+        """The urgent message if any, else the next queued one (waiting for either);
+        None once the queue is closed and drained. Raises ClosedResourceError if closed."""
+        while True:
+            data, self._urgent = self._urgent, None
+            if data is not None:
+                return data
+            data, self._held = self._held, None
+            if data is not None:
+                return data
+            try:
+                return self._recv_ch.receive_nowait()
+            except trio.WouldBlock:
+                pass
+            except trio.EndOfChannel:
+                return None
+            # Wait for queued data; send_urgent cancels the wait. A receive that already
+            # got an item returns it even if cancelled meanwhile (trio channels are
+            # cancel-safe), so nothing is lost.
+            with trio.CancelScope() as self._idle_scope:
+                try:
+                    data = await self._recv_ch.receive()
+                except trio.EndOfChannel:
+                    return None
+                finally:
+                    self._idle_scope = None
+                if self._urgent is None:
+                    return data
+                self._held = data  # an urgent message came while this one was handed over
+
 
     async def _writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Send queued bytes in order until the queue is closed. Never raises: any failure
-        closes the connection, which the receiving side then sees as ConnectionClosed."""
+        """Send the urgent slot first, then queued bytes in order, until the queue is
+        closed. Never raises: any failure closes the connection, which the receiving side
+        then sees as ConnectionClosed."""
         self._writer_running = True
         task_status.started()
         try:
-            async for data in self._recv_ch:
+            while (data := await self._next_to_send()) is not None:
                 with trio.move_on_after(self.send_timeout) as scope:
                     await self.stream.send_all(data)
                 if scope.cancelled_caught:
@@ -506,6 +666,11 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Coun
             conn.register = register
             log.info("%s registered: role %s, network %d, listen %s", conn.peer, register.role,
                      register.network, register.listen)
+            if register.compress is not None:  # only a client that offered gets a Welcome
+                chosen = ("zstd",) if conn.compress and "zstd" in register.compress else ()
+                conn.send_nowait(encode(Welcome(chosen)))
+                if chosen:
+                    conn._negotiated("zstd")
             try:
                 await handler(conn)
             except BaseException as exc:
@@ -536,6 +701,7 @@ async def serve(
     max_queue: int = DEFAULT_MAX_QUEUE,
     send_timeout: float = DEFAULT_SEND_TIMEOUT,
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+    compress: bool = True,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` and run ``await handler(conn)`` per registered connection.
@@ -543,7 +709,10 @@ async def serve(
     Each accepted connection must first send a :class:`Register` within
     ``handshake_timeout`` seconds, with a role in ``accept_roles`` and (if
     ``verify_source``) an ``IP`` equal to the TCP source address; otherwise it is logged,
-    counted (``handshake_failed{reason}``), sent an Error and closed. The handler gets a
+    counted (``handshake_failed{reason}``), sent an Error and closed. A Register that
+    offers compression is answered with a :class:`Welcome` naming the one accepted
+    (``zstd`` if ``compress``, else none) before the handler runs; a client that offers
+    nothing gets no Welcome and only plain bodies. The handler gets a
     running :class:`Connection` with ``conn.register`` set; when it returns (or raises
     ConnectionClosed) the connection is closed, queued messages flushed first if it
     returned. Any other exception is logged with its traceback and counted
@@ -558,7 +727,7 @@ async def serve(
     bound = listeners[0].socket.getsockname()[1]
     log.info("listening on %s:%d", host or "*", bound)
     conn_options = dict(max_frame_size=max_frame_size, max_urls=max_urls, max_queue=max_queue,
-                        send_timeout=send_timeout, close_timeout=close_timeout)
+                        send_timeout=send_timeout, close_timeout=close_timeout, compress=compress)
     accept_roles = tuple(accept_roles)
 
     async def on_accept(stream: trio.SocketStream) -> None:
@@ -584,8 +753,15 @@ async def connect(
     max_queue: int = DEFAULT_MAX_QUEUE,
     send_timeout: float = DEFAULT_SEND_TIMEOUT,
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
+    compress: bool = True,
 ) -> Connection:
     """Connect to ``host:port`` from ``local_ip`` (if given) and send ``register`` first.
+
+    With ``compress`` the Register offers ``zstd`` (unless ``register`` already carries an
+    offer; without ``compress`` any offer is removed); the server's :class:`Welcome`,
+    consumed by :meth:`Connection.receive`, turns compression on for both directions.
+    Until it arrives (and forever with a server that predates compression) every body
+    is sent plain.
 
     Returns a :class:`Connection` that is not yet running: use it as
     ``async with await connect(...) as conn``. Raises :class:`OSError` on failure
@@ -601,7 +777,13 @@ async def connect(
         raise TimeoutError(f"connecting to {host}:{port} took more than {connect_timeout:g} s") from None
     try:
         conn = Connection(stream, counters=counters, max_frame_size=max_frame_size, max_urls=max_urls,
-                          max_queue=max_queue, send_timeout=send_timeout, close_timeout=close_timeout)
+                          max_queue=max_queue, send_timeout=send_timeout, close_timeout=close_timeout,
+                          compress=compress)
+        if not compress:
+            register = dataclasses.replace(register, compress=None)
+        elif register.compress is None:
+            register = dataclasses.replace(register, compress=COMPRESSIONS)
+        conn._offered = register.compress is not None
         data = encode(register)
         with trio.fail_after(connect_timeout):
             await stream.send_all(data)

@@ -51,6 +51,7 @@ class LocalSettings:
     idle_poll: float = 0.05
     max_frame_size: int = 4 * 1024 * 1024
     max_urls: int = 10_000
+    compress: bool = True  # offer zstd bodies to the center (used if it accepts)
     metrics: tuple[str, int] | None = None
     #: Address the status port binds (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
@@ -109,7 +110,7 @@ class LocalDaemon:
                     log.info("%d seeds into URL_pool", await self.crawler.seed(s.seeds))
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
-                max_frame_size=s.max_frame_size, max_urls=s.max_urls))
+                max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
             task_status.started(self.port)
@@ -142,7 +143,7 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         while True:
             if self.conn is not None:
-                self.conn.send_nowait(wire.encode(Heartbeat(self.settings.ip, trio.current_time())))
+                self.conn.send_urgent(wire.encode(Heartbeat(self.settings.ip, trio.current_time())))
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:

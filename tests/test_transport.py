@@ -8,6 +8,7 @@ make the clock jump early. Every wait is under ``trio.fail_after``.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 import re
@@ -110,7 +111,7 @@ async def test_handshake_and_echo_both_ways_with_bound_source():
 
     [server_conn] = seen
     assert server_conn.peer_ip == GOOD_IP
-    assert server_conn.register == reg(GOOD_IP)
+    assert server_conn.register == dataclasses.replace(reg(GOOD_IP), compress=("zstd",))  # offered by default
     assert conn.peer_ip == SERVER and conn.closed
     assert server_counters.get("connections_accepted") == 1
     assert server_counters.get("frames_received", kind="register") == 1
@@ -379,7 +380,7 @@ async def test_client_side_bad_input(caplog):
             while len(got_from_client) < 2:
                 await trio.sleep(0.01)
         nursery.cancel_scope.cancel()
-    assert got_from_client[0] == reg(GOOD_IP)
+    assert got_from_client[0] == dataclasses.replace(reg(GOOD_IP), compress=("zstd",))
     assert isinstance(got_from_client[1], Error) and got_from_client[1].reason == "bad-magic"
     assert counters.get("bad_input", reason="bad-magic") == 1
     assert len(lines(caplog, "bad input from 127.0.0.1:")) == 1

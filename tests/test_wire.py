@@ -10,6 +10,7 @@ import struct
 import jsonschema
 import orjson
 import pytest
+import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,8 +30,23 @@ from dedupnet.messages import (
     Register,
     Status,
     Task,
+    Welcome,
 )
-from dedupnet.wire import HEADER_SIZE, MAX_TAG, NEED_DATA, Decoder, decode_one, encode, encode_frame, pack
+from dedupnet.wire import (
+    COMPRESS_MIN_BODY,
+    FLAG_ZSTD,
+    HEADER_SIZE,
+    MAX_TAG,
+    NEED_DATA,
+    Decoder,
+    compressed,
+    decode_one,
+    encode,
+    encode_frame,
+    is_compressed,
+    pack,
+    uncompressed,
+)
 
 # Modest settings: the build machine has 2 cores shared with other work. Local settings
 # objects (not a global profile) so other test modules are unaffected.
@@ -40,7 +56,7 @@ MANY = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCh
 
 KNOWN_REASONS = {
     "bad-magic", "bad-version", "bad-kind", "bad-header", "too-large", "bad-json", "schema",
-    "bad-flag", "bad-ip", "too-many-urls", "truncated", "trailing-data",
+    "bad-flag", "bad-ip", "too-many-urls", "truncated", "trailing-data", "bad-compression",
 }  # fmt: skip
 
 # --- strategies -------------------------------------------------------------------------
@@ -54,6 +70,7 @@ ips = st.ip_addresses().map(str)  # str() of an ip_address object is the canonic
 numbers = st.integers(0, MAX_NUMBER)
 flags = st.sampled_from([FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER])
 url_sets = st.dictionaries(urls, st.sampled_from([0, 1]), max_size=25)
+codecs = st.from_regex(r"[a-z0-9][a-z0-9-]{0,15}", fullmatch=True)
 
 json_scalars = st.one_of(
     st.none(),
@@ -82,7 +99,8 @@ cidrs = st.builds(
 STRATEGIES = {
     Kind.FRAME: st.builds(Frame, url_sets, ips, numbers, flags),
     Kind.REGISTER: st.builds(
-        Register, ips, st.integers(0, 65535), st.sampled_from(["host", "center"]), listens, st.none() | cidrs
+        Register, ips, st.integers(0, 65535), st.sampled_from(["host", "center"]), listens, st.none() | cidrs,
+        st.none() | st.lists(codecs, max_size=8, unique=True).map(tuple),
     ),
     Kind.HEARTBEAT: st.builds(
         Heartbeat, ips, st.floats(min_value=0, allow_nan=False, allow_infinity=False) | st.integers(0, 2**63)
@@ -91,6 +109,7 @@ STRATEGIES = {
     Kind.TASK: st.builds(Task, numbers, st.lists(urls, max_size=25).map(tuple)),
     Kind.STATUS: st.builds(Status, st.booleans(), st.none() | st.dictionaries(st.text(max_size=10), json_values)),
     Kind.ERROR: st.builds(Error, st.from_regex(r"[a-z0-9][a-z0-9-]{0,30}", fullmatch=True), st.text(max_size=200)),
+    Kind.WELCOME: st.builds(Welcome, st.lists(codecs, max_size=1).map(tuple)),
 }
 any_message = st.one_of(*STRATEGIES.values())
 tags = st.binary(max_size=MAX_TAG)
@@ -201,15 +220,49 @@ def hostile_streams(draw):
             i = draw(st.integers(0, len(encoded) - 1))
             encoded[i] = draw(st.integers(0, 255))
         return bytes(encoded)
-    # valid header with an arbitrary length, then garbage
-    body = draw(st.binary(max_size=600))  # more than max_buffer: the limit must bite
-    return frame_bytes(body, draw(st.integers(1, 7)), body_len=draw(st.integers(0, 2**32 - 1)))
+    if kind == 3:  # valid header with an arbitrary length, then garbage
+        body = draw(st.binary(max_size=600))  # more than max_buffer: the limit must bite
+        return frame_bytes(body, draw(st.integers(1, 8)), body_len=draw(st.integers(0, 2**32 - 1)))
+    return draw(hostile_compressed())
+
+
+@st.composite
+def hostile_compressed(draw):
+    """The compressed path: flag bit 0 set over garbage, a real zstd frame of anything, a
+    compressed message with bytes flipped, a zstd frame with a lying or missing size."""
+    way = draw(st.integers(0, 4))
+    kind = draw(st.integers(1, 8))
+    if way == 0:
+        return frame_bytes(draw(st.binary(max_size=200)), kind, reserved=b"\1" + bytes(6))
+    if way == 1:
+        plain = draw(st.binary(max_size=400) | st.builds(lambda m: orjson.dumps(m.to_json()), any_message))
+        level = draw(st.integers(1, 5))
+        sized = draw(st.booleans())
+        body = zstandard.ZstdCompressor(level=level, write_content_size=sized).compress(plain)
+        return frame_bytes(body, kind, reserved=b"\1" + bytes(6))
+    if way == 2:
+        encoded = bytearray(compressed(encode(draw(any_message))))
+        for _ in range(draw(st.integers(1, 4))):
+            i = draw(st.integers(0, len(encoded) - 1))
+            encoded[i] = draw(st.integers(0, 255))
+        return bytes(encoded)
+    if way == 3:  # a valid zstd frame with its declared content size changed
+        plain = draw(st.builds(lambda m: orjson.dumps(m.to_json()), any_message))
+        body = bytearray(zstandard.ZstdCompressor().compress(plain))
+        i = draw(st.integers(4, min(len(body) - 1, 12)))
+        body[i] = draw(st.integers(0, 255))
+        return frame_bytes(bytes(body), kind, reserved=b"\1" + bytes(6))
+    # a zstd frame followed by extra bytes (a second frame or junk)
+    plain = draw(st.builds(lambda m: orjson.dumps(m.to_json()), any_message))
+    body = zstandard.ZstdCompressor().compress(plain) + draw(st.binary(min_size=1, max_size=20))
+    return frame_bytes(body, kind, reserved=b"\1" + bytes(6))
 
 
 @MANY
-@given(stream=hostile_streams(), max_frame_size=st.integers(1, 256), data=st.data())
+@given(stream=hostile_streams() | hostile_compressed(), max_frame_size=st.integers(1, 256), data=st.data())
 def test_arbitrary_bytes_only_raise_protocol_error(stream, max_frame_size, data):
-    decoder = Decoder(max_frame_size=max_frame_size, max_urls=data.draw(st.integers(0, 30)))
+    decoder = Decoder(max_frame_size=max_frame_size, max_urls=data.draw(st.integers(0, 30)),
+                      allow_compressed=data.draw(st.booleans()))
     pos = 0
     try:
         while pos < len(stream):
@@ -296,7 +349,7 @@ def test_truncated_body_needs_data():
         (frame_bytes(GOOD, version=0), "bad-version"),
         (frame_bytes(GOOD, version=2), "bad-version"),
         (frame_bytes(GOOD, kind=0), "bad-kind"),
-        (frame_bytes(GOOD, kind=8), "bad-kind"),
+        (frame_bytes(GOOD, kind=9), "bad-kind"),
         (frame_bytes(GOOD, kind=255), "bad-kind"),
         (frame_bytes(GOOD, reserved=b"\0\0\0\0\0\0\1"), "bad-header"),
         (frame_bytes(b""), "bad-json"),
@@ -520,7 +573,7 @@ def test_frame_helpers():
             frame.with_flag(bad)
     with pytest.raises(AttributeError):
         frame.flag = 3  # type: ignore[misc]
-    assert [int(k) for k in Kind] == list(range(1, 8))
+    assert [int(k) for k in Kind] == list(range(1, 9))
     assert (FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER) == (1, 2, 3)
 
 
@@ -628,3 +681,153 @@ def test_jsonschema_and_fastjsonschema_agree(case):
     elif expected:
         # Stricter than the schema only on integral floats and registration/error syntax.
         assert kind in (Kind.REGISTER, Kind.ERROR) or not _strict_ints(obj)
+
+
+# --- compressed bodies (header flag bit 0) ------------------------------------------------
+
+BIG = Frame({f"http://site{i % 7}.example/docs/page-{i}.html": i % 2 for i in range(200)}, "127.0.1.10", 99, 2)
+
+
+@pytest.mark.parametrize("kind", list(Kind), ids=lambda k: k.name.lower())
+@FEW
+@given(data=st.data())
+def test_round_trip_compressed_every_kind(kind, data):
+    msg = data.draw(STRATEGIES[kind])
+    plain = encode(msg)
+    small = encode(msg, compress=True)
+    body_len = len(plain) - HEADER_SIZE
+    assert is_compressed(small) == (len(small) != len(plain))
+    if is_compressed(small):
+        assert body_len >= COMPRESS_MIN_BODY and len(small) < len(plain)
+        assert small[9] == FLAG_ZSTD and small[10:16] == bytes(6)
+    else:
+        assert small == plain  # short, or zstd would not make it smaller
+    assert decode_one(small) == msg
+    assert compressed(plain) == small
+    assert uncompressed(small) == plain
+    if kind is Kind.FRAME:
+        assert encode_frame(msg, compress=True) == small
+
+
+def test_compressed_frame_is_smaller_and_decodes():
+    plain, small = encode(BIG), encode(BIG, compress=True)
+    assert len(small) * 4 < len(plain)
+    decoder = Decoder()
+    decoder.feed(small)
+    assert decoder.next_message() == BIG and decoder.compressed_messages == 1
+    assert decode_one(plain) == BIG
+
+
+def test_small_and_tagged_bodies_are_never_compressed():
+    beat = encode(Heartbeat("127.0.0.1", 1.5), compress=True)
+    assert not is_compressed(beat) and beat == encode(Heartbeat("127.0.0.1", 1.5))
+    tagged = encode(BIG, tag=b"t", compress=True)
+    assert not is_compressed(tagged) and tagged == encode(BIG, tag=b"t")
+    assert compressed(tagged) is tagged
+
+
+@SOME
+@given(msgs=st.lists(st.tuples(any_message | st.just(BIG), st.booleans()), max_size=10), data=st.data())
+def test_mixed_stream_in_random_chunks(msgs, data):
+    stream = b"".join(encode(m, compress=c) for m, c in msgs)
+    decoder = Decoder()
+    got = []
+    pos = 0
+    while pos < len(stream):
+        size = data.draw(st.integers(1, max(1, len(stream) - pos)) | st.integers(1, 20))
+        decoder.feed(stream[pos : pos + size])
+        pos += size
+        got += list(decoder)
+    assert got == [m for m, _ in msgs]
+    # Converting the whole stream either way gives the same messages.
+    assert list(_decode_all(compressed(stream))) == got
+    assert not is_compressed(uncompressed(stream)) and list(_decode_all(uncompressed(stream))) == got
+
+
+def _decode_all(stream: bytes):
+    decoder = Decoder()
+    decoder.feed(stream)
+    return decoder
+
+
+def test_compressed_body_rejected_unless_negotiated():
+    small = encode(BIG, compress=True)
+    assert reason_of(small, allow_compressed=False) == "bad-header"
+    assert decode_one(encode(BIG), allow_compressed=False) == BIG  # plain bodies are fine
+
+
+@pytest.mark.parametrize("bit", range(1, 8))
+def test_unknown_flag_bits_rejected(bit):
+    assert reason_of(frame_bytes(GOOD, reserved=bytes([1 << bit]) + bytes(6))) == "bad-header"
+    assert reason_of(frame_bytes(GOOD, reserved=bytes([1 << bit | 1]) + bytes(6))) == "bad-header"
+    with pytest.raises(ValueError):
+        wire.header(Kind.FRAME, 1, flags=1 << bit)
+
+
+def test_zip_bomb_rejected_before_decompressing():
+    # 16 MiB of JSON whitespace compresses to about 500 bytes: far below max_frame_size as
+    # received, far above it once decompressed. Its declared size is what stops it.
+    bomb = zstandard.ZstdCompressor(level=3).compress(b"{" + b" " * (16 * 1024 * 1024) + b"}")
+    assert len(bomb) < 4096
+    with pytest.raises(ProtocolError) as info:
+        decode_one(pack(Kind.FRAME, bomb, flags=FLAG_ZSTD))
+    assert info.value.reason == "too-large"
+    assert "decompressed" in str(info.value) and "4194304" in str(info.value)
+    # The decompressed limit is the decoder's max_frame_size, not only the default.
+    small = encode(BIG, compress=True)
+    plain_len = len(encode(BIG)) - HEADER_SIZE
+    assert reason_of(small, max_frame_size=plain_len - 1) == "too-large"
+    assert decode_one(small, max_frame_size=plain_len) == BIG
+    with pytest.raises(ProtocolError):
+        uncompressed(small, plain_len - 1)
+
+
+def test_compressed_body_without_declared_size_rejected():
+    body = zstandard.ZstdCompressor(write_content_size=False).compress(orjson.dumps(BIG.to_json()))
+    assert reason_of(pack(Kind.FRAME, body, flags=FLAG_ZSTD)) == "bad-compression"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"not zstd at all",
+        zstandard.ZstdCompressor().compress(GOOD)[:-3],  # truncated frame
+        zstandard.ZstdCompressor().compress(GOOD) + b"x",  # trailing bytes
+        zstandard.ZstdCompressor().compress(GOOD) * 2,  # two frames
+        bytes([0x28, 0xB5, 0x2F, 0xFD]),  # magic alone
+    ],
+    ids=["empty", "garbage", "truncated", "trailing", "two-frames", "magic-only"],
+)
+def test_corrupt_compressed_body_rejected(body):
+    assert reason_of(pack(Kind.FRAME, body, flags=FLAG_ZSTD)) == "bad-compression"
+
+
+def test_compressed_body_with_lying_size_rejected():
+    body = bytearray(zstandard.ZstdCompressor().compress(orjson.dumps(BIG.to_json())))
+    size = zstandard.frame_content_size(bytes(body))
+    header_size = zstandard.frame_header_size(bytes(body))
+    # The content size is the last field of the frame header (little-endian).
+    field = 2 if size < 65536 + 256 else 4
+    real = int.from_bytes(body[header_size - field : header_size], "little")
+    body[header_size - field : header_size] = (real - 10).to_bytes(field, "little")
+    assert reason_of(pack(Kind.FRAME, bytes(body), flags=FLAG_ZSTD)) == "bad-compression"
+
+
+def test_compressed_json_errors_keep_their_reasons():
+    for plain, reason in ((b"{", "bad-json"), (b'{"URL_set": {}}' + b" " * 300, "schema")):
+        body = zstandard.ZstdCompressor().compress(plain)
+        assert reason_of(pack(Kind.FRAME, body, flags=FLAG_ZSTD)) == reason
+
+
+def test_welcome_and_register_offer():
+    reg = Register("127.0.1.10", 1, "host", "127.0.1.10:7000", None, ("zstd", "lz4"))
+    assert reg.to_json()["compress"] == ["zstd", "lz4"]
+    assert decode_one(encode(reg)) == reg
+    assert "compress" not in Register("127.0.1.10", 1, "host", "h:1").to_json()
+    assert decode_one(encode(Welcome(("zstd",)))) == Welcome(("zstd",))
+    assert decode_one(encode(Welcome())) == Welcome(())
+    for obj in ({"compress": ["zstd", "lz4"]}, {"compress": ["ZSTD"]}, {}, {"compress": [], "x": 1}):
+        assert reason_of(frame_bytes(json.dumps(obj).encode(), Kind.WELCOME)) == "schema"
+    bad_offer = dict(reg.to_json(), compress=["zstd", "zstd"])
+    assert reason_of(frame_bytes(json.dumps(bad_offer).encode(), Kind.REGISTER)) == "schema"
