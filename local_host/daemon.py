@@ -138,7 +138,7 @@ class LocalDaemon:
         batch = self.settings.set_size * 4
         while True:
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
-                entries = await until_stored(self.store, self.counters, self.pools.take, batch)
+                entries = await until_stored(self.store, self.counters, self.pools.take_steps, batch)
                 if entries:
                     if self.on_found is not None:
                         self.on_found(entries)
@@ -148,14 +148,14 @@ class LocalDaemon:
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):
-            await until_stored(self.store, self.counters, self.pools.apply, actions)
+            await until_stored(self.store, self.counters, self.pools.apply_steps, actions)
         followups = []
         for a in actions:
             if isinstance(a, hp.Send):
                 if self.conn is None or not self.conn.send_nowait(a.data):
                     self.counters.inc("send_skipped")  # unacked frames go again on reconnect
             elif isinstance(a, hp.Lookup):
-                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a))
+                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a))
         return followups
 
     async def leave(self, *, timeout: float = 30.0) -> int:
