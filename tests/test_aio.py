@@ -171,3 +171,28 @@ def test_unix_socket_url():
 
         trio.run(main)
         store.close()
+
+
+def test_the_daemons_protocol_path_is_driven_natively():
+    import inspect
+
+    from center_host.pools import CenterPools
+
+    for fn in (HostPools.apply_steps, HostPools.lookup_steps, HostPools.take_steps,
+               CenterPools.apply_steps, CenterPools.lookup_steps):
+        assert inspect.isgeneratorfunction(fn), fn  # so until_stored drives it on trio
+
+
+async def test_until_stored_keeps_retrying_a_native_call(autojump_clock):
+    from dedupnet.metrics import Counters
+    from dedupnet.runtime import until_stored
+
+    with trio.socket.socket() as s:  # a port nobody listens on
+        await s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=RetryPolicy(attempts=2))
+    counters = Counters()
+    with trio.move_on_after(60) as scope:
+        await until_stored(AsyncStore(store), counters, store.command_steps, b"PING")
+    assert scope.cancelled_caught
+    assert counters.get("store_errors") >= 5
