@@ -98,12 +98,14 @@ def main() -> None:
         print(f"{'batch':<36} {'path':<10} {'client CPU µs':>14} {'wall µs':>10} {'server CPU µs':>14}")
         for name, make, trips in cases:
             make()  # warm the caches (bucket heads)
+            modes = ("sync", "to_thread", "trio")
+            runs: dict[str, list] = {mode: [] for mode in modes}
+            for _ in range(args.repeat):
+                for mode in modes:  # interleaved, so load changes hit every path alike
+                    runs[mode].append(measure(store, make, trips, mode))
             figures = {}
-            for mode in ("sync", "to_thread", "trio"):
-                runs = []
-                for _ in range(args.repeat):
-                    runs.append(measure(store, make, trips, mode))
-                figures[mode] = [statistics.median(r[i] for r in runs) for i in range(3)]
+            for mode in modes:
+                figures[mode] = [statistics.median(r[i] for r in runs[mode]) for i in range(3)]
                 cpu, wall, srv = figures[mode]
                 print(f"{name:<36} {mode:<10} {cpu:>14.1f} {wall:>10.1f} {srv:>14.1f}")
             base = figures["to_thread"]
