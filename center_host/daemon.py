@@ -202,7 +202,7 @@ class CenterDaemon:
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):
-            await until_stored(self.store, self.counters, self.pools.apply, actions)
+            await until_stored(self.store, self.counters, self.pools.apply_steps, actions)
         followups = []
         for a in actions:
             if isinstance(a, cp.Send):
@@ -217,7 +217,7 @@ class CenterDaemon:
             elif isinstance(a, cp.Admit) and self.on_admit is not None:
                 self.on_admit(a.urls)
             elif isinstance(a, cp.Lookup):
-                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a.number, a.urls))
+                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a.number, a.urls))
         return followups
 
     # -- status ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Store
+from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
 from dedupnet.urls import fingerprint_many
 
 from . import protocol as cp
@@ -33,7 +33,12 @@ class CenterPools:
 
     def apply(self, actions: list) -> None:
         """Carry out the store actions among ``actions`` atomically, in order."""
-        self.store.apply_writes(actions, WRITES, self._queue)
+        self.store.drive(self.apply_steps(actions))
+
+    # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.store.Steps)
+    # the daemon drives on trio with AsyncStore.drive.
+    def apply_steps(self, actions: list) -> Steps[None]:
+        yield from self.store.apply_writes_steps(actions, WRITES, self._queue)
 
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
@@ -53,11 +58,14 @@ class CenterPools:
                 batch.add(b"HDEL", key(TASK_URL), a.key)
 
     def lookup(self, number: int, urls: tuple[str, ...]) -> cp.LookupDone:
+        return self.store.drive(self.lookup_steps(number, urls))
+
+    def lookup_steps(self, number: int, urls: tuple[str, ...]) -> Steps[cp.LookupDone]:
         batch = self.store.batch()
         key = self.store.key
         concluded = batch.fingerprints(b"SMISMEMBER", key(CONCLUDED), np.array([number], dtype=np.uint64))
         admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fingerprint_many(urls))
-        results = self.store.execute(batch)
+        results = yield batch
         return cp.LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist())
 
     def load(self) -> cp.Resume:

@@ -1,9 +1,11 @@
 """What both daemons need around a sans-I/O core: serial event processing, timers,
-the store in worker threads, and the embedded Redis when no URL is given."""
+the store on trio (worker threads for what is still synchronous), and the embedded
+Redis when no URL is given."""
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import math
 import signal
@@ -45,11 +47,14 @@ def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, buck
 async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
     """Run a store call until it succeeds. A Redis that goes away stops the daemon's
     progress, never its state: the core's writes and sends wait here, logged and
-    counted, and go on when Redis is back (back-off up to 5 s)."""
+    counted, and go on when Redis is back (back-off up to 5 s). A generator function
+    (a sans-I/O ``*_steps`` operation) runs on trio with ``astore.drive``, started
+    afresh on each attempt; anything else in a worker thread."""
     delay, last_log = 0.1, -math.inf
+    native = inspect.isgeneratorfunction(fn)
     while True:
         try:
-            return await astore.run(fn, *args)
+            return await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
         except (DedupnetError, RedisError) as e:
             counters.inc("store_errors")
             if trio.current_time() - last_log > 10:

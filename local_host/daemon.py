@@ -159,7 +159,7 @@ class LocalDaemon:
             entries = []
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
                 room = 4 * s.set_size - len(held)
-                entries = await until_stored(self.store, self.counters, self.pools.take, room)
+                entries = await until_stored(self.store, self.counters, self.pools.take_steps, room)
                 if entries and not held:
                     since = trio.current_time()
                 held += entries
@@ -181,7 +181,7 @@ class LocalDaemon:
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):
-            await until_stored(self.store, self.counters, self.pools.apply, actions)
+            await until_stored(self.store, self.counters, self.pools.apply_steps, actions)
         followups = []
         for a in actions:
             if isinstance(a, hp.Send) and self.settings.send_delay:
@@ -189,7 +189,7 @@ class LocalDaemon:
             elif isinstance(a, hp.Send):
                 self._send(a.data)
             elif isinstance(a, hp.Lookup):
-                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup, a))
+                followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a))
         return followups
 
     def _send(self, data: bytes) -> None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from redis.exceptions import ResponseError
 
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
+from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
 from dedupnet.numbers import make_number
 from dedupnet.urls import URLGate, fingerprint_many
 
@@ -37,8 +37,14 @@ class HostPools:
         self.store.ensure_group(URL_POOL, GROUP)
 
     # -- the core's actions ------------------------------------------------------------
+    # Each protocol-path operation is also a sans-I/O generator (``*_steps``, see
+    # dedupnet.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
+    # worker thread; the plain methods drive them synchronously.
     def apply(self, actions: list) -> None:
-        self.store.apply_writes(actions, WRITES, self._queue)
+        self.store.drive(self.apply_steps(actions))
+
+    def apply_steps(self, actions: list) -> Steps[None]:
+        yield from self.store.apply_writes_steps(actions, WRITES, self._queue)
 
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
@@ -61,6 +67,9 @@ class HostPools:
     def lookup(self, action: hp.Lookup) -> hp.LookupDone:
         """§2.2/§2.3 look-up: ``finish_URL`` (and ``task_pool`` in exact mode), plus the
         sequence numbers the new sets need — one round trip."""
+        return self.store.drive(self.lookup_steps(action))
+
+    def lookup_steps(self, action: hp.Lookup) -> Steps[hp.LookupDone]:
         batch = self.store.batch()
         fps = fingerprint_many(action.urls)
         finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
@@ -69,7 +78,7 @@ class HostPools:
         use_queued = self.exact or action.token[0] == "task"
         queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
         seq_at = batch.add(b"INCRBY", self.store.key("number_seq"), action.sets) if action.sets else None
-        results = self.store.execute(batch)
+        results = yield batch
         seen = finished.flags(results)
         if queued is not None:
             seen |= queued.flags(results)
@@ -81,13 +90,16 @@ class HostPools:
 
     # -- the walker and restarts -------------------------------------------------------
     def take(self, count: int) -> list[tuple[bytes, str]]:
+        return self.store.drive(self.take_steps(count))
+
+    def take_steps(self, count: int) -> Steps[list[tuple[bytes, str]]]:
         try:
-            return self.store.stream_take(URL_POOL, GROUP, WALKER, count)
+            return (yield from self.store.stream_take_steps(URL_POOL, GROUP, WALKER, count))
         except ResponseError as e:
             if "NOGROUP" not in str(e):
                 raise
-            self.setup()  # URL_pool was deleted under us: start it again, empty
-            return []
+        yield from self.store.ensure_group_steps(URL_POOL, GROUP)  # URL_pool was deleted under us: start it again, empty
+        return []
 
     def load(self) -> tuple[hp.Resume, list[tuple[bytes, str]]]:
         """Frames to send again, and entries taken before a crash that no frame carries."""

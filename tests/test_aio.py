@@ -1,0 +1,206 @@
+"""The trio-native store driver (AsyncStore.drive/execute) against the real embedded Redis."""
+
+import numpy as np
+import pytest
+import trio
+from redis.exceptions import ResponseError
+
+from dedupnet.aio import AsyncStore
+from dedupnet.embedded import EmbeddedRedis
+from dedupnet.errors import StoreUnavailable
+from dedupnet.store import FINISH_URL, URL_POOL, RetryPolicy, Store
+from dedupnet.urls import fingerprint_many
+from local_host import protocol as hp
+from local_host.pools import HostPools
+
+
+@pytest.fixture
+async def astore(store):
+    a = AsyncStore(store)
+    yield a
+    await a.aclose()
+
+
+def urls(n, tag="u"):
+    return [f"http://s{i % 13}.example/{tag}/{i}" for i in range(n)]
+
+
+async def test_round_trip_matches_the_sync_store(store, astore):
+    fps = fingerprint_many(urls(1000))
+    batch = store.batch()
+    added = batch.fingerprints(b"SADD", store.key(FINISH_URL), fps[:600])
+    assert added.total(await astore.execute(batch)) == 600
+    batch = store.batch()
+    flags = batch.fingerprints(b"SMISMEMBER", store.key(FINISH_URL), fps)
+    got = flags.flags(await astore.execute(batch))
+    assert np.array_equal(got, store.fp_contains(FINISH_URL, fps))
+    assert got[:600].all() and not got[600:].any()
+    assert await astore.execute(store.batch()) == []
+
+
+async def test_replies_come_back_in_order_errors_in_place(store, astore):
+    batch = store.batch()
+    key = store.key("k")
+    batch.add(b"SET", key, b"abc")
+    for i in range(500):
+        batch.add(b"APPEND", key, b"x")
+        if i == 250:
+            batch.add(b"INCR", key)  # an error reply, in its place; the rest goes on
+    batch.add(b"GET", key)
+    replies = await astore.execute(batch)
+    assert replies[0] == b"OK"
+    assert replies[1:252] == list(range(4, 255))
+    assert isinstance(replies[252], ResponseError)
+    assert replies[253:502] == list(range(255, 504))
+    assert replies[-1] == b"abc" + b"x" * 500
+    assert await astore.command(b"PING") == b"PONG"  # the connection is still in step
+
+
+async def test_pool_operations_driven_on_trio_equal_the_sync_ones(store, astore):
+    pools = HostPools(store, exact=True)
+    pools.setup()
+    pools.finish(urls(50))
+    action = hp.Lookup(("lan", 1), tuple(urls(100)), 2)
+    native = await astore.drive(pools.lookup_steps(action))
+    assert native.seen == pools.lookup(action).seen == [True] * 50 + [False] * 50
+    assert len(native.sequences) == 2
+    pools.push(urls(30, "p"))
+    taken = await astore.drive(pools.take_steps(100))
+    assert [u for _, u in taken] == urls(30, "p")
+    store.redis.delete(store.key(URL_POOL))  # gone under us: take starts the group again
+    assert await astore.drive(pools.take_steps(100)) == []
+    assert await astore.drive(pools.take_steps(100)) == []
+
+
+async def test_transactions_stay_atomic_across_tasks_sharing_the_store(store):
+    astore = AsyncStore(store, max_connections=3)
+    key = store.key("counter")
+    results = []
+
+    def fill(batch):
+        batch.add(b"INCR", key)
+        batch.add(b"INCR", key)
+
+    async def worker():
+        for _ in range(25):
+            results.append(await astore.drive(store.transact_steps(fill)))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(12):
+            nursery.start_soon(worker)
+    assert len(results) == 300
+    assert all(second == first + 1 for first, second in results)  # nothing came in between
+    assert sorted(first for first, _ in results) == list(range(1, 600, 2))
+    await astore.aclose()
+
+
+async def test_an_aborted_transaction_writes_nothing(store, astore):
+    def fill(batch):
+        batch.add(b"SET", store.key("a"), b"1")
+        batch.add(b"SET", store.key("b"))  # wrong arity: EXECABORT, nothing applied
+    with pytest.raises(ResponseError):
+        await astore.drive(store.transact_steps(fill))
+    assert store.redis.exists(store.key("a")) == 0
+    assert await astore.command(b"PING") == b"PONG"
+
+
+async def test_retried_on_a_fresh_connection_after_client_kill(store, astore):
+    key = store.key("n")
+    cid = await astore.command(b"CLIENT", b"ID")
+    assert store.redis.client_kill_filter(_id=cid) == 1
+    before = store.reconnects
+
+    def fill(batch):
+        batch.add(b"INCR", key)
+
+    assert await astore.drive(store.transact_steps(fill)) == [1]  # applied once
+    assert store.reconnects == before + 1
+    assert await astore.command(b"CLIENT", b"ID") != cid
+    assert int(store.redis.get(key)) == 1
+
+
+async def test_every_wait_has_a_deadline_then_store_unavailable(redis_url, prefix, autojump_clock):
+    store = Store(redis_url, prefix, socket_timeout=1.0, retry=RetryPolicy(attempts=3, first_delay=0.5))
+    astore = AsyncStore(store)
+    start = trio.current_time()
+    with pytest.raises(StoreUnavailable):
+        await astore.command(b"BLPOP", store.key("never"), 0)  # blocks for good
+    assert trio.current_time() - start >= 3 * 1.0 + 0.5 + 1.0
+    assert store.reconnects == 2
+    await astore.aclose()
+    store.close()
+
+
+async def test_a_cancelled_round_trip_leaves_no_connection_to_reuse(redis_url, prefix):
+    """Real time (with the MockClock a real reply races virtual deadlines): cancelled
+    mid-way, the connection is closed; the next call opens a fresh one."""
+    store = Store(redis_url, prefix)
+    astore = AsyncStore(store)
+    with trio.move_on_after(0.2):
+        await astore.command(b"BLPOP", store.key("never"), 0)
+    assert astore._idle == []
+    assert await astore.command(b"PING") == b"PONG"
+    await astore.aclose()
+    store.close()
+
+
+async def test_unreachable_server_is_store_unavailable(autojump_clock):
+    with trio.socket.socket() as s:  # a port nobody listens on
+        await s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=RetryPolicy(attempts=3))
+    with pytest.raises(StoreUnavailable):
+        await AsyncStore(store).command(b"PING")
+    assert store.reconnects == 2
+
+
+async def test_database_number_of_the_url_is_selected(redis_url, prefix):
+    base = redis_url.rsplit("/", 1)[0]
+    store1 = Store(f"{base}/3", prefix)
+    astore = AsyncStore(store1)
+    await astore.command(b"SET", store1.key("db"), b"three")
+    assert store1.redis.get(store1.key("db")) == b"three"
+    assert Store(f"{base}/0", prefix).redis.get(store1.key("db")) is None
+    store1.redis.delete(store1.key("db"))
+    await astore.aclose()
+    store1.close()
+
+
+def test_unix_socket_url():
+    with EmbeddedRedis(unix_socket=True) as url:
+        assert url.startswith("unix://")
+        store = Store(url, "unix")
+
+        async def main():
+            astore = AsyncStore(store)
+            assert await astore.command(b"SET", store.key("k"), b"v") == b"OK"
+            assert await astore.command(b"GET", store.key("k")) == b"v"
+            await astore.aclose()
+
+        trio.run(main)
+        store.close()
+
+
+def test_the_daemons_protocol_path_is_driven_natively():
+    import inspect
+
+    from center_host.pools import CenterPools
+
+    for fn in (HostPools.apply_steps, HostPools.lookup_steps, HostPools.take_steps,
+               CenterPools.apply_steps, CenterPools.lookup_steps):
+        assert inspect.isgeneratorfunction(fn), fn  # so until_stored drives it on trio
+
+
+async def test_until_stored_keeps_retrying_a_native_call(autojump_clock):
+    from dedupnet.metrics import Counters
+    from dedupnet.runtime import until_stored
+
+    with trio.socket.socket() as s:  # a port nobody listens on
+        await s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=RetryPolicy(attempts=2))
+    counters = Counters()
+    with trio.move_on_after(60) as scope:
+        await until_stored(AsyncStore(store), counters, store.command_steps, b"PING")
+    assert scope.cancelled_caught
+    assert counters.get("store_errors") >= 5
