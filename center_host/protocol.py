@@ -183,6 +183,7 @@ Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude,
 
 # -- configuration -------------------------------------------------------------------
 PARTITION_POLICIES = ("wait", "admit")
+FOREIGN_LOOKUPS = ("center", "lan")
 
 
 @dataclass(frozen=True)
@@ -208,6 +209,13 @@ class CenterConfig:
     partition_policy: str | None = None
     #: Longest pause between re-sends to a member that is alive but slow (``wait``).
     max_resend_interval: float = 30.0
+    #: Who answers another network's set here (§2.4): ``"lan"``, every LAN host (the
+    #: paper; paper mode always); ``"center"`` (exact mode's default), this center's
+    #: admitted record and claims alone — every URL its hosts crawl or queue was admitted
+    #: by it — so a URL costs one look-up per network instead of one per host in the
+    #: system. What a host knows from outside the protocol (``dedupnet finish``) is then
+    #: used for its own LAN's sets only (docs/PROTOCOL.md §10).
+    foreign_lookup: str | None = None
     #: URLs remembered as held by another network's set (exact mode; memory only, an
     #: early drop, not a correctness record): ~150 bytes of Python memory each.
     held_elsewhere_max: int = 200_000
@@ -219,6 +227,11 @@ class CenterConfig:
             object.__setattr__(self, "partition_policy", "wait" if self.mode == "exact" else "admit")
         if self.partition_policy not in PARTITION_POLICIES:
             raise ValueError(f"partition_policy must be one of {PARTITION_POLICIES}, not {self.partition_policy!r}")
+        if self.foreign_lookup is None:
+            object.__setattr__(self, "foreign_lookup", "center" if self.mode == "exact" else "lan")
+        if self.foreign_lookup not in FOREIGN_LOOKUPS or (self.mode == "paper" and self.foreign_lookup != "lan"):
+            raise ValueError(f"foreign_lookup must be one of {FOREIGN_LOOKUPS} ('lan' in paper mode), "
+                             f"not {self.foreign_lookup!r}")
 
     def network_of(self, ip: str) -> int | None:
         addr = ipaddress.ip_address(ip)
@@ -471,10 +484,17 @@ class CenterProtocol:
         if frame.number in self.sets:
             self.counters.inc("repeated_frames")
             return []
+        ask = set(self.hosts) if self.config.foreign_lookup == "lan" else set()
         rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_BROADCAST),
-                        Stage.FOREIGN, str(sender), set(self.hosts))
+                        Stage.FOREIGN, str(sender), ask)
         self.sets[frame.number] = rec
         self.counters.inc("urls_in", stage="foreign", amount=len(frame.URL_set))
+        if not ask:
+            # foreign_lookup = "center": this center's records speak for its LAN and the
+            # answer needs one look-up, so nothing is stored (the origin asks again after a crash).
+            log.info("set %d from %s: %d URLs; answered from this center's records", frame.number, sender,
+                     len(frame.URL_set))
+            return self._stage_done(rec)
         log.info("set %d from %s: %d URLs; asking %d hosts", frame.number, sender, len(frame.URL_set), len(rec.awaiting))
         return [Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
 

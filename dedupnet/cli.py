@@ -32,6 +32,9 @@ DAEMON = [
     (("--metrics",), dict(metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics")),
     (("--answer-timeout",), dict(type=float, metavar="S", help="seconds to wait for answers (default 2)")),
     (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding ('admit') or slowing down ('wait') (default 2)")),
+    (("--foreign-lookup",), dict(choices=("center", "lan"),
+                                 help="who answers another network's set: center (exact mode's default: its "
+                                      "admitted record) or lan (every LAN host, the paper's §2.4; paper mode)")),
     (("--partition-policy",), dict(choices=PARTITION_POLICIES,
                                    help="a silent member or a network that is down: wait (exact mode's default) "
                                         "or admit without it after --max-resends (paper mode's default)")),

@@ -66,6 +66,9 @@ class Settings:
     #: without a live member; a set whose peer network is down waits for it) or ``admit``
     #: (paper mode's default: conclude after ``max_resends``, counted). docs/PROTOCOL.md §10.
     partition_policy: str | None = None
+    #: Who answers another network's set (§2.4): ``center`` (exact mode's default: the
+    #: center's admitted record speaks for its LAN) or ``lan`` (the paper: every LAN host).
+    foreign_lookup: str | None = None
     heartbeat_interval: float = 1.0
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
@@ -98,6 +101,8 @@ class Settings:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.partition_policy not in (None, *PARTITION_POLICIES):
             raise ValueError(f"partition_policy must be one of {', '.join(PARTITION_POLICIES)}, not {self.partition_policy!r}")
+        if self.foreign_lookup not in (None, "center", "lan"):
+            raise ValueError(f"foreign_lookup must be center or lan, not {self.foreign_lookup!r}")
         if self.set_linger < 0:
             raise ValueError("set_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",

@@ -49,7 +49,8 @@ def _data_dir(settings: Settings, default: str) -> str | None:
 
 def _timing(settings: Settings) -> dict:
     return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
-                partition_policy=settings.partition_policy, heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
+                partition_policy=settings.partition_policy, foreign_lookup=settings.foreign_lookup,
+                heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
 def run_center(settings: Settings) -> int:

@@ -30,13 +30,17 @@ async def crawl_everything(cluster):
 
 @pytest.fixture
 async def system(redis_url, request):
-    mode = getattr(request, "param", "exact")
-    async with open_cluster(redis_url, 2, 3, mode=mode, set_size=20, prefix=f"t{random.random()}") as cluster:
+    mode, *lookup = getattr(request, "param", "exact").split("/")
+    async with open_cluster(redis_url, 2, 3, mode=mode, set_size=20, prefix=f"t{random.random()}",
+                            foreign_lookup=lookup[0] if lookup else None) as cluster:
         yield cluster
 
 
-@pytest.mark.parametrize("system", ["exact", "paper"], indirect=True)
+@pytest.mark.parametrize("system", ["exact/lan", "paper"], indirect=True)
 async def test_two_networks_three_hosts_each_url_in_one_task_pool(system):
+    """The paper's stages, each dropping what it should; URLs marked crawled on a host
+    from outside the protocol (``finish``) count for other networks' sets only when
+    they ask the LAN's hosts (foreign_lookup "lan")."""
     hosts = list(system.hosts.values())
     new = site_urls("new", 200)
     crawled = site_urls("old", 30)
