@@ -32,6 +32,8 @@ log = logging.getLogger("dedupnet.local")
 
 #: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
 MAX_IDLE_POLL = 0.5
+#: How much longer a part-full set may fill while an earlier one is unacknowledged.
+MAX_LINGER_FACTOR = 4
 
 
 @dataclass
@@ -163,7 +165,7 @@ class LocalDaemon:
                 if entries and not held:
                     since = trio.current_time()
                 held += entries
-                if held and (len(held) >= s.set_size or trio.current_time() - since >= s.set_linger):
+                if held and (len(held) >= s.set_size or trio.current_time() >= self._linger_until(since)):
                     if self.on_found is not None:
                         self.on_found(held)
                     await self.reactor.put(hp.Found(held))
@@ -174,7 +176,7 @@ class LocalDaemon:
             # Nothing more for now: sleep until the crawler pushes links, the linger
             # ends, or a poll (backing off while idle: URL_pool may be fed from outside).
             poll = s.idle_poll if entries else min(2 * poll, MAX_IDLE_POLL)
-            wait = min(poll, since + s.set_linger - trio.current_time()) if held else poll
+            wait = min(poll, self._linger_until(since) - trio.current_time()) if held else poll
             with trio.move_on_after(max(wait, 0.0)):
                 await self._pushed.wait()
             self._pushed = trio.Event()
@@ -191,6 +193,12 @@ class LocalDaemon:
             elif isinstance(a, hp.Lookup):
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a))
         return followups
+
+    def _linger_until(self, since: float) -> float:
+        """When a part-full set taken at ``since`` goes: after ``set_linger``, unless a set
+        of ours still waits for the center's ack (a busy center holds acks back): then it
+        fills for up to ``MAX_LINGER_FACTOR`` times as long (Nagle's rule)."""
+        return since + self.settings.set_linger * (MAX_LINGER_FACTOR if self.core.unacked else 1)
 
     def _send(self, data: bytes) -> None:
         if self.conn is None or not self.conn.send_nowait(data):
