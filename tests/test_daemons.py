@@ -2,6 +2,7 @@
 
 import random
 from collections import Counter
+from contextlib import asynccontextmanager
 
 import pytest
 import trio
@@ -148,67 +149,62 @@ async def test_bad_input_on_both_daemons_ports_is_counted_and_others_are_served(
     assert set(await task_pool_urls(system)) >= set(urls)
 
 
-async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, autojump_clock):
-    """Under "admit": a host that registers and never answers is re-sent the set
-    max_resends times, then it concludes incomplete; nothing blocks (virtual time: MockClock)."""
-    from dedupnet import wire
+SILENT_IP = "127.0.1.99"
+
+
+@asynccontextmanager
+async def silent_member_asked(system, asked_times: int):
+    """Register a host that never answers, push 40 URLs at another host, and hold the
+    silent host's connection open once it was asked ``asked_times`` times (broadcast +
+    re-sends); it closes on leaving the block."""
     from dedupnet.messages import Frame, Register
     from dedupnet.metrics import Counters
     from dedupnet.transport import connect
 
+    center = system.centers[1]
+    register = Register(SILENT_IP, 1, "host", f"{SILENT_IP}:1", "127.0.1.0/24")
+    async with await connect(center.settings.ip, center.port, register, local_ip=SILENT_IP,
+                             counters=Counters()) as silent:
+        while len(center.core.hosts) < 2:
+            await trio.sleep(0.01)
+        host = system.hosts["127.0.1.10"]
+        await host.store.run(host.pools.push, site_urls("silent", 40))
+        asked = 0
+        while asked < asked_times:
+            message = await silent.receive()
+            asked += isinstance(message, Frame) and message.flag == 2
+        yield silent
+
+
+async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, autojump_clock):
+    """Under "admit": a host that registers and never answers is re-sent the set
+    max_resends times, then it concludes incomplete; nothing blocks (virtual time: MockClock)."""
     async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"silent{random.random()}", answer_timeout=2.0,
                             max_resends=2, heartbeat_timeout=1e6, partition_policy="admit") as system:
         center = system.centers[1]
-        silent_ip = "127.0.1.99"
-        register = Register(silent_ip, 1, "host", f"{silent_ip}:1", "127.0.1.0/24")
-        async with await connect(center.settings.ip, center.port, register, local_ip=silent_ip,
-                                 counters=Counters()) as silent:
-            while len(center.core.hosts) < 2:
-                await trio.sleep(0.01)
-            host = system.hosts["127.0.1.10"]
-            await host.store.run(host.pools.push, site_urls("silent", 40))
-            asked = 0
-            # Virtual time runs ahead whenever the loop waits for a Redis thread, so the
-            # bound is generous; it still ends the test if anything blocked for good.
-            with trio.fail_after(3600):
-                while asked < 3:  # the broadcast and two re-sends
-                    message = await silent.receive()
-                    asked += isinstance(message, Frame) and message.flag == 2
+        # Virtual time runs ahead whenever the loop waits for Redis, so the bound is
+        # generous; it still ends the test if anything blocked for good.
+        with trio.fail_after(3600):
+            async with silent_member_asked(system, 3):  # the broadcast and two re-sends
                 while center.core.sets:
                     await trio.sleep(0.1)
-            assert center.counters.get("resends", stage="lan") == 2
-            assert center.counters.get("concluded_incomplete", stage="lan") == 1
-            assert center.counters.get("urls_admitted") == 40
-            assert trio.current_time() >= 3 * 2.0  # three answer deadlines passed, in virtual time
+        assert center.counters.get("resends", stage="lan") == 2
+        assert center.counters.get("concluded_incomplete", stage="lan") == 1
+        assert center.counters.get("urls_admitted") == 40
+        assert trio.current_time() >= 3 * 2.0  # three answer deadlines passed, in virtual time
 
 
 async def test_silent_live_host_is_waited_for_until_it_leaves(redis_url, autojump_clock):
     """Exact mode's "wait": a host that is connected but does not answer is asked again
     (less and less often) past max_resends and nothing is admitted without it; once it
-    is gone (here: the center closes its connection, idle past 10 s), the set concludes
-    without it."""
-    from dedupnet.messages import Frame, Register
-    from dedupnet.metrics import Counters
-    from dedupnet.transport import connect
-
+    is gone (its connection closes), the set concludes without it."""
     async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"slow{random.random()}",
                             answer_timeout=2.0, max_resends=2, heartbeat_timeout=1e6) as system:
         center = system.centers[1]
-        silent_ip = "127.0.1.99"
-        register = Register(silent_ip, 1, "host", f"{silent_ip}:1", "127.0.1.0/24")
         with trio.fail_after(3600):
-            async with await connect(center.settings.ip, center.port, register, local_ip=silent_ip,
-                                     counters=Counters()) as silent:
-                while len(center.core.hosts) < 2:
-                    await trio.sleep(0.01)
-                host = system.hosts["127.0.1.10"]
-                await host.store.run(host.pools.push, site_urls("slow", 40))
-                asked = 0
-                while asked < 3:  # the broadcast and two re-sends (after 2 s and 4 s more)
-                    message = await silent.receive()
-                    asked += isinstance(message, Frame) and message.flag == 2
+            async with silent_member_asked(system, 3):  # the broadcast and two re-sends (after 2 s and 4 s more)
                 assert center.core.sets and center.counters.get("urls_admitted") == 0
-                assert center.core.waiting_for() == {silent_ip: 1}
+                assert center.core.waiting_for() == {SILENT_IP: 1}
             while center.core.sets:
                 await trio.sleep(0.1)
         assert center.counters.get("concluded_incomplete") == 0
