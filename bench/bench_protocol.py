@@ -2,9 +2,7 @@
 daemons as trio tasks in one process, real TCP on loopback, one embedded Redis),
 timed until the system is quiescent. Prints sets/s and URLs/s through the whole
 protocol (§2.2-§2.4 and task assignment), frames/bytes on the wire, and the centers'
-Redis bytes per admitted URL by key family (MEMORY USAGE of every key, after the run).
-The script runs unchanged on an older checkout (``/work/base/.venv/bin/python
-bench/bench_protocol.py``), so both are measured side by side on one machine.
+Redis bytes per admitted URL by key family (MEMORY USAGE of every key, after the run, as ``dedupnet sim`` reports them).
 
 Run: ``.venv/bin/python bench/bench_protocol.py [--urls N] [--set-size S] [--mode exact|paper]``.
 """
@@ -16,9 +14,11 @@ import logging
 import random
 import time
 
+import redis
 import trio
 
 from dedupnet.cluster import open_cluster
+from dedupnet.sim import redis_memory
 from dedupnet.embedded import EmbeddedRedis
 
 
@@ -52,22 +52,10 @@ async def run(url: str, args) -> None:
         print(f"sets/s               {sets / elapsed:>10,.0f}")
         print(f"URLs/s (pushed)      {pushed / elapsed:>10,.0f}")
         print(f"frames on the wire   {frames:>10,}   {wire / 1e6:.1f} MB, {wire / pushed:.0f} bytes/URL")
-        families = center_memory(system)
+        families = redis_memory(redis.Redis.from_url(url), "bench")["center"]
         total = sum(families.values())
         print(f"center Redis         {total / 1e6:>10.2f} MB   {total / admitted:.1f} bytes per admitted URL: "
               + ", ".join(f"{f} {b / admitted:.1f}" for f, b in sorted(families.items(), key=lambda kv: -kv[1])))
-
-
-def center_memory(system) -> dict[str, int]:
-    """Bytes (MEMORY USAGE) of every key under the centers' prefixes, by family
-    (the key name after the prefix, less any bucket number)."""
-    families: dict[str, int] = {}
-    for c in system.centers.values():
-        store = c.pools.store
-        for key in store.redis.scan_iter(match=f"{store.prefix}:*", count=1000):
-            family = key.decode()[len(store.prefix) + 1:].split(":")[0]
-            families[family] = families.get(family, 0) + int(store.redis.memory_usage(key, samples=0) or 0)
-    return families
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .config import MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
+from .config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
 
 NOT_YET: dict[str, str] = {}
 
@@ -32,7 +32,7 @@ DAEMON = [
     (("--metrics",), dict(metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics")),
     (("--answer-timeout",), dict(type=float, metavar="S", help="seconds to wait for answers (default 2)")),
     (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding ('admit') or slowing down ('wait') (default 2)")),
-    (("--foreign-lookup",), dict(choices=("center", "lan"),
+    (("--foreign-lookup",), dict(choices=FOREIGN_LOOKUPS,
                                  help="who answers another network's set: center (exact mode's default: its "
                                       "admitted record) or lan (every LAN host, the paper's §2.4; paper mode)")),
     (("--partition-policy",), dict(choices=PARTITION_POLICIES,

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from center_host.protocol import FOREIGN_LOOKUPS, PARTITION_POLICIES
+
 MODES = ("exact", "paper")
-PARTITION_POLICIES = ("wait", "admit")
 
 
 @dataclass
@@ -101,8 +102,8 @@ class Settings:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.partition_policy not in (None, *PARTITION_POLICIES):
             raise ValueError(f"partition_policy must be one of {', '.join(PARTITION_POLICIES)}, not {self.partition_policy!r}")
-        if self.foreign_lookup not in (None, "center", "lan"):
-            raise ValueError(f"foreign_lookup must be center or lan, not {self.foreign_lookup!r}")
+        if self.foreign_lookup not in (None, *FOREIGN_LOOKUPS):
+            raise ValueError(f"foreign_lookup must be one of {', '.join(FOREIGN_LOOKUPS)}, not {self.foreign_lookup!r}")
         if self.set_linger < 0:
             raise ValueError("set_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",

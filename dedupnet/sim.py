@@ -31,6 +31,7 @@ from typing import Any
 import redis
 import trio
 
+from center_host.protocol import PARTITION_POLICIES
 from local_host.crawler import Crawler, CrawlerSettings
 
 from .cluster import host_ip, open_cluster
@@ -672,7 +673,7 @@ def add_arguments(p) -> None:
     p.add_argument("--set-size", type=int, default=SimConfig.set_size, help="URLs per URL_set (default %(default)s)")
     p.add_argument("--set-linger", type=float, default=SimConfig.set_linger, metavar="S",
                    help="seconds a host waits for a URL_set to fill (default %(default)s)")
-    p.add_argument("--partition-policy", choices=("wait", "admit"),
+    p.add_argument("--partition-policy", choices=PARTITION_POLICIES,
                    help="a late answer or a network that is down: wait (exact mode's default) or admit")
     p.add_argument("--answer-timeout", type=float, default=SimConfig.answer_timeout, metavar="S",
                    help="seconds before a set is asked again (default %(default)s)")
