@@ -13,6 +13,12 @@ Addresses
     politeness and site-hash task splitting behave as on the real web. All of
     127.0.0.0/8 is local on Linux; nothing is ever sent off the machine.
 
+    ``bind`` (``dedupnet web --bind CIDR``) moves the sites into another network, same
+    layout: site ``k`` at address ``(k // 250) * 256 + k % 250 + 1`` of the network
+    (``10.77.0.0/16`` gives ``10.77.0.1``, ``10.77.0.2``, ...), for crawlers that cannot
+    reach this machine's loopback, e.g. in other network namespaces. The addresses
+    must be local where the web runs (``ip route add local 10.77.0.0/16 dev lo``).
+
 What the graph holds
     ``pages`` pages over ``sites`` sites (site sizes are skewed). Page ``k < sites`` is
     site ``k``'s home page ``/``. Out-degree is power-law (Lomax, alpha 2, mean about
@@ -59,6 +65,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import ipaddress
 import random
 import sys
 from collections.abc import Iterable
@@ -74,6 +81,7 @@ from .urls import normalize, site_of
 __all__ = ["Reach", "SyntheticWeb", "WebSpec", "main", "site_host"]
 
 DEFAULT_PORT = 8077
+DEFAULT_BIND = "127.77.0.0/16"
 SERVER_NAME = b"dedupnet-synthweb"
 
 # Page kinds.
@@ -90,11 +98,19 @@ _WORDS = ("crawler", "url", "frontier", "site", "page", "link", "graph", "dedup"
           "fetch", "queue", "politeness")
 
 
-def site_host(k: int) -> str:
-    """The loopback address of site ``k``: ``127.77.{k // 250}.{k % 250 + 1}``."""
+def site_host(k: int, bind: str = DEFAULT_BIND) -> str:
+    """The address of site ``k``: address ``(k // 250) * 256 + k % 250 + 1`` of network
+    ``bind`` (by default ``127.77.{k // 250}.{k % 250 + 1}``). ValueError if ``k`` is out
+    of range or ``bind`` (an IPv4 CIDR) has no room for it."""
     if not 0 <= k < 250 * 256:
         raise ValueError(f"site index {k} out of range")
-    return f"127.77.{k // 250}.{k % 250 + 1}"
+    net = ipaddress.ip_network(bind, strict=False)
+    if net.version != 4:
+        raise ValueError(f"bind must be an IPv4 network, got {bind!r}")
+    offset = (k // 250) * 256 + k % 250 + 1
+    if offset >= net.num_addresses - 1:  # the network's last address is left out
+        raise ValueError(f"network {net} has no room for site {k} (a /24 holds 250 sites, a /16 64000)")
+    return str(net.network_address + offset)
 
 
 @dataclass
@@ -174,10 +190,12 @@ class SyntheticWeb:
       included), for politeness checks; a deque keeping the last ``spec.request_log_size``.
     """
 
-    def __init__(self, spec: WebSpec | None = None, *, port: int = DEFAULT_PORT, idle_timeout: float = 30.0):
+    def __init__(self, spec: WebSpec | None = None, *, port: int = DEFAULT_PORT, idle_timeout: float = 30.0,
+                 bind: str = DEFAULT_BIND):
         self.spec = spec if spec is not None else WebSpec()
         self.idle_timeout = idle_timeout
-        self.hosts = [site_host(k) for k in range(self.spec.sites)]
+        self.bind = bind
+        self.hosts = [site_host(k, bind) for k in range(self.spec.sites)]
         self._site_index = {h: k for k, h in enumerate(self.hosts)}
         self._build()
         self.port = port
@@ -710,15 +728,21 @@ class SyntheticWeb:
 def main(argv: list[str] | None = None) -> int:
     """Serve a synthetic web until Ctrl-C (``dedupnet web``)."""
     p = argparse.ArgumentParser(prog="dedupnet web", description="Serve a seeded synthetic web on loopback "
-                                "(site k at 127.77.{k//250}.{k%250+1}, one port for all sites).")
+                                "(site k at 127.77.{k//250}.{k%250+1}, one port for all sites), or in "
+                                "another network (--bind).")
     p.add_argument("--pages", type=int, default=WebSpec.pages)
     p.add_argument("--sites", type=int, default=WebSpec.sites)
     p.add_argument("--seed", type=int, default=WebSpec.seed)
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of every site (0: any free one)")
     p.add_argument("--seeds", type=int, default=5, metavar="N", help="seed URLs to print")
+    p.add_argument("--bind", default=DEFAULT_BIND, metavar="CIDR",
+                   help=f"network the sites listen in, site k at its ((k//250)*256 + k%%250 + 1)-th address "
+                        f"(default {DEFAULT_BIND}); the addresses must be local, e.g. "
+                        f"`ip route add local 10.77.0.0/16 dev lo`")
     args = p.parse_args(argv)
     try:
-        web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=args.port)
+        web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=args.port,
+                           bind=args.bind)
     except ValueError as e:
         p.error(str(e))
 
