@@ -18,7 +18,7 @@ from . import wire
 from .config import Settings, endpoint
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
-from .netinfo import lan_of, source_ip_towards
+from .netinfo import address_in, center_lan, lan_of, sole_address, source_ip_towards
 from .runtime import open_store, stop_on_signals
 from .store import Store
 from .transport import connect
@@ -57,10 +57,9 @@ def run_center(settings: Settings) -> int:
     _need(settings, "network", "listen")
     listen_host, port = endpoint(settings.listen)
     peers = [parse_peer(p) for p in settings.peers]
-    ip = settings.ip or (listen_host if listen_host not in ("0.0.0.0", "::") else
-                         source_ip_towards(peers[0].host) if peers else "127.0.0.1")
+    ip, lan = center_identity(settings, listen_host, peers)
     center = CenterSettings(
-        network=settings.network, ip=ip, port=port, lan=settings.lan or lan_of(ip), peers=peers, mode=settings.mode,
+        network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
         max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
         compress=settings.compress, metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
     )
@@ -69,6 +68,24 @@ def run_center(settings: Settings) -> int:
                     data_dir=data_dir, bucket_bits=settings.bucket_bits) as store:
         trio.run(_until_signalled, CenterDaemon(center, store))
     return 0
+
+
+def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddress]) -> tuple[str, str]:
+    """A center's ``(ip, lan)``: as given, else from ``--listen``, else detected
+    (:mod:`dedupnet.netinfo`): the address towards the first peer and the interface
+    that is not the way to the peers; the sole address without peers."""
+    if settings.ip:
+        return settings.ip, settings.lan or lan_of(settings.ip)
+    if listen_host not in ("0.0.0.0", "::"):
+        return listen_host, settings.lan or lan_of(listen_host)
+    if peers:
+        ip = source_ip_towards(peers[0].host)
+        return ip, settings.lan or center_lan(ip)
+    if settings.lan:
+        ip = address_in(settings.lan)
+        return ip, settings.lan
+    ip = sole_address() or "127.0.0.1"
+    return ip, lan_of(ip)
 
 
 def run_local(settings: Settings) -> int:
