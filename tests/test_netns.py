@@ -363,3 +363,26 @@ async def test_two_lans_on_real_interfaces_crawl_without_duplicates_or_losses(la
     assert all(report["pages_per_host"].values()), report  # every host crawled
     assert sum(s["packets"] for s in report["wan"].values()) > 0  # the WAN carried the protocol
     assert set(codes.values()) == {0}, f"{codes}\n{logs}"
+
+
+def test_a_center_does_not_guess_between_several_lan_candidates(lab, tmp_path):
+    """A center listening on every address, with three legs: one towards its peer, two
+    that could be its LAN. It refuses to start and says which flag decides."""
+    lab.add("m")
+    lab.add("x")
+    for k in (1, 2, 3):
+        lab.veth("m", f"leg{k}", "x", f"leg{k}")
+        lab.ip("m", "addr", "add", f"10.{k}.0.1/24", "dev", f"leg{k}")
+        lab.ip("x", "addr", "add", f"10.{k}.0.2/24", "dev", f"leg{k}")
+    cli = [sys.executable, "-m", "dedupnet.cli", "center", "--network", "1", "--listen", "0.0.0.0:7700",
+           "--data-dir", str(tmp_path / "c")]
+
+    def center(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(lab.exec_argv("m", [*cli, *args]), capture_output=True, text=True, timeout=60,
+                              cwd=ROOT)
+
+    out = center("--peer", "2,10.3.0.2:7700,10.9.0.0/24")
+    assert out.returncode == 2, out.stderr
+    assert "cannot tell this center's LAN" in out.stderr and "10.1.0.0/24" in out.stderr and "--lan" in out.stderr
+    out = center()  # no peers: no way to tell its address either
+    assert out.returncode == 2 and "several addresses" in out.stderr and "--ip" in out.stderr
