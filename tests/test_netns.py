@@ -53,7 +53,7 @@ NETWORKS, HOSTS = 2, 2
 WEB_NET = "10.77.0.0/16"
 CENTER_PORT, HOST_PORT = 7700, 7701
 NETEM = ("delay", "100ms", "loss", "2%")
-TBF = ("rate", "1mbit", "burst", "8kb", "latency", "100ms")
+TBF = ("rate", "256kbit", "burst", "4kb", "latency", "200ms")
 LOSS = 0.02
 
 
