@@ -65,6 +65,7 @@ from __future__ import annotations
 import argparse
 import bisect
 import collections
+import functools
 import ipaddress
 import random
 import sys
@@ -98,15 +99,21 @@ _WORDS = ("crawler", "url", "frontier", "site", "page", "link", "graph", "dedup"
           "fetch", "queue", "politeness")
 
 
+@functools.lru_cache(maxsize=16)
+def _bind_network(bind: str) -> ipaddress.IPv4Network:
+    net = ipaddress.ip_network(bind, strict=False)
+    if net.version != 4:
+        raise ValueError(f"bind must be an IPv4 network, got {bind!r}")
+    return net
+
+
 def site_host(k: int, bind: str = DEFAULT_BIND) -> str:
     """The address of site ``k``: address ``(k // 250) * 256 + k % 250 + 1`` of network
     ``bind`` (by default ``127.77.{k // 250}.{k % 250 + 1}``). ValueError if ``k`` is out
     of range or ``bind`` (an IPv4 CIDR) has no room for it."""
     if not 0 <= k < 250 * 256:
         raise ValueError(f"site index {k} out of range")
-    net = ipaddress.ip_network(bind, strict=False)
-    if net.version != 4:
-        raise ValueError(f"bind must be an IPv4 network, got {bind!r}")
+    net = _bind_network(bind)
     offset = (k // 250) * 256 + k % 250 + 1
     if offset >= net.num_addresses - 1:  # the network's last address is left out
         raise ValueError(f"network {net} has no room for site {k} (a /24 holds 250 sites, a /16 64000)")
