@@ -315,8 +315,12 @@ async def _start(centers: list[Daemon], hosts: list[Daemon], logdir: Path, env: 
 
 
 async def _stop(daemons: list[Daemon], timeout: float) -> list[str]:
-    """SIGTERM every running daemon, wait (bounded), SIGKILL the stragglers, reap all.
-    Returns what went wrong (exit codes other than 0), for the caller to report."""
+    """SIGTERM the hosts, then the centers (a host stopped by SIGTERM hands its tasks
+    back to its center, which must still be there), wait (bounded), SIGKILL the
+    stragglers, reap all. Returns what went wrong (exit codes other than 0)."""
+    hosts = [d for d in daemons if d.role == "host"]
+    if hosts and len(hosts) < len(daemons):
+        return await _stop(hosts, timeout) + await _stop([d for d in daemons if d.role != "host"], timeout)
     problems = []
     running = [d for d in daemons if d.alive()]
     for d in running:
