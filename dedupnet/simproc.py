@@ -18,6 +18,14 @@ Supported: modes ``exact`` and ``paper``; scenarios ``default``, ``concurrent`` 
 ``restart`` (center 1 gets SIGTERM a third of the way in and is started again with
 the same command). ``owner`` (no daemons) and ``churn`` (a host leaving for good needs
 the in-process handle) are refused with a clear error.
+
+Faults (``cfg.faults``, ``dedupnet sim --processes --fault SPEC``, issue #9): every
+process fault of :mod:`dedupnet.faults`, carried out by :mod:`dedupnet.procfaults`
+(signals to the daemons; ``kill-redis`` makes the run start its own persistent server
+on a fixed port instead of using the one given, so that it can kill and restart it).
+The run is not quiescent while a fault is under way. Link faults have a named hook,
+:func:`start_link_fault`, for the relay; until it is wired they are refused before a
+run starts.
 """
 
 from __future__ import annotations
