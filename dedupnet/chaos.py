@@ -31,7 +31,8 @@ def line(i: int, r: Report) -> str:
     specs = " ".join(f["spec"] for f in r.faults)
     state = "quiescent" if not r.timed_out else "NOT quiescent"
     verdict = "ok  " if passed(r) else "FAIL"
-    return (f"{verdict} #{i:<3} dup {r.duplicate_fetches:>3}  lost {r.lost_urls:>3}  viol {r.invariant_violations:>3}  "
+    return (f"{verdict} #{i:<3} dup {r.duplicate_fetches:>3} (own re-fetch {r.refetched_after_kill:>2})  "
+            f"lost {r.lost_urls:>3}  viol {r.invariant_violations:>3}  "
             f"{state:<13} {r.wall_time:6.1f} s   {specs}")
 
 
@@ -71,7 +72,8 @@ def run_chaos(base: SimConfig, args) -> int:
                 print(f"       {v}", flush=True)
     failed = [(i, r) for i, r in enumerate(reports) if not passed(r)]
     print(f"-- chaos seed {seed}: {len(reports) - len(failed)} of {len(reports)} schedules passed; "
-          f"duplicates {sum(r.duplicate_fetches for r in reports)}, lost {sum(r.lost_urls for r in reports)}, "
+          f"duplicates {sum(r.duplicate_fetches for r in reports)} (a killed host's own re-fetches "
+          f"{sum(r.refetched_after_kill for r in reports)}), lost {sum(r.lost_urls for r in reports)}, "
           f"invariant violations {sum(r.invariant_violations for r in reports)}, "
           f"not quiescent {sum(r.timed_out for r in reports)}; wall {time.perf_counter() - t0:.1f} s "
           f"(runs {sum(r.wall_time for r in reports):.1f} s)")
