@@ -684,8 +684,11 @@ class CenterProtocol:
                 rec.incomplete = True
                 if not rec.awaiting:
                     actions += [CancelTimer(rec.number), *self._stage_done(rec)]
-        if isinstance(member, Host):
-            actions += self._reassign(member.ip)
+        # A host's unacknowledged tasks stay its own: sent, they may be in its socket or
+        # its task_pool already (a frozen host reads them when it thaws), and given to
+        # another host too they were crawled twice (issue #9, freeze-host). They are sent
+        # again when it is back (_joined), like its task_pool waits for it; only a host
+        # that hands them back (_handed_back) has them moved.
         return actions
 
     # -- task_URL -> task_pool (gap 8) -------------------------------------------------

@@ -34,7 +34,7 @@ from redis.connection import parse_url
 from redis.exceptions import ResponseError
 
 from .errors import StoreUnavailable
-from .store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command
+from .store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command, raise_if_loading
 
 log = logging.getLogger("dedupnet.aio")
 
@@ -115,7 +115,7 @@ class AsyncStore:
                 with trio.fail_after(self.store.socket_timeout):
                     if conn is None:
                         conn = await self._connect()
-                    results = await _exchange(conn, payload, replies)
+                    results = raise_if_loading(await _exchange(conn, payload, replies))
                 done = True
             finally:
                 if done:

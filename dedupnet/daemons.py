@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import json
+import logging
+import signal
 from pathlib import Path
 
 import orjson
@@ -22,6 +24,8 @@ from .netinfo import address_in, center_lan, lan_of, sole_address, source_ip_tow
 from .runtime import open_store, stop_on_signals
 from .store import Store
 from .transport import connect
+
+log = logging.getLogger("dedupnet.daemons")
 
 
 def parse_peer(text: str) -> PeerAddress:
@@ -103,7 +107,7 @@ def run_local(settings: Settings) -> int:
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits) as store:
-        trio.run(_until_signalled, LocalDaemon(local, store))
+        trio.run(_until_signalled_leaving, LocalDaemon(local, store))
     return 0
 
 
@@ -113,6 +117,7 @@ def crawler_settings(settings: Settings, ip: str) -> CrawlerSettings:
         per_site_delay=settings.per_site_delay, max_depth=settings.max_depth,
         allowed_domains=frozenset(settings.allowed_domains), respect_robots=settings.respect_robots,
         store_dir=settings.store_dir, recrawl_interval=settings.recrawl_interval,
+        local_address=ip,  # requests come from the host's own IP, as its frames do (the web can tell who fetched)
     )
 
 
@@ -127,6 +132,57 @@ async def _until_signalled(daemon) -> None:
     async with trio.open_nursery() as nursery:
         nursery.start_soon(stop_on_signals, nursery.cancel_scope)
         await daemon.run()
+
+
+#: Seconds a host stopped by SIGTERM/SIGINT spends handing its work back before it
+#: stops anyway (a second signal stops it at once).
+LEAVE_TIMEOUT = 10.0
+
+
+async def _until_signalled_leaving(daemon: LocalDaemon) -> None:
+    """A host stopped by SIGTERM or SIGINT leaves its LAN: nobody can tell whether it
+    will come back, so it must not keep work only it would do. It finishes the pages in
+    progress, lets URL_pool drain through the protocol and hands its task_pool back to
+    its center (:meth:`LocalDaemon.leave`), then stops. If it is not connected to its
+    center, or the hand-back takes longer than ``LEAVE_TIMEOUT`` or a second signal
+    comes, it stops as it is: whatever was not handed back stays in its Redis
+    (task_pool, URL_pool) and is resumed when it starts again (issue #9, leave-host:
+    before, SIGTERM stopped a host as it was and its tasks waited for it for ever)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_leave_on_signals, daemon, nursery.cancel_scope)
+        await daemon.run()
+
+
+async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            break
+        name = signal.Signals(signum).name
+        if daemon.conn is None:
+            log.warning("%s received, not connected to the center: stopping; task_pool and URL_pool stay in Redis "
+                        "until this host starts again", name)
+            scope.cancel()
+            return
+        log.info("%s received: leaving the LAN (handing the tasks back; again to stop at once)", name)
+        async with trio.open_nursery() as inner:
+            async def second_signal() -> None:
+                async for again in signals:
+                    log.warning("%s received again: stopping without finishing the hand-back", signal.Signals(again).name)
+                    inner.cancel_scope.cancel()
+                    return
+            inner.start_soon(second_signal)
+            try:
+                await daemon.leave(timeout=LEAVE_TIMEOUT)
+            except trio.TooSlowError:
+                daemon.counters.inc("leave_failed", reason="timeout")
+                log.warning("the hand-back took longer than %.0f s: stopping; what is left stays in Redis until this "
+                            "host starts again", LEAVE_TIMEOUT)
+            except Exception as e:  # noqa: BLE001 - Redis gone, connection lost: stop as it is, never crash
+                daemon.counters.inc("leave_failed", reason="error")
+                log.warning("the hand-back failed (%r): stopping; what is left stays in Redis until this host starts "
+                            "again", e)
+            inner.cancel_scope.cancel()
+    scope.cancel()
 
 
 # -- dedupnet status ------------------------------------------------------------------

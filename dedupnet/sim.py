@@ -35,8 +35,10 @@ from center_host.protocol import PARTITION_POLICIES
 from local_host.crawler import Crawler, CrawlerSettings
 
 from .cluster import host_ip, open_cluster
+from .errors import BadURL
+from .faults import FAULTS, Fault, parse_fault
 from .store import FINISH_URL, TASK_POOL, URL_POOL
-from .urls import fingerprint_many
+from .urls import fingerprint_many, normalize
 from .web import SyntheticWeb, WebSpec
 
 SCENARIOS = ("default", "concurrent", "churn", "restart")
@@ -60,6 +62,9 @@ class SimConfig:
     #: Fault injection: every message a host sends waits this long (hosts too busy to
     #: answer in time). 0 in a normal run.
     send_delay: float = 0.0
+    #: Faults injected during the run (dedupnet/faults.py): process faults need
+    #: ``--processes`` (dedupnet/simproc.py); link faults go through the relay.
+    faults: tuple[Fault, ...] = ()
     seeds: int = 6
     max_depth: int | None = None
     #: Politeness per site: the simulation is about de-dup, so it is light by default.
@@ -113,6 +118,15 @@ class Report:
     redis_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
     center_redis_bytes_per_url: float | None = None  # per admitted URL
     host_redis_bytes_per_url: float | None = None  # per admitted URL
+    #: The harness's own invariant check (:func:`check_extracted`): URLs that some fetched
+    #: page links to and that were not crawled exactly once, and what was seen of them.
+    invariant_violations: int = 0
+    invariant_examples: list[str] = field(default_factory=list)
+    #: Of the duplicate fetches: pages a SIGKILLed host fetched again by itself after its
+    #: restart (it was killed with them in progress; see check_extracted). Not violations.
+    refetched_after_kill: int = 0
+    #: The faults injected (resolved: every field filled), when they ran and what came of them.
+    faults: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -268,6 +282,8 @@ def percentile(values: list[float], p: float) -> float | None:
 
 async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
     """Run one simulation to quiescence (or ``cfg.timeout``) and report it."""
+    if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
+        raise ValueError(faults_refused(cfg.faults))
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
     server = redis.Redis.from_url(redis_url)
     server.config_resetstat()
@@ -437,9 +453,10 @@ async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str])
 
 def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
-            memory: dict[str, dict[str, int]] | None = None) -> Report:
+            memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset()) -> Report:
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
+    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed)
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
@@ -487,6 +504,7 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
         requests=requests, crawler_requests=crawler_requests, duplicate_fetches=web.duplicate_fetches(),
         harness_duplicates=finished_twice(stores, reach.disallowed) if stores else None,
+        invariant_violations=len(violations), invariant_examples=violations[:20], refetched_after_kill=refetched,
         lost_urls=len(lost), lost_examples=lost[:10],
         unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
         bytes_on_wire=sum(d.counters.get("bytes_sent") for d in daemons), redis_lookups=lookups,
@@ -496,6 +514,66 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         sets_concluded_incomplete=sum(d.counters.total("concluded_incomplete") for d in daemons),
         per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline, **extra,
     )
+
+
+def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
+                    max_depth: int | None = None, *, killed: frozenset[str] = frozenset()) -> tuple[list[str], int]:
+    """The design guide's invariant, checked from what the web served, not from anything
+    the daemons say: every URL a crawler extracted (a seed, a link of a page the web
+    answered, a redirect's target) ends crawled exactly once, or, if robots.txt forbids
+    it, not at all; and nothing is crawled that no fetched page led to. Variants of one
+    URL (``#x``, un-normalised spellings) are one URL after normalisation, which is how
+    a duplicate of a crawled URL is recorded. Returns one line per violation (the URL,
+    what went wrong, the fetched pages that carried it, when and by whom it was
+    requested) and the number of re-fetches excused: requests for a URL that one host
+    in ``killed`` (SIGKILLed during the run) made again, all by itself. A crawler records
+    a page in the same transaction that takes its task (local_host/crawler.py), so a
+    crawler killed between the web's answer and that transaction fetches the page again
+    when it restarts: at least once, never by another host. No crawler can do better:
+    the request is a side effect outside its store. Who made a request is the client
+    address the web saw (the daemons' crawlers send from their host's IP)."""
+    carriers: dict[str, list[str]] = {}
+    for s in seeds:
+        carriers.setdefault(normalize(s), []).append("(seed)")
+    for page in sorted(web.answer_counts):
+        if max_depth is not None and depth.get(page, 0) >= max_depth:
+            continue  # its links are not followed (the crawler stores the depth with the URL)
+        redirect = web.redirect_of(page)
+        for link in dict.fromkeys([redirect[1]] if redirect else web.links_of(page)):
+            carriers.setdefault(link, []).append(page)
+    times: dict[str, list[float]] = {}
+    origin = dict(zip(web.hosts, web.origins))
+    for t, host, path in web.request_log:
+        try:
+            times.setdefault(normalize(origin[host] + path), []).append(t)
+        except (KeyError, ValueError, BadURL):
+            continue  # robots.txt and garbled targets: not a crawl of a URL
+    out = []
+
+    def seen(url: str) -> str:
+        via = carriers.get(url, [])
+        at = ", ".join(f"{t:.1f}" for t in times.get(url, [])[:5])
+        by = ", ".join(web.answered_by.get(url, [])[:5])
+        return (f"; carried by {len(via)} page(s), e.g. {', '.join(via[:3])}" if via else "") + \
+               (f"; requested at t={at}" if at else "") + (f" by {by}" if by else "")
+
+    excused = 0
+    for url in sorted(carriers):
+        n = web.answer_counts.get(url, 0)
+        by = set(web.answered_by.get(url, ()))
+        if n > 1 and len(by) == 1 and by <= killed:
+            excused += n - 1
+            continue
+        if web.disallowed(url):
+            if web.fetch_counts.get(url, 0):
+                out.append(f"{url}: robots.txt forbids it, fetched {web.fetch_counts[url]} time(s){seen(url)}")
+        elif n == 0:
+            out.append(f"{url}: extracted, never crawled (lost){seen(url)}")
+        elif n > 1:
+            out.append(f"{url}: crawled {n} times (duplicate){seen(url)}")
+    for url in sorted(set(web.answer_counts) - set(carriers)):
+        out.append(f"{url}: crawled, but no fetched page or seed led to it{seen(url)}")
+    return out, excused
 
 
 def finished_twice(stores: list, skipped: set[str]) -> int:
@@ -534,6 +612,8 @@ def format_report(r: Report) -> str:
   duplicate fetches           {r.duplicate_fetches:>10,}
   lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}
   unexpected fetches          {r.unexpected_fetches:>10,}   (not in the ground truth, e.g. robots-disallowed)
+  extracted -> crawled once   {r.invariant_violations:>10,} violations{'   e.g. ' + r.invariant_examples[0] if r.invariant_examples else ''}
+  re-fetched after a kill     {r.refetched_after_kill:>10,}   (by the killed host itself: pages it had in progress)
   requests to the web         {r.requests:>10,}   {r.pages_per_s:,.0f}/s
   links found (URL_pool)      {r.urls_found:>10,}   {r.urls_per_s:,.0f}/s
   frames sent                 {sum(r.frames.values()):>10,}   {frames}
@@ -549,7 +629,19 @@ def format_report(r: Report) -> str:
     by key family             {memory}
   pages per host              {hosts}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}"""
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r)
+
+
+def _faults_lines(r: Report) -> str:
+    """The faults of the run, then every invariant violation found (with its URL)."""
+    lines = []
+    for f in r.faults:
+        when = "not started" if f.get("started") is None else f"t={f['started']:.1f}-{f['ended']:.1f} s"
+        lines.append(f"  fault {f['spec']:<44} {when}   {f.get('note', '')}")
+    if r.invariant_violations:
+        lines.append(f"  invariant violations ({r.invariant_violations}, first {len(r.invariant_examples)}):")
+        lines += [f"    {v}" for v in r.invariant_examples]
+    return "".join("\n" + line for line in lines)
 
 
 def _num(value, spec: str) -> str:
@@ -597,9 +689,21 @@ def plot(report: Report, path: str) -> None:
 
 
 
+#: Fault kinds the one-process simulation carries out (link faults: the relay's, once wired).
+INPROCESS_FAULTS: tuple[str, ...] = ()
+
+
+def faults_refused(faults) -> str:
+    kinds = sorted({f.kind for f in faults if f.kind not in INPROCESS_FAULTS})
+    return (f"fault(s) {', '.join(kinds)} need --processes (every daemon its own process, "
+            f"dedupnet/simproc.py); without it: {', '.join(INPROCESS_FAULTS) or 'none yet'}")
+
+
 def run(args) -> int:
-    """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed)."""
+    """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed),
+    or ``--chaos N`` (N random fault schedules, dedupnet/chaos.py)."""
     import contextlib
+    import dataclasses
 
     import orjson
 
@@ -612,12 +716,19 @@ def run(args) -> int:
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                      max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
                      partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
-                     send_delay=args.send_delay)
+                     send_delay=args.send_delay, faults=tuple(args.faults or ()))
+    if args.chaos is not None:
+        from .chaos import run_chaos
+
+        return run_chaos(base, args)
+    if base.faults and not args.processes and any(f.kind not in INPROCESS_FAULTS for f in base.faults):
+        print("dedupnet sim: " + faults_refused(base.faults), file=sys.stderr)
+        return 2
     modes = MODES if args.compare else (args.mode,)
     reports = []
     with contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis() as url:
         for mode in modes:
-            cfg = SimConfig(**{**asdict(base), "mode": mode})
+            cfg = dataclasses.replace(base, mode=mode)
             print(f"-- {cfg.networks} networks x {cfg.hosts} hosts, {mode} mode, {cfg.scenario}: crawling "
                   f"{cfg.pages:,} pages over {cfg.sites} sites", flush=True)
             if args.processes:
@@ -661,6 +772,15 @@ def _sweep(args) -> int:
     return sweep.main(argv)
 
 
+def _fault_arg(spec: str) -> Fault:
+    import argparse
+
+    try:
+        return parse_fault(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_arguments(p) -> None:
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
@@ -679,6 +799,14 @@ def add_arguments(p) -> None:
                    help="seconds before a set is asked again (default %(default)s)")
     p.add_argument("--send-delay", type=float, default=0.0, metavar="S",
                    help="fault injection: every message a host sends waits S seconds (one process only)")
+    p.add_argument("--fault", dest="faults", action="append", type=_fault_arg, metavar="SPEC",
+                   help="inject a fault (repeat for several): KIND[:at=F,for=S,target=T], e.g. kill-host, "
+                        "kill-center:at=0.3,for=5,target=center:1; kinds: " + ", ".join(FAULTS) +
+                        " (see dedupnet/faults.py)")
+    p.add_argument("--chaos", type=int, metavar="N",
+                   help="run N random fault schedules (reproducible from --chaos-seed) and print one line each "
+                        "plus a summary")
+    p.add_argument("--chaos-seed", type=int, metavar="S", help="seed of the --chaos schedules (default: --seed)")
     p.add_argument("--scenario", choices=SCENARIOS, default="default",
                    help="concurrent: every host seeded with the same pages; churn: a host leaves and another "
                         "joins; restart: a center is killed and restarted (both a third of the way in)")

@@ -18,6 +18,14 @@ Supported: modes ``exact`` and ``paper``; scenarios ``default``, ``concurrent`` 
 ``restart`` (center 1 gets SIGTERM a third of the way in and is started again with
 the same command). ``owner`` (no daemons) and ``churn`` (a host leaving for good needs
 the in-process handle) are refused with a clear error.
+
+Faults (``cfg.faults``, ``dedupnet sim --processes --fault SPEC``, issue #9): every
+process fault of :mod:`dedupnet.faults`, carried out by :mod:`dedupnet.procfaults`
+(signals to the daemons; ``kill-redis`` makes the run start its own persistent server
+on a fixed port instead of using the one given, so that it can kill and restart it).
+The run is not quiescent while a fault is under way. Link faults have a named hook,
+:func:`start_link_fault`, for the relay; until it is wired they are refused before a
+run starts.
 """
 
 from __future__ import annotations
@@ -47,7 +55,9 @@ from .embedded import _spawn
 from .errors import DedupnetError
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
+from .faults import LINK_FAULTS, PROCESS_FAULTS, Fault, resolve, target_parts
 from .netinfo import source_ip_towards
+from .procfaults import FaultRunner, KillableRedis
 from .sim import Observer, Report, SimConfig, _report, assign_seeds, progress_line, redis_memory, seed_count
 from .store import Store
 from .transport import ConnectionClosed, connect
@@ -92,6 +102,10 @@ class Daemon:
     #: those of earlier lives since then.
     cpu_base: float = 0.0
     cpu_carried: float = 0.0
+    #: Under a fault (killed, frozen, leaving): not polled, not expected to answer.
+    down: bool = False
+    #: Left for good (leave-host): not part of the system any more.
+    gone: bool = False
 
     def cpu(self) -> float:
         """CPU seconds (user + system) this life's process has used so far; 0 if gone."""
@@ -213,6 +227,37 @@ def _check(cfg: SimConfig) -> None:
                          f"(supported: {', '.join(PROCESS_SCENARIOS)}; run {cfg.scenario!r} without --processes)")
     if cfg.send_delay:
         raise ValueError("--send-delay is a fault hook of the one-process simulation; run it without --processes")
+    check_faults(cfg)
+
+
+#: Fault kinds ``--processes`` carries out (dedupnet/procfaults.py).
+SUPPORTED_FAULTS = PROCESS_FAULTS
+
+
+def check_faults(cfg: SimConfig) -> None:
+    """ValueError, before anything starts, for a fault this runner cannot carry out or
+    a target the layout lacks."""
+    leaving: Counter[int] = Counter()
+    for i, f in enumerate(cfg.faults):
+        if f.kind in LINK_FAULTS:
+            raise ValueError(f"{f.kind}: link faults are not yet wired into --processes "
+                             f"(the relay's hook: dedupnet.simproc.start_link_fault)")
+        r = resolve(f, cfg.seed, cfg.networks, cfg.hosts, i)
+        if r.kind == "leave-host":
+            leaving[target_parts(r.target)[0]] += 1
+    for network, n in leaving.items():
+        if n >= cfg.hosts:
+            raise ValueError(f"{n} leave-host faults in network {network} of {cfg.hosts} hosts: "
+                             f"nobody would be left to crawl its tasks")
+
+
+async def start_link_fault(fault: Fault, centers: list["Daemon"], hosts: list["Daemon"]) -> None:
+    """The hook for link faults (``partition``, ``lossy-wan``, ``lossy-lan``,
+    ``duplicate-frames``) with ``--processes``: the fault-injecting relay sits between
+    the daemons chosen by ``fault.target`` (their ``--center`` / ``--peer`` addresses
+    pointing at it) and cuts, delays, drops or duplicates for ``fault.duration``.
+    Not yet: :func:`check_faults` refuses link faults before a run starts."""
+    raise ValueError(f"{fault.kind}: link faults are not yet wired into --processes")
 
 
 def _free_port(host: str) -> int:
@@ -270,11 +315,13 @@ async def _poll_all(daemons: list[Daemon]) -> dict[str, dict | None]:
     async def one(d: Daemon) -> None:
         results[d.name] = await d.poll_status()
 
+    live = [d for d in daemons if not d.down and not d.gone]
     async with trio.open_nursery() as nursery:
-        for d in daemons:
+        for d in live:
             nursery.start_soon(one, d)
-    for d in daemons:
-        d.check_alive()
+    for d in live:
+        if not d.down:  # a fault may have begun while it was polled
+            d.check_alive()
     return results
 
 
@@ -315,8 +362,12 @@ async def _start(centers: list[Daemon], hosts: list[Daemon], logdir: Path, env: 
 
 
 async def _stop(daemons: list[Daemon], timeout: float) -> list[str]:
-    """SIGTERM every running daemon, wait (bounded), SIGKILL the stragglers, reap all.
-    Returns what went wrong (exit codes other than 0), for the caller to report."""
+    """SIGTERM the hosts, then the centers (a host stopped by SIGTERM hands its tasks
+    back to its center, which must still be there), wait (bounded), SIGKILL the
+    stragglers, reap all. Returns what went wrong (exit codes other than 0)."""
+    hosts = [d for d in daemons if d.role == "host"]
+    if hosts and len(hosts) < len(daemons):
+        return await _stop(hosts, timeout) + await _stop([d for d in daemons if d.role != "host"], timeout)
     problems = []
     running = [d for d in daemons if d.alive()]
     for d in running:
@@ -354,6 +405,13 @@ async def _restart(d: Daemon, logdir: Path, env: dict, timeout: float) -> None:
     if d.alive():
         d.proc.kill()
     d.proc.wait(timeout=5)
+    d.cpu_carried = cpu_so_far
+    await _start_again(d, logdir, env, timeout)
+
+
+async def _start_again(d: Daemon, logdir: Path, env: dict, timeout: float) -> None:
+    """Start a stopped or killed daemon with its command (same port, same keys) and wait
+    until its status port answers; its CPU counts from then on."""
     d.start(logdir, env)
     with trio.move_on_after(timeout):
         while await d.poll_status() is None:
@@ -361,7 +419,7 @@ async def _restart(d: Daemon, logdir: Path, env: dict, timeout: float) -> None:
             await trio.sleep(_POLL)
     if d.status is None:
         raise DaemonFailed(f"{d.name} did not answer within {timeout:.0f} s of its restart:\n{d.log_tail()}")
-    d.cpu_base, d.cpu_carried = d.cpu(), cpu_so_far  # the start-up of the new life is not counted
+    d.cpu_base = d.cpu()  # the start-up of the new life is not counted
 
 
 def _push(redis_url: str, prefix: str, urls: list[str]) -> None:
@@ -416,29 +474,36 @@ def _sizes(daemons: list[Daemon], st: dict[str, dict | None]) -> dict[str, int]:
 
 
 async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, timeline: list, t0: float,
-                             out, restart) -> bool:
-    """As :func:`dedupnet.sim._run_to_quiescence`, from the daemons' status ports."""
+                             out, restart, faults: FaultRunner | None = None, total: int = 0) -> bool:
+    """As :func:`dedupnet.sim._run_to_quiescence`, from the daemons' status ports.
+    Faults start once their share of the ``total`` URLs is fetched; the run is not
+    quiescent while one is under way (a daemon down or frozen answers nothing)."""
     daemons = centers + hosts
     quiet, next_print, restarted = 0, 0.0, False
     with trio.move_on_after(cfg.timeout) as scope:
-        while quiet < 2:
-            await trio.sleep(_POLL)
-            st = await _poll_all(daemons)
-            sizes = _sizes(daemons, st)
-            now = time.perf_counter() - t0
-            fetched = sum(web.answer_counts.values())
-            sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
-            timeline.append(sample)
-            if cfg.scenario == "restart" and not restarted and fetched >= cfg.pages // 3:
-                restarted = True
-                await restart(centers[0])
-                quiet = 0
-                continue
-            done = all(_quiet(d, st.get(d.name)) for d in daemons)
-            quiet = quiet + 1 if done else 0
-            if out is not None and now >= next_print:
-                next_print = now + cfg.progress_every
-                print(progress_line(sample), file=out, flush=True)
+        async with trio.open_nursery() as nursery:
+            while quiet < 2:
+                await trio.sleep(_POLL)
+                st = await _poll_all(daemons)
+                sizes = _sizes(daemons, st)
+                now = time.perf_counter() - t0
+                fetched = sum(web.answer_counts.values())
+                sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
+                timeline.append(sample)
+                if cfg.scenario == "restart" and not restarted and fetched >= cfg.pages // 3:
+                    restarted = True
+                    await restart(centers[0])
+                    quiet = 0
+                    continue
+                if faults is not None:
+                    faults.start_due(nursery, fetched, total)
+                done = (not (faults and faults.busy) and not any(d.down for d in daemons)
+                        and all(_quiet(d, st.get(d.name)) for d in daemons if not d.gone))
+                quiet = quiet + 1 if done else 0
+                if out is not None and now >= next_print:
+                    next_print = now + cfg.progress_every
+                    print(progress_line(sample), file=out, flush=True)
+            nursery.cancel_scope.cancel()
     return scope.cancelled_caught
 
 
@@ -453,7 +518,8 @@ def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed
     return report
 
 
-async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout) -> Report:
+async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout,
+               killable: KillableRedis | None = None) -> Report:
     t_start = time.perf_counter()
     await _start(centers, hosts, logdir, env, startup_timeout)
     if out is not None:
@@ -469,13 +535,30 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
     async def restart(d: Daemon) -> None:
         await _restart(d, logdir, env, startup_timeout)
 
-    timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart)
+    async def start_again(d: Daemon) -> None:
+        await _start_again(d, logdir, env, startup_timeout)
+
+    faults = None
+    if cfg.faults:
+        resolved = [resolve(f, cfg.seed, cfg.networks, cfg.hosts, i) for i, f in enumerate(cfg.faults)]
+        by_target = {f"center:{c.network}": c for c in centers}
+        by_target |= {f"host:{h.network}.{int(h.name.rsplit('.', 1)[1]) - 10}": h for h in hosts}
+        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out)
+    total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
+    timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart, faults, total)
     wall = time.perf_counter() - t0
     await _poll_all(centers + hosts)  # the counters as they are now
     cpu = sum(c.cpu_used() for c in centers)
     memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
-    return _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, plan=plan,
-                         center_cpu=cpu, memory=memory)
+    killed = frozenset()
+    if faults is not None:
+        faults.not_started()
+        killed = faults.killed_hosts()
+    report = _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, plan=plan,
+                           center_cpu=cpu, memory=memory, killed=killed)
+    if faults is not None:
+        report.faults = [r.to_json() for r in faults.records]
+    return report
 
 
 async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, startup_timeout: float = 60.0,
@@ -493,6 +576,11 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
     prefix = f"simproc-{cfg.mode}-{cfg.seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     logdir = Path(tempfile.mkdtemp(prefix="dedupnet-simproc-"))
     env = _env()
+    killable = None
+    if any(f.kind == "kill-redis" for f in cfg.faults):
+        # A server this run may kill: its own, persistent, on a fixed port (not redis_url).
+        killable = KillableRedis(logdir / "redis")
+        redis_url = await trio.to_thread.run_sync(killable.start)
     server = redis.Redis.from_url(redis_url)
     daemons: list[Daemon] = []
     succeeded = False
@@ -506,7 +594,7 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
             seeds = web.seeds(seed_count(cfg))
             try:
                 report = await _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out,
-                                    startup_timeout)
+                                    startup_timeout, killable)
             except Exception as e:  # noqa: BLE001 - raised below as itself, not in the nursery's ExceptionGroup
                 error = e
             finally:
@@ -528,6 +616,8 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
             except redis.RedisError as e:
                 problems.append(f"could not remove the keys under {name}: {e}")
         server.close()
+        if killable is not None:
+            await trio.to_thread.run_sync(killable.stop)
         dest = out if out is not None else sys.stderr
         for p in problems:
             print(f"  warning: {p}", file=dest, flush=True)

@@ -53,6 +53,7 @@ from typing import Any, TypeVar
 import hiredis
 import numpy as np
 import redis
+from redis.exceptions import BusyLoadingError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -70,6 +71,21 @@ Steps = Generator["Batch", list, T]
 
 #: Errors after which a batch is resent on a fresh connection.
 TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OSError)
+
+
+
+def raise_if_loading(results: list) -> list:
+    """A server that was just (re)started answers ``-LOADING`` to every command until it
+    has read its AOF back. That is not an answer but "not yet": raised as
+    :class:`BusyLoadingError` (a connection error, so the batch is sent again after a
+    back-off, like after a refused connection). Returned as a reply, it would reach the
+    callers as data (a look-up's flags) and take the daemon down. Resending is safe: a
+    server that is loading has run none of the batch's commands."""
+    for r in results:
+        if isinstance(r, ResponseError) and str(r).startswith("LOADING"):
+            raise BusyLoadingError(str(r))
+    return results
+
 
 # Local host pools (§1.1).
 FINISH_URL = "finish_URL"
@@ -312,7 +328,7 @@ class Store:
                 while (reply := reader.gets()) is not False:
                     results.append(reply)
             self.round_trips += 1
-            return results
+            return raise_if_loading(results)
         except BaseException:
             conn.disconnect()
             raise

@@ -208,6 +208,9 @@ class SyntheticWeb:
         self.port = port
         self.fetch_counts: collections.Counter[str] = collections.Counter()
         self.answer_counts: collections.Counter[str] = collections.Counter()
+        #: Per URL, the client address of every answered request (not 503), in order: which
+        #: crawler fetched it (a crawler that binds its host's IP, as the daemons do).
+        self.answered_by: dict[str, list[str]] = collections.defaultdict(list)
         self.robots_fetches: collections.Counter[str] = collections.Counter()
         self.request_log: collections.deque[tuple[float, str, str]] = collections.deque(
             maxlen=self.spec.request_log_size)
@@ -620,6 +623,7 @@ class SyntheticWeb:
         """Forget all requests (flaky pages fail again)."""
         self.fetch_counts.clear()
         self.answer_counts.clear()
+        self.answered_by.clear()
         self.robots_fetches.clear()
         self.request_log.clear()
 
@@ -629,7 +633,8 @@ class SyntheticWeb:
 
     # ----------------------------------------------------------------- serving
 
-    def _answer(self, site: int, method: bytes, target: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    def _answer(self, site: int, method: bytes, target: bytes,
+                peer: str | None = None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         path = target.decode("latin-1")
         self.request_log.append((trio.current_time(), self.hosts[site], path))
         if method not in (b"GET", b"HEAD"):
@@ -649,12 +654,17 @@ class SyntheticWeb:
         if i is not None and self.flaky[i] and self.fetch_counts[url] <= self.spec.flaky_failures:
             return 503, [(b"content-type", b"text/plain")], b"Service Unavailable\n"
         self.answer_counts[url] += 1
+        self.answered_by[url].append(peer or "?")
         return self.expected_response(url)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
         """One connection: HTTP/1.1 keep-alive loop; every read and write is under
         ``idle_timeout``; protocol errors get a 400 and close the connection."""
         site = self._site_index.get(stream.socket.getsockname()[0], 0)
+        try:
+            peer = stream.socket.getpeername()[0]
+        except OSError:
+            peer = None
         conn = h11.Connection(h11.SERVER)
         try:
             while True:
@@ -672,7 +682,7 @@ class SyntheticWeb:
                         break
                     elif isinstance(event, h11.ConnectionClosed):
                         return
-                status, headers, body = self._answer(site, request.method, request.target)
+                status, headers, body = self._answer(site, request.method, request.target, peer)
                 headers = [*headers, (b"content-length", str(len(body)).encode()), (b"server", SERVER_NAME)]
                 out = conn.send(h11.Response(status_code=status, headers=headers))
                 if request.method != b"HEAD":

@@ -272,7 +272,7 @@ def test_center_restart_resumes_and_loses_nothing():
     assert c.admitted == {"http://a/"}
 
 
-def test_tasks_go_by_site_and_are_reassigned_when_a_host_leaves():
+def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_back():
     c = center(peers={})
     batch = {f"http://site{i}.example/p": 0 for i in range(30)}
     c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
@@ -281,9 +281,18 @@ def test_tasks_go_by_site_and_are_reassigned_when_a_host_leaves():
     tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
     c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
+    # .12 leaves (missed heartbeats, a closed connection): its task may be in its socket
+    # or its task_pool already, so nobody else gets it (issue #9: a frozen host crawled
+    # what had been given to another meanwhile); it is sent again when .12 is back.
     c.feed(cp.Left(cp.Host("127.0.1.12")))
+    assert not [m for _, m in sent(c) if isinstance(m, Task)]
+    assert list(c.task_URL["5:127.0.1.12"]) == list(tasks["127.0.1.12"].URLs)
+    c.feed(cp.Joined(cp.Host("127.0.1.12")))
+    again = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
+    assert [(to, set(m.URLs)) for to, m in again if to == "127.0.1.12"] == [("127.0.1.12", set(tasks["127.0.1.12"].URLs))]
+    # Handed back (a host leaving for good), they go to the live hosts.
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Task(9, tasks["127.0.1.12"].URLs)))
     moved = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
-    # .12's URLs go to the live hosts (joining .10's unacknowledged task, sent again whole).
     assert {to for to, _ in moved} <= {"127.0.1.10", "127.0.1.11"}
     assert set(tasks["127.0.1.12"].URLs) <= {u for _, m in moved for u in m.URLs}
     assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
