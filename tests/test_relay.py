@@ -1,0 +1,358 @@
+"""The fault-injecting relay (dedupnet/relay.py) on its own, then the link scenarios
+end to end in the in-process simulation: real daemons, real Redis, real TCP.
+
+Relay tests whose point is timing run on trio's MockClock (``autojump_clock``): the
+clock jumps whenever every task waits, so a 20 s partition costs no real time, and
+nothing is tested by sleeping. On loopback a send is in the peer's socket buffer when
+``send_all`` returns, so the clock never jumps over data in flight.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections import Counter
+
+import pytest
+import trio
+
+from dedupnet.messages import Ack, Frame, Heartbeat, Kind, Task
+from dedupnet.relay import (
+    CLEAN,
+    LINK_DEFAULTS,
+    LinkConfig,
+    LinkFaults,
+    Relay,
+    ScheduledFault,
+    link_names,
+    schedule_link_faults,
+)
+from dedupnet.faults import Fault
+from dedupnet.wire import NEED_DATA, Decoder, encode
+
+CLIENT_IP = "127.0.5.10"
+SERVER_IP = "127.0.5.1"
+
+
+def frame(i: int) -> bytes:
+    return encode(Frame({f"http://a.example/{i}": 0}, CLIENT_IP, 1000 + i, 1))
+
+
+def number_of(msg) -> int:
+    return msg.number
+
+
+class Target:
+    """A TCP server that records what each connection sends it (decoded), with
+    arrival times, and the peer address it saw."""
+
+    def __init__(self):
+        self.peers: list[str] = []
+        self.received: list[tuple[float, object]] = []
+        self.streams: list[trio.SocketStream] = []
+        self.closed = 0
+        self.got = trio.Event()
+
+    async def serve(self, task_status=trio.TASK_STATUS_IGNORED):
+        listeners = await trio.open_tcp_listeners(0, host=SERVER_IP)
+        task_status.started((SERVER_IP, listeners[0].socket.getsockname()[1]))
+        await trio.serve_listeners(self._handle, listeners)
+
+    async def _handle(self, stream: trio.SocketStream):
+        self.peers.append(stream.socket.getpeername()[0])
+        self.streams.append(stream)
+        decoder = Decoder()
+        try:
+            while data := await stream.receive_some(65536):
+                decoder.feed(data)
+                while (msg := decoder.next_message()) is not NEED_DATA:
+                    self.received.append((trio.current_time(), msg))
+                    self.got.set()
+        except trio.BrokenResourceError:
+            pass
+        self.closed += 1
+
+    async def wait_for(self, count: int):
+        while len(self.received) < count:
+            self.got = trio.Event()
+            await self.got.wait()
+
+
+async def client(address) -> trio.SocketStream:
+    return await trio.open_tcp_stream(*address, local_address=CLIENT_IP)
+
+
+async def start(nursery, config: LinkConfig = CLEAN, **kw):
+    target = Target()
+    target_addr = await nursery.start(target.serve)
+    relay = Relay(target_addr, config, name="test", **kw)
+    await nursery.start(relay.run)
+    return target, relay
+
+
+async def read_closed(stream: trio.SocketStream) -> str:
+    """How the relay ended the connection for us: 'eof' or 'reset'."""
+    try:
+        while await stream.receive_some(65536):
+            pass
+        return "eof"
+    except trio.BrokenResourceError:
+        return "reset"
+
+
+# --- the relay itself -------------------------------------------------------------------
+
+
+async def test_forwards_messages_intact_both_ways_from_the_clients_own_address():
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery)
+        c = await client(relay.address)
+        sent = [frame(i) for i in range(50)] + [encode(Task(7, ("http://b.example/",)))]
+        await c.send_all(b"".join(sent))  # one write, many messages: split by the relay
+        await target.wait_for(len(sent))
+        assert [encode(m) for _, m in target.received] == sent
+        # The target sees the client's address, not the relay's: a center's source check passes.
+        assert target.peers == [CLIENT_IP]
+        # The other direction, split across writes at odd places.
+        back = encode(Ack(1000, "stored")) + encode(Heartbeat(SERVER_IP, 1.0))
+        await target.streams[0].send_all(back[:5])
+        await target.streams[0].send_all(back[5:])
+        decoder = Decoder()
+        got = []
+        while len(got) < 2:
+            decoder.feed(await c.receive_some(65536))
+            while (m := decoder.next_message()) is not NEED_DATA:
+                got.append(m)
+        assert got == [Ack(1000, "stored"), Heartbeat(SERVER_IP, 1.0)]
+        await c.aclose()
+        with trio.fail_after(5):
+            while target.closed < 1:  # a close is passed on as a close
+                await trio.sleep(0.01)
+        assert relay.counters["forwarded"] == len(sent) + 2 and relay.counters["messages"] == len(sent) + 2
+        nursery.cancel_scope.cancel()
+
+
+async def test_delay_with_jitter_keeps_order(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery, LinkConfig(delay=0.2, jitter=0.1))
+        c = await client(relay.address)
+        t0 = trio.current_time()
+        for i in range(40):
+            await c.send_all(frame(i))
+            await trio.sleep(0.01)
+        await target.wait_for(40)
+        numbers = [m.number for _, m in target.received]
+        assert numbers == sorted(numbers)  # TCP keeps order, however the latency varies
+        waits = [t - (t0 + 0.01 * i) for i, (t, _) in enumerate(target.received)]
+        assert all(0.1 - 1e-6 <= w for w in waits) and max(waits) > 0.25
+        assert relay.counters["delayed"] == 40 and relay.counters["out_of_order"] == 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_duplicates_each_data_message_but_not_the_handshake_or_heartbeats(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery, LinkConfig(duplicate=1.0))
+        c = await client(relay.address)
+        beat = encode(Heartbeat(CLIENT_IP, 1.0))
+        await c.send_all(b"".join([beat, *(frame(i) for i in range(10)), beat]))
+        await target.wait_for(22)
+        kinds = Counter(type(m).__name__ for _, m in target.received)
+        assert kinds == {"Frame": 20, "Heartbeat": 2}
+        assert [m.number for _, m in target.received if isinstance(m, Frame)] == [1000 + i // 2 for i in range(20)]
+        assert relay.counters["duplicated"] == 10
+        nursery.cancel_scope.cancel()
+
+
+async def test_reorders_some_messages_and_delivers_all(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery, LinkConfig(reorder=0.3, reorder_delay=0.05), seed=3)
+        c = await client(relay.address)
+        for i in range(60):
+            await c.send_all(frame(i))
+            await trio.sleep(0.01)
+        await target.wait_for(60)
+        numbers = [m.number for _, m in target.received]
+        assert sorted(numbers) == [1000 + i for i in range(60)]
+        assert numbers != sorted(numbers)
+        assert relay.counters["reordered"] > 0 and relay.counters["out_of_order"] > 0
+        nursery.cancel_scope.cancel()
+
+
+async def test_drop_loses_the_message_and_resets_the_connection(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        # Delayed messages are in flight in the relay when the drop comes: lost with it.
+        target, relay = await start(nursery, LinkConfig(delay=0.5, drop=1.0, kinds=frozenset({int(Kind.TASK)})))
+        c = await client(relay.address)
+        await c.send_all(frame(0) + frame(1) + encode(Task(5, ("http://c.example/",))) + frame(2))
+        assert await read_closed(c) == "reset"
+        await trio.sleep(1)
+        assert target.received == [] and target.closed == 1
+        assert relay.counters["dropped"] == 1 and relay.counters["resets:drop"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_reset_delivers_the_message_then_resets(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery, LinkConfig(reset=1.0, kinds=frozenset({int(Kind.ACK)})))
+        c = await client(relay.address)
+        await c.send_all(frame(0) + encode(Ack(3, "stored")))
+        await target.wait_for(2)
+        assert await read_closed(c) == "reset"
+        assert [type(m).__name__ for _, m in target.received] == ["Frame", "Ack"]
+        assert relay.counters["resets:reset"] == 1
+        nursery.cancel_scope.cancel()
+
+
+async def test_reset_on_command():
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery)
+        c = await client(relay.address)
+        await c.send_all(frame(0))
+        await target.wait_for(1)
+        assert relay.reset_all() == 1
+        with trio.fail_after(5):
+            assert await read_closed(c) == "reset"
+        nursery.cancel_scope.cancel()
+
+
+async def test_silent_partition_holds_traffic_refuses_new_connections_then_heals(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery)
+        c = await client(relay.address)
+        await c.send_all(frame(0))
+        await target.wait_for(1)
+        t0 = trio.current_time()
+        relay.partition(20.0)
+        assert relay.partitioned
+        await c.send_all(frame(1))
+        # A new connection during the partition is refused.
+        c2 = await client(relay.address)
+        assert await read_closed(c2) == "reset"
+        assert relay.counters["refused"] == 1
+        await trio.sleep(19.9)
+        assert len(target.received) == 1  # nothing crossed
+        await target.wait_for(2)  # the link heals after 20 s; what was held arrives
+        assert target.received[1][0] - t0 == pytest.approx(20.0, abs=0.01)
+        assert not relay.partitioned and relay.counters["heals"] == 1
+        c3 = await client(relay.address)
+        await c3.send_all(frame(2))
+        await target.wait_for(3)
+        nursery.cancel_scope.cancel()
+
+
+async def test_reset_partition_cuts_live_connections(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery)
+        c = await client(relay.address)
+        await c.send_all(frame(0))
+        await target.wait_for(1)
+        relay.partition(5.0, mode="reset")
+        assert await read_closed(c) == "reset"
+        assert relay.counters["resets:partition"] == 1
+        await trio.sleep(5.01)
+        c2 = await client(relay.address)
+        await c2.send_all(frame(1))
+        await target.wait_for(2)
+        nursery.cancel_scope.cancel()
+
+
+async def test_silent_drop_loses_a_message_on_a_live_connection(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery, LinkConfig(silent_drop=1.0, kinds=frozenset({int(Kind.ACK)})))
+        c = await client(relay.address)
+        await c.send_all(frame(0) + encode(Ack(9, "stored")) + frame(1))
+        await target.wait_for(2)
+        assert [m.number for _, m in target.received] == [1000, 1001]
+        assert relay.counters["silent_dropped"] == 1 and not any(k.startswith("resets") for k in relay.counters)
+        nursery.cancel_scope.cancel()
+
+
+async def test_bytes_that_are_not_our_framing_pass_through():
+    async with trio.open_nursery() as nursery:
+        target = Target()
+        listeners = await trio.open_tcp_listeners(0, host=SERVER_IP)
+        got = []
+
+        async def raw(stream):
+            while data := await stream.receive_some(1024):
+                got.append(data)
+        nursery.start_soon(trio.serve_listeners, raw, listeners)
+        relay = Relay((SERVER_IP, listeners[0].socket.getsockname()[1]), LinkConfig(duplicate=1.0))
+        await nursery.start(relay.run)
+        c = await client(relay.address)
+        await c.send_all(b"GET / HTTP/1.0\r\n\r\n")
+        with trio.fail_after(5):
+            while b"".join(got) != b"GET / HTTP/1.0\r\n\r\n":
+                await trio.sleep(0.01)
+        assert relay.counters["raw_bytes"] > 0
+        del target
+        nursery.cancel_scope.cancel()
+
+
+async def test_the_same_seed_makes_the_same_decisions(autojump_clock):
+    async def run(seed):
+        async with trio.open_nursery() as nursery:
+            target, relay = await start(nursery, LinkConfig(duplicate=0.3, jitter=0.05, delay=0.05), seed=seed)
+            c = await client(relay.address)
+            await c.send_all(b"".join(frame(i) for i in range(40)))
+            await target.wait_for(40 + relay.counters["duplicated"])
+            await trio.sleep(1)
+            nursery.cancel_scope.cancel()
+        return [m.number for _, m in target.received]
+
+    assert await run(1) == await run(1)
+    assert await run(1) != await run(2)
+
+
+async def test_a_refused_target_resets_the_client():
+    with socket.socket() as s:  # a port with nothing listening on it
+        s.bind((SERVER_IP, 0))
+        port = s.getsockname()[1]
+    async with trio.open_nursery() as nursery:
+        relay = Relay((SERVER_IP, port))
+        await nursery.start(relay.run)
+        c = await client(relay.address)
+        with trio.fail_after(5):
+            assert await read_closed(c) == "reset"
+        assert relay.counters["connect_failed"] == 1
+        nursery.cancel_scope.cancel()
+
+
+# --- scheduling ---------------------------------------------------------------------------
+
+
+def test_link_names_and_schedules():
+    assert link_names("host:2.1", 3, 3) == ("host:2.1",)
+    assert link_names("wan:3-1", 3, 3) == ("wan:1-3",)
+    assert link_names("center:2", 3, 2) == ("host:2.0", "host:2.1", "wan:1-2", "wan:2-3")
+    with pytest.raises(ValueError):
+        link_names("host:4.0", 3, 3)
+    faults = [Fault("partition"), Fault("lossy-wan"), Fault("lossy-lan"), Fault("duplicate-frames", at=0.2)]
+    a = schedule_link_faults(faults, 3, 3, seed=1)
+    assert a == schedule_link_faults(faults, 3, 3, seed=1)  # the seed decides
+    part, wan, lan, dup = a
+    assert part.duration == 20.0 and len(part.links) == 1 and part.links[0].startswith("wan:")
+    assert wan.links == ("wan:1-2", "wan:1-3", "wan:2-3") and wan.duration is None
+    assert lan.links[0].startswith("host:") and 0.1 <= lan.at <= 0.6
+    assert dup.at == 0.2 and len(dup.links) == 4
+    assert LINK_DEFAULTS["lossy-wan"].delay == 0.2
+
+
+async def test_link_faults_switch_relays_on_and_off(autojump_clock):
+    async with trio.open_nursery() as nursery:
+        target, relay = await start(nursery)
+        relays = {"wan:1-2": relay}
+        schedule = [ScheduledFault("lossy-wan", 0.2, 5.0, ("wan:1-2",), "wan:1-2"),
+                    ScheduledFault("partition", 0.5, 3.0, ("wan:1-2",), "wan:1-2")]
+        faults = LinkFaults(schedule, relays, nursery)
+        faults.tick(0.1)
+        assert relay.config == CLEAN and faults.settled
+        faults.tick(0.3)
+        assert relay.config == LINK_DEFAULTS["lossy-wan"] and not faults.settled
+        faults.tick(0.6)
+        assert relay.partitioned
+        await trio.sleep(3.01)
+        assert not relay.partitioned and relay.config == LINK_DEFAULTS["lossy-wan"]
+        await trio.sleep(2)
+        assert relay.config == CLEAN and faults.settled
+        assert [e["event"] for e in faults.summary()["events"]] == ["start", "start", "end", "end"]
+        nursery.cancel_scope.cancel()
