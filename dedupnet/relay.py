@@ -84,6 +84,7 @@ __all__ = [
     "relay_target",
     "start_link_relays",
     "LinkFaults",
+    "format_links",
 ]
 
 log = logging.getLogger("dedupnet.relay")
@@ -317,6 +318,8 @@ class Relay:
         self.bind_source = bind_source
         self.connect_timeout = connect_timeout
         self.counters: Counter[str] = Counter()
+        #: (trio time, "partition" | "heal"): when the link was cut and healed.
+        self.history: list[tuple[float, str]] = []
         self.address: tuple[str, int] | None = None
         self.pipes: set[_Pipe] = set()
         self._ordinals = itertools.count()
@@ -382,6 +385,7 @@ class Relay:
         if self._healed is None:
             self._healed = trio.Event()
             self.counters["partitions"] += 1
+            self.history.append((trio.current_time(), "partition"))
             log.info("relay %s: partitioned (%s)", self.name, mode)
         self._partition_token += 1
         if mode == "reset":
@@ -400,6 +404,7 @@ class Relay:
             self._healed.set()
             self._healed = None
             self.counters["heals"] += 1
+            self.history.append((trio.current_time(), "heal"))
             log.info("relay %s: healed", self.name)
 
     async def _wait_healed(self) -> None:
@@ -553,6 +558,7 @@ class LinkFaults:
         self.active: set[int] = set()
         self.events: list[dict] = []
         self.windows: dict[int, tuple[float, float | None]] = {}  # index -> (start, end)
+        self.total = 0  # what progress is a fraction of (the caller's to set; for the report)
 
     @property
     def settled(self) -> bool:
@@ -606,9 +612,25 @@ class LinkFaults:
                     config = config.merged(LINK_DEFAULTS[f.kind])
             relay.config = config
 
-    def summary(self) -> dict:
+    def summary(self, t0: float = 0.0) -> dict:
+        """What was scheduled, what happened when (seconds after ``t0``), the relays' counters."""
         return {
             "faults": [f.describe() for f in self.schedule],
-            "events": [{**e, "t": round(e["t"], 3)} for e in self.events],
+            "events": [{**e, "t": round(e["t"] - t0, 3)} for e in self.events],
             "relays": {name: dict(sorted(r.counters.items())) for name, r in sorted(self.relays.items())},
         }
+
+
+def format_links(summary: dict) -> str:
+    """Report lines for link faults: each event, then what the relays did, summed."""
+    if not summary:
+        return ""
+    lines = [f"  link fault                  {e['event']:<5} at {e['t']:6.1f} s: {e['fault']}" for e in summary["events"]]
+    total: Counter[str] = Counter()
+    for counters in summary["relays"].values():
+        total.update(counters)
+    keys = ("messages", "delayed", "duplicated", "reordered", "dropped", "silent_dropped", "refused")
+    did = ", ".join(f"{k} {total[k]:,}" for k in keys if total[k])
+    resets = sum(v for k, v in total.items() if k.startswith("resets:"))
+    lines.append(f"  relays ({len(summary['relays'])})                 {did}, connections reset {resets:,}")
+    return "\n".join(lines)

@@ -356,3 +356,147 @@ async def test_link_faults_switch_relays_on_and_off(autojump_clock):
         assert relay.config == CLEAN and faults.settled
         assert [e["event"] for e in faults.summary()["events"]] == ["start", "start", "end", "end"]
         nursery.cancel_scope.cancel()
+
+
+# --- the link scenarios end to end: dedupnet sim, in one process ---------------------------
+
+from center_host import protocol as cp  # noqa: E402
+from dedupnet.cluster import Cluster  # noqa: E402
+from dedupnet.sim import SimConfig, simulate  # noqa: E402
+
+
+def small(faults, **kw) -> SimConfig:
+    cfg = dict(networks=2, hosts=2, pages=600, sites=8, timeout=120, seeds=4, faults=tuple(faults))
+    cfg.update(kw)
+    return SimConfig(**cfg)
+
+
+def assert_exact(r):
+    assert not r.timed_out, "no quiescence"
+    assert r.duplicate_fetches == 0 and r.harness_duplicates == 0
+    assert r.lost_urls == 0 and r.fetched_urls == r.reachable_urls
+
+
+class CenterWatch:
+    """Records, at every center, each admission (with who had answered the set before
+    the event that admitted it) and each answer from a peer network, with trio times;
+    and samples ``waiting_for`` (what ``dedupnet status`` shows). Test-only: it wraps
+    the reactors' ``_handle`` (the core's handle) as sim.CpuMeter does."""
+
+    def __init__(self):
+        #: t, network, number, who had answered; admissions of at least one URL only.
+        self.admits: list[tuple[float, int, int, frozenset[str]]] = []
+        self.peer_answers: list[tuple[float, int, int]] = []  # t, at network, from network
+        self.waiting: list[tuple[float, int, dict[str, int]]] = []
+        self.cluster: Cluster | None = None
+
+    def install(self, monkeypatch):
+        original = Cluster.start_center
+        watch = self
+
+        async def start_center(cluster, n, networks, port=0):
+            watch.cluster = cluster
+            daemon = await original(cluster, n, networks, port)
+            watch._wrap(n, daemon)
+            return daemon
+        monkeypatch.setattr(Cluster, "start_center", start_center)
+
+    def _wrap(self, n: int, daemon) -> None:
+        core, handle = daemon.core, daemon.reactor._handle
+
+        def watched(event):
+            before = {num: frozenset(rec.answered) for num, rec in core.sets.items()}
+            actions = handle(event)
+            now = trio.current_time()
+            if isinstance(event, cp.Received) and isinstance(event.sender, cp.Peer) \
+                    and isinstance(event.message, Frame) and event.message.flag == 3:
+                self.peer_answers.append((now, n, event.sender.network))
+                before = {k: v | {str(event.sender)} for k, v in before.items()}
+            for a in actions:
+                if isinstance(a, cp.Admit) and a.urls:
+                    self.admits.append((now, n, a.number, before.get(a.number, frozenset())))
+            return actions
+        daemon.reactor._handle = watched
+
+    async def sample(self, every: float = 0.2):
+        while True:
+            await trio.sleep(every)
+            if self.cluster is not None:
+                for n, c in self.cluster.centers.items():
+                    self.waiting.append((trio.current_time(), n, c.core.waiting_for()))
+
+
+def cut_window(watch: CenterWatch) -> tuple[float, float]:
+    """When the WAN link 1-2 was cut and healed (trio time), from its relay."""
+    relay = watch.cluster.relays["wan:1-2"]
+    (start, what1), (end, what2) = relay.history
+    assert (what1, what2) == ("partition", "heal")
+    return start, end
+
+
+async def run_partition(redis_url, monkeypatch, policy: str | None):
+    """3 networks x 2 hosts; the WAN link between centers 1 and 2 is cut silently for
+    8 s (longer than the 5 s heartbeat timeout: both sides see the other network go
+    down) at 30 % of the crawl, then healed."""
+    watch = CenterWatch()
+    watch.install(monkeypatch)
+    cfg = small([Fault("partition", at=0.3, duration=8.0, target="wan:1-2")], networks=3, hosts=2, pages=900,
+                sites=9, seeds=6, partition_policy=policy)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch.sample)
+        r = await simulate(cfg, redis_url, out=None)
+        nursery.cancel_scope.cancel()
+    return r, watch, cut_window(watch)
+
+
+def violations(watch: CenterWatch, window: tuple[float, float]) -> list[tuple]:
+    """Admissions at centers 1 and 2 during the cut of sets the other side had not
+    answered: a URL the cut-off network might hold, admitted anyway."""
+    start, end = window
+    other = {1: "net:2", 2: "net:1"}
+    return [(t, n, num) for t, n, num, answered in watch.admits
+            if n in other and start <= t < end and other[n] not in answered]
+
+
+async def test_partition_exact_mode_waits_for_the_cut_network_then_finishes(redis_url, monkeypatch):
+    r, watch, (start, end) = await run_partition(redis_url, monkeypatch, None)
+    assert_exact(r)
+    assert end - start == pytest.approx(8.0, abs=0.5)
+    # Nothing crossed the cut: no answer between networks 1 and 2 while it lasted.
+    assert not [a for a in watch.peer_answers if start < a[0] < end and {a[1], a[2]} == {1, 2}]
+    # Rule W (PROTOCOL.md section 10): nothing that network 2 might hold is admitted
+    # at center 1 during the cut (and the other way round) ...
+    assert violations(watch, (start, end)) == []
+    # ... those sets wait (status: waiting_for) ...
+    other = {1: "net:2", 2: "net:1"}
+    assert max(w.get(other[n], 0) for t, n, w in watch.waiting if n in other and start < t < end) > 0
+    # ... while network 3, which reaches both, goes on admitting.
+    assert any(start < t < end and n == 3 for t, n, *_ in watch.admits)
+    # After the heal the waiting sets are answered and admitted, and the crawl ends.
+    assert any(t >= end and n in (1, 2) for t, n, *_ in watch.admits)
+    assert r.sets_concluded_incomplete == 0
+
+
+async def test_partition_the_check_fails_under_the_time_limit_policy(redis_url, monkeypatch):
+    """The same cut under ``partition_policy = "admit"`` (the paper's time limit): sets
+    conclude without the cut network, which the check above catches. Shows that it can fail."""
+    r, watch, window = await run_partition(redis_url, monkeypatch, "admit")
+    assert not r.timed_out and r.lost_urls == 0
+    assert violations(watch, window) != []
+
+
+async def test_lossy_wan_exact(redis_url):
+    """200 ms +- 100 ms on every WAN link and 5 % of messages ending their connection."""
+    r = await simulate(small([Fault("lossy-wan", at=0.1)], pages=500), redis_url, out=None)
+    assert_exact(r)
+    relays = r.links["relays"]
+    assert sum(c.get("delayed", 0) for c in relays.values()) > 50
+    assert sum(c.get("dropped", 0) + c.get("resets:reset", 0) for c in relays.values()) > 0
+    assert r.sets_concluded_incomplete == 0
+
+
+async def test_duplicate_frames_exact(redis_url):
+    r = await simulate(small([Fault("duplicate-frames", at=0.05)], pages=500), redis_url, out=None)
+    assert_exact(r)
+    assert sum(c.get("duplicated", 0) for c in r.links["relays"].values()) > 10
+
