@@ -684,7 +684,13 @@ class CenterProtocol:
                 rec.incomplete = True
                 if not rec.awaiting:
                     actions += [CancelTimer(rec.number), *self._stage_done(rec)]
-        if isinstance(member, Host):
+        if isinstance(member, Host) and not self.wait:
+            # "admit": a host that left is not waited for, its unacknowledged tasks move.
+            # Under "wait" they stay its own and go to it again when it is back
+            # (_joined): a lost connection is not a lost host, and a task whose ack was
+            # lost with the connection may already be in its task_pool, being crawled;
+            # handing it to another host would fetch it twice. Only a graceful leave
+            # (_handed_back) moves a host's tasks.
             actions += self._reassign(member.ip)
         return actions
 

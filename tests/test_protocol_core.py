@@ -273,7 +273,7 @@ def test_center_restart_resumes_and_loses_nothing():
 
 
 def test_tasks_go_by_site_and_are_reassigned_when_a_host_leaves():
-    c = center(peers={})
+    c = center(peers={}, partition_policy="admit")  # under "wait" they stay (next test)
     batch = {f"http://site{i}.example/p": 0 for i in range(30)}
     c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
     for ip in ("127.0.1.11", "127.0.1.12"):
@@ -286,6 +286,25 @@ def test_tasks_go_by_site_and_are_reassigned_when_a_host_leaves():
     # .12's URLs go to the live hosts (joining .10's unacknowledged task, sent again whole).
     assert {to for to, _ in moved} <= {"127.0.1.10", "127.0.1.11"}
     assert set(tasks["127.0.1.12"].URLs) <= {u for _, m in moved for u in m.URLs}
+    assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
+
+
+def test_under_wait_a_host_that_disconnects_keeps_its_unacknowledged_tasks():
+    """Found by the lossy-lan link scenario (tests/test_relay.py): a task whose ack is
+    lost with the connection is in the host's task_pool already; it must not go to
+    another host too. It stays assigned and is sent again when the host is back."""
+    c = center(peers={})
+    batch = {f"http://site{i}.example/p": 0 for i in range(30)}
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
+    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    assert [m for _, m in sent(c) if isinstance(m, Task)] == []
+    assert c.core.counters.get("tasks_reassigned") == 0
+    c.feed(cp.Joined(cp.Host("127.0.1.12")))
+    assert [(to, m) for to, m in sent(c) if isinstance(m, Task)] == [("127.0.1.12", tasks["127.0.1.12"])]
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Ack(5, "stored")))
     assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
 
 

@@ -500,3 +500,52 @@ async def test_duplicate_frames_exact(redis_url):
     assert_exact(r)
     assert sum(c.get("duplicated", 0) for c in r.links["relays"].values()) > 10
 
+
+
+async def test_lossy_lan_exact(redis_url):
+    """One host's link to its center resets often (10 % of its messages)."""
+    r = await simulate(small([Fault("lossy-lan", at=0.05, target="host:1.0")], pages=500), redis_url, out=None)
+    assert_exact(r)
+    assert r.links["relays"]["host:1.0"].get("dropped", 0) + r.links["relays"]["host:1.0"].get("resets:reset", 0) > 2
+
+
+# --- what the daemons do with a lost message ------------------------------------------------
+
+from center_host.protocol import owner_of  # noqa: E402
+from dedupnet.cluster import open_cluster  # noqa: E402
+
+HOSTS_1 = ("127.0.1.10", "127.0.1.11")
+
+
+def urls_owned_by(ip: str, count: int) -> list[str]:
+    """URLs whose tasks go to ``ip`` (rendezvous hashing on the site, gap 8)."""
+    out, i = [], 0
+    while len(out) < count:
+        url = f"http://site{i}.example/page"
+        if owner_of(url, HOSTS_1) == ip:
+            out.append(url)
+        i += 1
+    return out
+
+
+async def task_pools(cluster) -> dict[str, set[str]]:
+    return {ip: {u for _, u in await h.store.run(h.pools.all_tasks)} for ip, h in cluster.hosts.items()}
+
+
+async def test_a_task_whose_ack_is_lost_with_the_connection_is_queued_by_one_host_only(redis_url, prefix):
+    """A Task reaches host .10, which queues it and acks; the ack is lost and the
+    connection reset (lossy-lan). The center must not hand the task to another host:
+    .10 has it already (and may be crawling it), so that would fetch it twice."""
+    async with open_cluster(redis_url, 1, 2, prefix=prefix, links={"host:1.0"}) as cluster:
+        relay = cluster.relays["host:1.0"]
+        relay.config = LinkConfig(drop=1.0, kinds=frozenset({int(Kind.ACK)}))
+        urls = urls_owned_by(HOSTS_1[0], 5)
+        await trio.to_thread.run_sync(cluster.hosts[HOSTS_1[1]].pools.push, urls)  # found by .11
+        with trio.fail_after(20):
+            while not relay.counters["dropped"]:
+                await trio.sleep(0.02)
+            relay.config = CLEAN
+            await cluster.wait_quiescent()
+        pools = await task_pools(cluster)
+        assert pools[HOSTS_1[0]] == set(urls)
+        assert pools[HOSTS_1[1]] == set(), "the task was queued by two hosts"
