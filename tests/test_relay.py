@@ -549,3 +549,45 @@ async def test_a_task_whose_ack_is_lost_with_the_connection_is_queued_by_one_hos
         pools = await task_pools(cluster)
         assert pools[HOSTS_1[0]] == set(urls)
         assert pools[HOSTS_1[1]] == set(), "the task was queued by two hosts"
+
+
+#: A message silently lost on a live connection (LinkConfig.silent_drop: not something
+#: TCP does) — which one, who found the URLs, and whether the daemons recover by themselves.
+SILENT_CASES = {
+    # host .10's flag=1 set: kept unacknowledged, sent again only on a reconnect.
+    "set": (Kind.FRAME, 0, False),
+    # the center's ack of that set: the same.
+    "ack": (Kind.ACK, 0, False),
+    # a task for .10 (found by .11): kept in task_URL, sent again only on a rejoin.
+    "task": (Kind.TASK, 1, False),
+    # the flag=2 request to .10 for .11's set: the center's answer timer asks again.
+    "request": (Kind.FRAME, 1, True),
+}
+
+
+@pytest.mark.parametrize("case", list(SILENT_CASES))
+async def test_a_message_lost_silently_on_a_live_connection(redis_url, prefix, case):
+    """TCP never loses a message on a live connection, and the daemons rely on that:
+    a set, an ack or a task that vanished while the connection stays up is sent again
+    only when the connection is made again (gap 7: on reconnect, every unacknowledged
+    set; on rejoin, every unacknowledged task), so without a reset the run stalls —
+    nothing is lost, it waits. A request has the center's answer timer behind it."""
+    kind, finder, recovers = SILENT_CASES[case]
+    async with open_cluster(redis_url, 1, 2, prefix=prefix, links={"host:1.0"}, answer_timeout=0.5) as cluster:
+        relay = cluster.relays["host:1.0"]
+        relay.config = LinkConfig(silent_drop=1.0, kinds=frozenset({int(kind)}))
+        urls = urls_owned_by(HOSTS_1[0], 5)
+        await trio.to_thread.run_sync(cluster.hosts[HOSTS_1[finder]].pools.push, urls)
+        with trio.fail_after(10):
+            while not relay.counters["silent_dropped"]:
+                await trio.sleep(0.02)
+        relay.config = CLEAN
+        with trio.move_on_after(3.0):  # six answer timeouts, three heartbeats
+            await cluster.wait_quiescent()
+        assert await cluster.quiescent() == recovers
+        if not recovers:
+            assert relay.reset_all() == 1  # a new connection: what was lost is sent again
+        with trio.fail_after(10):
+            await cluster.wait_quiescent()
+        pools = await task_pools(cluster)
+        assert pools == {HOSTS_1[0]: set(urls), HOSTS_1[1]: set()}
