@@ -27,6 +27,8 @@ from dedupnet.sim import SimConfig, simulate
 
 
 def relay_totals(report) -> str:
+    if not report.links:
+        return "-"
     total: Counter[str] = Counter()
     for counters in report.links.get("relays", {}).values():
         total.update(counters)
@@ -42,7 +44,8 @@ def relay_totals(report) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--scenarios", default=",".join(LINK_FAULTS))
+    p.add_argument("--scenarios", default=",".join(LINK_FAULTS),
+                   help="comma-separated link faults; 'none' is a clean run for comparison")
     p.add_argument("--seeds", default="1,2,3")
     p.add_argument("--networks", type=int, default=3)
     p.add_argument("--hosts", type=int, default=3)
@@ -58,11 +61,12 @@ def main(argv=None) -> int:
         for scenario in args.scenarios.split(","):
             for seed in (int(s) for s in args.seeds.split(",")):
                 cfg = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites,
-                                seed=seed, timeout=args.timeout, faults=(Fault(scenario),))
+                                seed=seed, timeout=args.timeout,
+                                faults=() if scenario == "none" else (Fault(scenario),))
                 r = trio.run(functools.partial(simulate, cfg, url, out=None))
                 reports.append(r.to_json())
                 fault = r.links["faults"][0] if r.links.get("faults") else scenario
-                where = fault.split(" on ", 1)[1].split(" at ")[0] if " on " in fault else "?"
+                where = fault.split(" on ", 1)[1].split(" at ")[0] if " on " in fault else "-"
                 row = (f"| {scenario:<16} | {seed:>4} | {where:<26} | {r.duplicate_fetches:>10} | {r.lost_urls:>4} "
                        f"| {'no (timeout)' if r.timed_out else 'yes':<9} | {r.wall_time:>6.1f} "
                        f"| {r.sets_concluded_incomplete:>10} | {relay_totals(r)} |")

@@ -1,6 +1,13 @@
 """A whole system on one machine: L centers and L×H hosts as trio tasks, real TCP on
 loopback addresses (center of network L at 127.0.L.1, hosts at 127.0.L.10+), real
-Redis (one server, a key prefix per daemon). The tests and ``dedupnet sim`` use it."""
+Redis (one server, a key prefix per daemon). The tests and ``dedupnet sim`` use it.
+
+Links named in ``open_cluster(links=...)`` (``wan:A-B`` between two centers, ``host:N.I``
+between a host and its center) go through a fault-injecting relay
+(:mod:`dedupnet.relay`): the daemon that dials — the host, or the lower-numbered
+center (``CenterDaemon._dial``) — is given the relay's address instead of its
+center's or peer's, and the relay connects on from the daemon's own address, so the
+center's source-address check (PROTOCOL.md gap 2) sees the real client."""
 
 from __future__ import annotations
 

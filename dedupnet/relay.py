@@ -485,7 +485,8 @@ def schedule_link_faults(faults: Iterable[Fault], networks: int, hosts: int, see
     """Decide what the seed decides: the start (``at`` None: 10-60 % of the crawl) and
     the target (``target`` None: a random pair of networks for ``partition``, every WAN
     link for ``lossy-wan``, a random host for ``lossy-lan``, one random WAN link and
-    one random host per network for ``duplicate-frames``)."""
+    one random host per network for ``duplicate-frames``). A given target may be any
+    link: ``partition`` on ``host:N.I`` cuts one host off its center."""
     rng = random.Random(f"links:{seed}")
     out = []
     for f in faults:
@@ -509,8 +510,6 @@ def schedule_link_faults(faults: Iterable[Fault], networks: int, hosts: int, see
         else:
             links = (rng.choice(wans), *(host_name(n, rng.randrange(hosts)) for n in range(1, networks + 1)))
             target = ", ".join(links)
-        if f.kind == "partition" and any(not name.startswith("wan:") for name in links):
-            pass  # a LAN partition (a host cut off) is allowed too
         out.append(ScheduledFault(f.kind, at, duration, links, target))
     return out
 

@@ -13,6 +13,11 @@ the keys a real daemon would use on its own server. ``--processes`` runs every
 daemon as its own OS process (``dedupnet center`` / ``dedupnet local``) against the
 same server.
 
+Link faults (``SimConfig.faults``, issue #9): the links they name go through relays
+(dedupnet/relay.py) from the start, clean; each fault is switched on when its fraction
+of the crawl is fetched and off after its duration, and the run ends only after every
+fault with an end has ended (a partition has healed). The report lists what the relays did.
+
 Modes: ``exact`` and ``paper`` run the protocol; ``owner`` runs the hash-partitioned
 baseline (dedupnet/owner.py) on the same hosts and web.
 """
