@@ -684,11 +684,14 @@ class CenterProtocol:
                 rec.incomplete = True
                 if not rec.awaiting:
                     actions += [CancelTimer(rec.number), *self._stage_done(rec)]
-        # A host's unacknowledged tasks stay its own: sent, they may be in its socket or
-        # its task_pool already (a frozen host reads them when it thaws), and given to
-        # another host too they were crawled twice (issue #9, freeze-host). They are sent
-        # again when it is back (_joined), like its task_pool waits for it; only a host
-        # that hands them back (_handed_back) has them moved.
+        if isinstance(member, Host) and not self.wait:
+            # "admit": a host that left is not waited for, its unacknowledged tasks move.
+            # Under "wait" they stay its own and go to it again when it is back
+            # (_joined): a lost connection is not a lost host, and a task whose ack was
+            # lost with the connection may already be in its task_pool, being crawled;
+            # handing it to another host would fetch it twice. Only a graceful leave
+            # (_handed_back) moves a host's tasks.
+            actions += self._reassign(member.ip)
         return actions
 
     # -- task_URL -> task_pool (gap 8) -------------------------------------------------

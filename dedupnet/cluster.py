@@ -1,6 +1,13 @@
 """A whole system on one machine: L centers and L×H hosts as trio tasks, real TCP on
 loopback addresses (center of network L at 127.0.L.1, hosts at 127.0.L.10+), real
-Redis (one server, a key prefix per daemon). The tests and ``dedupnet sim`` use it."""
+Redis (one server, a key prefix per daemon). The tests and ``dedupnet sim`` use it.
+
+Links named in ``open_cluster(links=...)`` (``wan:A-B`` between two centers, ``host:N.I``
+between a host and its center) go through a fault-injecting relay
+(:mod:`dedupnet.relay`): the daemon that dials — the host, or the lower-numbered
+center (``CenterDaemon._dial``) — is given the relay's address instead of its
+center's or peer's, and the relay connects on from the daemon's own address, so the
+center's source-address check (PROTOCOL.md gap 2) sees the real client."""
 
 from __future__ import annotations
 
@@ -13,6 +20,7 @@ import trio
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from local_host.daemon import LocalDaemon, LocalSettings
 
+from .relay import Relay, host_name, start_link_relays, wan_name
 from .store import Store
 
 
@@ -41,6 +49,11 @@ class Cluster:
     scopes: dict[str, trio.CancelScope] = field(default_factory=dict)
     stopped: dict[str, trio.Event] = field(default_factory=dict)
     nursery: trio.Nursery | None = None
+    #: Links that go through a fault-injecting relay (dedupnet/relay.py): "wan:A-B",
+    #: "host:N.I"; the relays themselves, by link, once started.
+    links: frozenset[str] = frozenset()
+    link_seed: int = 0
+    relays: dict[str, Relay] = field(default_factory=dict)
 
     def _store(self, name: str) -> Store:
         if name not in self.stores:
@@ -59,9 +72,28 @@ class Cluster:
                 stopped.set()
         await self.nursery.start(run)
 
+    def center_address(self, n: int) -> tuple[str, int]:
+        return center_ip(n), self.centers[n].port
+
+    async def _via(self, link: str, n: int) -> tuple[str, int]:
+        """The address a daemon dials to reach center ``n``: the center itself, or the
+        relay of ``link`` if that link goes through one (started on first use; a
+        restarted center keeps its port, so the relay stays valid)."""
+        if link not in self.links:
+            return self.center_address(n)
+        if link not in self.relays:
+            self.relays.update(await start_link_relays(self.nursery, [link], self.center_address, seed=self.link_seed))
+        return self.relays[link].address
+
     async def start_center(self, n: int, networks: int, port: int = 0) -> CenterDaemon:
-        peers = [PeerAddress(m, center_ip(m), self.centers[m].port if m in self.centers else 0, lan(m))
-                 for m in range(1, networks + 1) if m != n]
+        peers = []
+        for m in range(1, networks + 1):
+            if m == n:
+                continue
+            # The lower-numbered center dials the higher one (center_host/daemon.py _dial).
+            host, peer_port = (await self._via(wan_name(n, m), m) if n < m and m in self.centers
+                               else (center_ip(m), self.centers[m].port if m in self.centers else 0))
+            peers.append(PeerAddress(m, host, peer_port, lan(m)))
         timing = {k: v for k, v in self.timing.items() if k in CenterSettings.__dataclass_fields__}
         daemon = CenterDaemon(CenterSettings(n, center_ip(n), port, lan(n), peers, mode=self.mode, **timing),
                               self._store(f"center{n}"))
@@ -72,7 +104,7 @@ class Cluster:
     async def start_host(self, n: int, i: int) -> LocalDaemon:
         ip = host_ip(n, i)
         timing = {k: v for k, v in self.timing.items() if k in LocalSettings.__dataclass_fields__}
-        daemon = LocalDaemon(LocalSettings(n, ip, lan(n), (center_ip(n), self.centers[n].port),
+        daemon = LocalDaemon(LocalSettings(n, ip, lan(n), await self._via(host_name(n, i), n),
                                            set_size=self.set_size, mode=self.mode, **timing), self._store(f"host:{ip}"))
         await self._start(ip, daemon)
         self.hosts[ip] = daemon
@@ -134,11 +166,13 @@ class Cluster:
 
 @asynccontextmanager
 async def open_cluster(redis_url: str, networks: int, hosts: int, *, mode: str = "exact", set_size: int = 100,
-                       prefix: str = "sim", **timing) -> AsyncIterator[Cluster]:
+                       prefix: str = "sim", links: frozenset[str] | set[str] | tuple[str, ...] = (),
+                       link_seed: int = 0, **timing) -> AsyncIterator[Cluster]:
     """Start centers (highest network first, so each dials peers already listening),
     then hosts; yields once all are connected; on exit stops every daemon, waits for
-    them, and removes the cluster's keys."""
-    cluster = Cluster(redis_url, prefix, mode, set_size, timing)
+    them, and removes the cluster's keys. ``links`` ("wan:A-B", "host:N.I") go through
+    a fault-injecting relay each (:mod:`dedupnet.relay`), clean until told otherwise."""
+    cluster = Cluster(redis_url, prefix, mode, set_size, timing, links=frozenset(links), link_seed=link_seed)
     try:
         async with trio.open_nursery() as nursery:
             cluster.nursery = nursery

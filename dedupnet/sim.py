@@ -13,6 +13,11 @@ the keys a real daemon would use on its own server. ``--processes`` runs every
 daemon as its own OS process (``dedupnet center`` / ``dedupnet local``) against the
 same server.
 
+Link faults (``SimConfig.faults``, issue #9): the links they name go through relays
+(dedupnet/relay.py) from the start, clean; each fault is switched on when its fraction
+of the crawl is fetched and off after its duration, and the run ends only after every
+fault with an end has ended (a partition has healed). The report lists what the relays did.
+
 Modes: ``exact`` and ``paper`` run the protocol; ``owner`` runs the hash-partitioned
 baseline (dedupnet/owner.py) on the same hosts and web.
 """
@@ -36,7 +41,7 @@ from local_host.crawler import Crawler, CrawlerSettings
 
 from .cluster import host_ip, open_cluster
 from .errors import BadURL
-from .faults import FAULTS, Fault, parse_fault
+from .faults import FAULTS, LINK_FAULTS, Fault, parse_fault
 from .store import FINISH_URL, TASK_POOL, URL_POOL
 from .urls import fingerprint_many, normalize
 from .web import SyntheticWeb, WebSpec
@@ -72,6 +77,8 @@ class SimConfig:
     per_site_concurrency: int = 4
     concurrency: int = 16
     progress_every: float = 1.0
+    #: Faults to inject (issue #9); link faults (dedupnet/relay.py) run in-process.
+    faults: tuple[Fault, ...] = ()
 
 
 @dataclass
@@ -128,6 +135,8 @@ class Report:
     #: The faults injected (resolved: every field filled), when they ran and what came of them.
     faults: list[dict] = field(default_factory=list)
     timeline: list[dict] = field(default_factory=list)
+    #: Link faults: what was scheduled, when it started and ended, what each relay did.
+    links: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -303,8 +312,9 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
                                      prefix=prefix, crawler=crawler, set_linger=cfg.set_linger,
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
-                                     send_delay=cfg.send_delay)
+                                     send_delay=cfg.send_delay, **_link_relays(cfg))
         async with system_cm as system, trio.open_nursery() as crawling:
+            links = _link_faults(cfg, system, web, seeds)
             crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
             meter = CpuMeter() if cfg.mode != "owner" else None
             for d in getattr(system, "centers", {}).values():
@@ -318,14 +328,46 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
             plan = await _seed(system, seeds, cfg.scenario)
             t0 = time.perf_counter()
             timeline: list[dict] = []
-            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter)
+            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links)
             wall = time.perf_counter() - t0
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
             report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
                              center_cpu=meter.seconds - meter_start if meter else None, memory=memory)
+            if links is not None:
+                report.links = links.summary(t0=trio.current_time() - wall)
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
         nursery.cancel_scope.cancel()
     return report
+
+
+# --- link faults (dedupnet/relay.py): relays on the chosen links, switched on as the crawl goes
+
+
+def _link_relays(cfg: SimConfig) -> dict:
+    """open_cluster's arguments for the relays the link faults need (none without any)."""
+    schedule = _link_schedule(cfg)
+    return {"links": frozenset(l for f in schedule for l in f.links), "link_seed": cfg.seed} if schedule else {}
+
+
+def _link_schedule(cfg: SimConfig):
+    from .relay import schedule_link_faults
+
+    return schedule_link_faults([f for f in cfg.faults if f.kind in LINK_FAULTS], cfg.networks, cfg.hosts, cfg.seed)
+
+
+def _link_faults(cfg: SimConfig, system, web: SyntheticWeb, seeds: list[str]):
+    """The controller that switches the link faults on (at their fraction of the crawl:
+    requests to the web over the ground truth's URL count) and off; None without any."""
+    schedule = _link_schedule(cfg)
+    if not schedule:
+        return None
+    if cfg.mode == "owner":
+        raise ValueError("link faults need the protocol's daemons (exact or paper mode)")
+    from .relay import LinkFaults
+
+    faults = LinkFaults(schedule, system.relays, system.nursery)
+    faults.total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
+    return faults
 
 
 async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mode: str) -> dict[str, Any]:
@@ -402,8 +444,10 @@ async def _pool_sizes(system) -> dict[str, int]:
     return dict(sizes)
 
 
-async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None) -> bool:
-    """Sample progress until nothing is left anywhere (twice in a row) or the timeout."""
+async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None,
+                             links=None) -> bool:
+    """Sample progress until nothing is left anywhere (twice in a row) or the timeout.
+    With link faults, a fault with an end must have ended (healed) first."""
     quiet = 0
     next_print = 0.0
     events: set[str] = set()
@@ -416,12 +460,15 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
             timeline.append(sample)
             await _scenario_events(cfg, system, fetched, events)
+            if links is not None:
+                links.tick(fetched / max(links.total, 1))
             if meter is not None:
                 for c in getattr(system, "centers", {}).values():
                     meter.attach(c)  # a restarted center is a new daemon
             current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
             idle = all(c.idle for c in current.values() if c is not None)
             done = idle and not any(sizes.values()) and await system.quiescent()
+            done = done and (links is None or links.settled)
             quiet = quiet + 1 if done else 0
             if out is not None and now >= next_print:
                 next_print = now + cfg.progress_every
@@ -629,7 +676,7 @@ def format_report(r: Report) -> str:
     by key family             {memory}
   pages per host              {hosts}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r)
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r)
 
 
 def _faults_lines(r: Report) -> str:
@@ -642,6 +689,12 @@ def _faults_lines(r: Report) -> str:
         lines.append(f"  invariant violations ({r.invariant_violations}, first {len(r.invariant_examples)}):")
         lines += [f"    {v}" for v in r.invariant_examples]
     return "".join("\n" + line for line in lines)
+
+
+def _links_text(r: Report) -> str:
+    from .relay import format_links
+
+    return "\n" + format_links(r.links) if r.links else ""
 
 
 def _num(value, spec: str) -> str:
@@ -689,8 +742,8 @@ def plot(report: Report, path: str) -> None:
 
 
 
-#: Fault kinds the one-process simulation carries out (link faults: the relay's, once wired).
-INPROCESS_FAULTS: tuple[str, ...] = ()
+#: Fault kinds the one-process simulation carries out: the link faults (dedupnet/relay.py).
+INPROCESS_FAULTS: tuple[str, ...] = LINK_FAULTS
 
 
 def faults_refused(faults) -> str:

@@ -298,6 +298,42 @@ def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_ba
     assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
 
 
+def test_under_admit_a_host_that_leaves_has_its_tasks_reassigned():
+    c = center(peers={}, partition_policy="admit")  # under "wait" they stay (tests around)
+    batch = {f"http://site{i}.example/p": 0 for i in range(30)}
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
+    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
+    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    moved = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
+    # .12's URLs go to the live hosts (joining .10's unacknowledged task, sent again whole).
+    assert {to for to, _ in moved} <= {"127.0.1.10", "127.0.1.11"}
+    assert set(tasks["127.0.1.12"].URLs) <= {u for _, m in moved for u in m.URLs}
+    assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
+
+
+def test_under_wait_a_host_that_disconnects_keeps_its_unacknowledged_tasks():
+    """Found by the lossy-lan link scenario (tests/test_relay.py): a task whose ack is
+    lost with the connection is in the host's task_pool already; it must not go to
+    another host too. It stays assigned and is sent again when the host is back."""
+    c = center(peers={})
+    batch = {f"http://site{i}.example/p": 0 for i in range(30)}
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
+    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    assert [m for _, m in sent(c) if isinstance(m, Task)] == []
+    assert c.core.counters.get("tasks_reassigned") == 0
+    c.feed(cp.Joined(cp.Host("127.0.1.12")))
+    assert [(to, m) for to, m in sent(c) if isinstance(m, Task)] == [("127.0.1.12", tasks["127.0.1.12"])]
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Ack(5, "stored")))
+    assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
+
+
 def test_host_drops_its_own_request_and_answers_others():
     h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, mode="exact")
     h.finish_URL.add("http://a/")
