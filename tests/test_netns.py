@@ -43,6 +43,7 @@ import trio
 
 from dedupnet.daemons import fetch_status
 from dedupnet.embedded import _spawn
+from dedupnet.simproc import _quiet
 from dedupnet.web import SyntheticWeb, WebSpec
 
 from . import netns
@@ -173,16 +174,8 @@ class Daemon:
 
 
 def quiet(d: Daemon) -> bool:
-    st = d.status
-    if not st:
-        return False
-    pools = st.get("pools", {})
-    if d.role == "center":
-        return not st.get("sets_in_flight") and not pools.get("task_URL")
-    crawler = st.get("crawler") or {}
-    return bool(st.get("connected") and crawler.get("idle") and not crawler.get("in_progress")
-                and not pools.get("URL_pool") and not pools.get("task_pool") and not pools.get("unacked_sets")
-                and not st.get("sets_in_flight", {}).get("unacked"))
+    """The --processes simulation's rule, on the status this test polled."""
+    return _quiet(d, d.status)
 
 
 async def poll_all(lab: Lab, daemons: list[Daemon]) -> None:

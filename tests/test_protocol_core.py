@@ -272,13 +272,19 @@ def test_center_restart_resumes_and_loses_nothing():
     assert c.admitted == {"http://a/"}
 
 
-def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_back():
-    c = center(peers={})
+def admit_one_set_of_30_sites(c) -> dict:
+    """Set 5 from .10 with 30 sites, answered by .11 and .12: admitted, so assigned by
+    site to the three hosts. Returns the Task sent to each host."""
     batch = {f"http://site{i}.example/p": 0 for i in range(30)}
     c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
     for ip in ("127.0.1.11", "127.0.1.12"):
         c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
-    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    return {to: m for to, m in sent(c) if isinstance(m, Task)}
+
+
+def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_back():
+    c = center(peers={})
+    tasks = admit_one_set_of_30_sites(c)
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
     c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
     # .12 leaves (missed heartbeats, a closed connection): its task may be in its socket
@@ -300,11 +306,7 @@ def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_ba
 
 def test_under_admit_a_host_that_leaves_has_its_tasks_reassigned():
     c = center(peers={}, partition_policy="admit")  # under "wait" they stay (tests around)
-    batch = {f"http://site{i}.example/p": 0 for i in range(30)}
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
-    for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
-    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    tasks = admit_one_set_of_30_sites(c)
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
     c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
     c.feed(cp.Left(cp.Host("127.0.1.12")))
@@ -320,11 +322,7 @@ def test_under_wait_a_host_that_disconnects_keeps_its_unacknowledged_tasks():
     lost with the connection is in the host's task_pool already; it must not go to
     another host too. It stays assigned and is sent again when the host is back."""
     c = center(peers={})
-    batch = {f"http://site{i}.example/p": 0 for i in range(30)}
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
-    for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
-    tasks = {to: m for to, m in sent(c) if isinstance(m, Task)}
+    tasks = admit_one_set_of_30_sites(c)
     c.feed(cp.Left(cp.Host("127.0.1.12")))
     assert [m for _, m in sent(c) if isinstance(m, Task)] == []
     assert c.core.counters.get("tasks_reassigned") == 0
