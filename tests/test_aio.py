@@ -8,6 +8,7 @@ from redis.exceptions import ResponseError
 from dedupnet.aio import AsyncStore
 from dedupnet.embedded import EmbeddedRedis
 from dedupnet.errors import StoreUnavailable
+from dedupnet.runtime import Reactor
 from dedupnet.store import FINISH_URL, URL_POOL, RetryPolicy, Store
 from dedupnet.urls import fingerprint_many
 from local_host import protocol as hp
@@ -204,3 +205,58 @@ async def test_until_stored_keeps_retrying_a_native_call(autojump_clock):
         await until_stored(AsyncStore(store), counters, store.command_steps, b"PING")
     assert scope.cancelled_caught
     assert counters.get("store_errors") >= 5
+
+
+async def _turns_taken_by_others(work) -> int:
+    """How many times a bystander task got to run while ``work`` ran: each time is one
+    turn of trio's run queue that ``work`` gave away."""
+    turns = 0
+    done = False
+
+    async def bystander():
+        nonlocal turns
+        while not done:
+            turns += 1
+            await trio.sleep(0)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(bystander)
+        await trio.sleep(0)
+        await work()
+        done = True
+    return turns
+
+
+async def test_a_round_trip_to_a_nearby_redis_does_not_give_away_a_turn(store, astore):
+    """The reply of a local Redis is waited for in select (SPIN), not by parking the task:
+    on a busy daemon a parked task waits a whole turn of the run queue per round trip."""
+    await astore.command(b"PING")  # connected
+
+    async def pings():
+        for _ in range(50):
+            assert await astore.command(b"PING") == b"PONG"
+
+    assert await _turns_taken_by_others(pings) < 10  # one per round trip before
+
+
+async def test_the_reactor_handles_queued_events_back_to_back_then_yields():
+    """Events already in the inbox are handled without a turn each (YIELD_AFTER bounds
+    how long others wait); all of them, in order."""
+    handled = []
+    reactor = Reactor(lambda e: handled.append(e) or [], _no_actions)
+    for i in range(200):
+        reactor.post(i)
+
+    async def run_until_handled():
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(reactor.run)
+            while len(handled) < 200:
+                await trio.sleep(0)
+            nursery.cancel_scope.cancel()
+
+    assert await _turns_taken_by_others(run_until_handled) < 50  # about 200 before
+    assert handled == list(range(200))
+
+
+async def _no_actions(actions):
+    return []
