@@ -626,7 +626,7 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
     if faults is not None:
         report.faults = [r.to_json() for r in faults.records]
     if links is not None:
-        report.faults += _link_records(cfg, links, trio_t0, wall)
+        report.faults = sorted(report.faults + _link_records(cfg, links, trio_t0, wall), key=lambda r: r["at"])
         report.links = links.summary(t0=trio_t0)
     return report
 
