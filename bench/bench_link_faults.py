@@ -2,11 +2,14 @@
 
     .venv/bin/python bench/bench_link_faults.py                      # 3x3, 3,000 pages, seeds 1-3
     .venv/bin/python bench/bench_link_faults.py --scenarios partition --seeds 1 --json out.json
+    .venv/bin/python bench/bench_link_faults.py --processes         # every daemon its own process
 
 Every run is ``dedupnet sim`` in one process (dedupnet/sim.py ``simulate``) with one
 fault of dedupnet/relay.py (``SimConfig.faults``): when it starts and which links it
-hits come from the seed (dedupnet/relay.py ``schedule_link_faults``). One embedded
-Redis serves the runs one after the other. Columns: duplicate fetches and lost URLs
+hits come from the seed (dedupnet/relay.py ``schedule_link_faults``). With
+``--processes`` every run is ``dedupnet sim --processes`` (dedupnet/simproc.py: every
+daemon its own OS process, the relays in the harness). One embedded Redis serves the
+runs one after the other. Columns: duplicate fetches and lost URLs
 (the web server's counts), whether the run reached quiescence, wall seconds from
 seeding to quiescence, sets concluded incomplete, and what the relays did.
 """
@@ -24,6 +27,7 @@ import trio
 from dedupnet.embedded import EmbeddedRedis
 from dedupnet.faults import LINK_FAULTS, Fault
 from dedupnet.sim import SimConfig, simulate
+from dedupnet.simproc import simulate_processes
 
 
 def relay_totals(report) -> str:
@@ -53,6 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--sites", type=int, default=30)
     p.add_argument("--timeout", type=float, default=300.0)
     p.add_argument("--json", metavar="FILE", help="write every report")
+    p.add_argument("--processes", action="store_true", help="every daemon its own process (dedupnet sim --processes)")
     args = p.parse_args(argv)
     rows, reports = [], []
     head = (f"| {'scenario':<16} | seed | {'link(s)':<26} | duplicates | lost | quiescent | wall s "
@@ -63,7 +68,8 @@ def main(argv=None) -> int:
                 cfg = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites,
                                 seed=seed, timeout=args.timeout,
                                 faults=() if scenario == "none" else (Fault(scenario),))
-                r = trio.run(functools.partial(simulate, cfg, url, out=None))
+                runner = simulate_processes if args.processes else simulate
+                r = trio.run(functools.partial(runner, cfg, url, out=None))
                 reports.append(r.to_json())
                 fault = r.links["faults"][0] if r.links.get("faults") else scenario
                 where = fault.split(" on ", 1)[1].split(" at ")[0] if " on " in fault else "-"

@@ -15,8 +15,8 @@ deployment, with signals, while the crawl runs:
   duration on the same port and data dir (AOF, ``appendfsync everysec``, as a daemon's
   own embedded server runs; docs/DECISIONS.md says why that loses nothing here).
 
-Link faults (``partition``, ``lossy-wan``, ...) are the relay's: see
-:func:`dedupnet.simproc.start_link_fault`.
+Link faults (``partition``, ``lossy-wan``, ...) are the relay's, run by the harness:
+see :func:`dedupnet.simproc.start_link_faults`.
 
 Every fault is logged (``fault ... started`` / ``ended``) and recorded in the report.
 Whatever happens to the run (timeout, error), a frozen daemon is continued and a killed

@@ -23,9 +23,14 @@ Faults (``cfg.faults``, ``dedupnet sim --processes --fault SPEC``, issue #9): ev
 process fault of :mod:`dedupnet.faults`, carried out by :mod:`dedupnet.procfaults`
 (signals to the daemons; ``kill-redis`` makes the run start its own persistent server
 on a fixed port instead of using the one given, so that it can kill and restart it).
-The run is not quiescent while a fault is under way. Link faults have a named hook,
-:func:`start_link_fault`, for the relay; until it is wired they are refused before a
-run starts.
+The run is not quiescent while a fault is under way. Link faults (``partition``,
+``lossy-wan``, ``lossy-lan``, ``duplicate-frames``) go through the fault-injecting relays
+of :mod:`dedupnet.relay`, run in this harness process (:func:`start_link_faults`): the
+link a fault names is given to its dialing daemon as the relay's address (a host's
+``--center``, the lower-numbered center's ``--peer`` address of the higher one), and
+the relay connects on from that daemon's own loopback IP, so the center's source-address
+check sees the real host or peer. The same seed draws the same link schedule as the
+one-process simulation (:func:`dedupnet.relay.schedule_link_faults`).
 """
 
 from __future__ import annotations
@@ -55,9 +60,10 @@ from .embedded import _spawn
 from .errors import DedupnetError
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
-from .faults import LINK_FAULTS, PROCESS_FAULTS, Fault, resolve, target_parts
+from .faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_fault, resolve, target_parts
 from .netinfo import source_ip_towards
-from .procfaults import FaultRunner, KillableRedis
+from .procfaults import FaultRecord, FaultRunner, KillableRedis
+from .relay import LinkFaults, host_name, schedule_link_faults, start_link_relays, wan_name
 from .sim import Observer, Report, SimConfig, _report, assign_seeds, progress_line, redis_memory, seed_count
 from .store import Store
 from .transport import ConnectionClosed, connect
@@ -230,8 +236,9 @@ def _check(cfg: SimConfig) -> None:
     check_faults(cfg)
 
 
-#: Fault kinds ``--processes`` carries out (dedupnet/procfaults.py).
-SUPPORTED_FAULTS = PROCESS_FAULTS
+#: Fault kinds ``--processes`` carries out: process faults (dedupnet/procfaults.py) and
+#: link faults (the relays of dedupnet/relay.py, :func:`start_link_faults`).
+SUPPORTED_FAULTS = PROCESS_FAULTS + LINK_FAULTS
 
 
 def check_faults(cfg: SimConfig) -> None:
@@ -239,9 +246,10 @@ def check_faults(cfg: SimConfig) -> None:
     a target the layout lacks."""
     leaving: Counter[int] = Counter()
     for i, f in enumerate(cfg.faults):
+        if f.kind not in SUPPORTED_FAULTS:
+            raise ValueError(f"{f.kind}: not a fault --processes can carry out")
         if f.kind in LINK_FAULTS:
-            raise ValueError(f"{f.kind}: link faults are not yet wired into --processes "
-                             f"(the relay's hook: dedupnet.simproc.start_link_fault)")
+            continue
         r = resolve(f, cfg.seed, cfg.networks, cfg.hosts, i)
         if r.kind == "leave-host":
             leaving[target_parts(r.target)[0]] += 1
@@ -249,15 +257,52 @@ def check_faults(cfg: SimConfig) -> None:
         if n >= cfg.hosts:
             raise ValueError(f"{n} leave-host faults in network {network} of {cfg.hosts} hosts: "
                              f"nobody would be left to crawl its tasks")
+    _link_schedule(cfg)  # a link target the layout lacks, a WAN fault on one network
 
 
-async def start_link_fault(fault: Fault, centers: list["Daemon"], hosts: list["Daemon"]) -> None:
-    """The hook for link faults (``partition``, ``lossy-wan``, ``lossy-lan``,
-    ``duplicate-frames``) with ``--processes``: the fault-injecting relay sits between
-    the daemons chosen by ``fault.target`` (their ``--center`` / ``--peer`` addresses
-    pointing at it) and cuts, delays, drops or duplicates for ``fault.duration``.
-    Not yet: :func:`check_faults` refuses link faults before a run starts."""
-    raise ValueError(f"{fault.kind}: link faults are not yet wired into --processes")
+def _link_faults_of(cfg: SimConfig) -> list[Fault]:
+    return [f for f in cfg.faults if f.kind in LINK_FAULTS]
+
+
+def _link_schedule(cfg: SimConfig):
+    return schedule_link_faults(_link_faults_of(cfg), cfg.networks, cfg.hosts, cfg.seed)
+
+
+async def start_link_faults(cfg: SimConfig, nursery: trio.Nursery,
+                            center_ports: dict[int, int]) -> tuple[LinkFaults | None, dict[str, tuple[str, int]]]:
+    """The link faults of ``cfg`` with ``--processes``: one clean relay per link a fault
+    names, run in ``nursery`` (this harness process) in front of the center that link
+    reaches (:func:`dedupnet.relay.start_link_relays`), and the controller that switches
+    the faults on and off (:class:`dedupnet.relay.LinkFaults`, ticked by the run).
+    Returns the controller (None without link faults) and each link's relay address,
+    which :func:`_plan` gives the link's dialing daemon instead of the center's."""
+    schedule = _link_schedule(cfg)
+    if not schedule:
+        return None, {}
+    relays = await start_link_relays(nursery, [link for f in schedule for link in f.links],
+                                     lambda n: (center_ip(n), center_ports[n]), seed=cfg.seed)
+    return LinkFaults(schedule, relays, nursery), {link: r.address for link, r in relays.items()}
+
+
+def _link_records(cfg: SimConfig, links: LinkFaults, trio_t0: float, end: float) -> list[dict]:
+    """The link faults as report fault records (what ``--chaos`` prints and reproduces):
+    when each was on, in seconds since the crawl began; one without an end lasted to ``end``."""
+    records = []
+    for i, (f, sf) in enumerate(zip(_link_faults_of(cfg), links.schedule)):
+        rec = FaultRecord(format_fault(Fault(f.kind, sf.at, f.duration, f.target)), sf.kind, sf.target, sf.at,
+                          sf.duration)
+        if i in links.windows:
+            start, stop = links.windows[i]
+            rec.started = round(start - trio_t0, 2)
+            rec.ended = round(stop - trio_t0, 2) if stop is not None else round(end, 2)
+            done = {k: sum(links.relays[l].counters[k] for l in sf.links) for k in ("messages", "refused")}
+            resets = sum(v for l in sf.links for k, v in links.relays[l].counters.items() if k.startswith("resets:"))
+            rec.note = (f"relays {', '.join(sf.links)}: {done['messages']:,} messages, {resets:,} resets"
+                        + (", to the end of the run" if stop is None else ""))
+        else:
+            rec.note = "not injected: the crawl ended before its moment"
+        records.append(rec.to_json())
+    return records
 
 
 def _free_port(host: str) -> int:
@@ -268,9 +313,18 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
-def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path) -> tuple[list[Daemon], list[Daemon]]:
+def _center_ports(cfg: SimConfig) -> dict[int, int]:
+    return {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
+
+
+def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict[int, int] | None = None,
+          via: dict[str, tuple[str, int]] | None = None) -> tuple[list[Daemon], list[Daemon]]:
+    """Every daemon's command line. ``ports``: the centers' (drawn if None); ``via``:
+    the relay address of each relayed link (``wan:A-B``, ``host:N.I``), given to the
+    daemon that dials it instead of the center it reaches."""
     cli = [sys.executable, "-m", "dedupnet.cli"]
-    ports = {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
+    ports = ports if ports is not None else _center_ports(cfg)
+    via = via or {}
     centers = []
     for n, port in ports.items():
         argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
@@ -280,7 +334,10 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path) -> tuple[li
             argv += ["--partition-policy", cfg.partition_policy]
         for m, peer_port in ports.items():
             if m != n:
-                argv += ["--peer", f"{m},{center_ip(m)}:{peer_port},{lan(m)}"]
+                # The lower-numbered center dials the higher one (center_host/daemon.py _dial):
+                # its --peer address is the link's relay if there is one.
+                host, port_m = via.get(wan_name(n, m), (center_ip(m), peer_port)) if n < m else (center_ip(m), peer_port)
+                argv += ["--peer", f"{m},{host}:{port_m},{lan(m)}"]
         centers.append(Daemon(f"center{n}", "center", n, (center_ip(n), port), f"{prefix}:center{n}", argv,
                               logdir / f"center{n}.log"))
     hosts = []
@@ -288,8 +345,9 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path) -> tuple[li
         for i in range(cfg.hosts):
             ip = host_ip(n, i)
             port = _free_port(ip)
+            center_host, center_port = via.get(host_name(n, i), (center_ip(n), ports[n]))
             argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n),
-                    "--center", f"{center_ip(n)}:{ports[n]}", "--listen", f"{ip}:{port}",
+                    "--center", f"{center_host}:{center_port}", "--listen", f"{ip}:{port}",
                     "--redis", redis_url, "--prefix", f"{prefix}:host:{ip}", "--set-size", str(cfg.set_size),
                     "--set-linger", str(cfg.set_linger),
                     "--mode", cfg.mode, "--concurrency", str(cfg.concurrency),
@@ -474,10 +532,12 @@ def _sizes(daemons: list[Daemon], st: dict[str, dict | None]) -> dict[str, int]:
 
 
 async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, timeline: list, t0: float,
-                             out, restart, faults: FaultRunner | None = None, total: int = 0) -> bool:
+                             out, restart, faults: FaultRunner | None = None, total: int = 0,
+                             links: LinkFaults | None = None) -> bool:
     """As :func:`dedupnet.sim._run_to_quiescence`, from the daemons' status ports.
     Faults start once their share of the ``total`` URLs is fetched; the run is not
-    quiescent while one is under way (a daemon down or frozen answers nothing)."""
+    quiescent while one is under way (a daemon down or frozen answers nothing, a link
+    fault with an end has not ended yet)."""
     daemons = centers + hosts
     quiet, next_print, restarted = 0, 0.0, False
     with trio.move_on_after(cfg.timeout) as scope:
@@ -497,7 +557,10 @@ async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, 
                     continue
                 if faults is not None:
                     faults.start_due(nursery, fetched, total)
+                if links is not None:
+                    links.tick(fetched / max(total, 1))
                 done = (not (faults and faults.busy) and not any(d.down for d in daemons)
+                        and (links is None or links.settled)
                         and all(_quiet(d, st.get(d.name)) for d in daemons if not d.gone))
                 quiet = quiet + 1 if done else 0
                 if out is not None and now >= next_print:
@@ -519,7 +582,7 @@ def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed
 
 
 async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout,
-               killable: KillableRedis | None = None) -> Report:
+               killable: KillableRedis | None = None, links: LinkFaults | None = None) -> Report:
     t_start = time.perf_counter()
     await _start(centers, hosts, logdir, env, startup_timeout)
     if out is not None:
@@ -530,6 +593,7 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
         c.mark_cpu()
     plan = await _seed(redis_url, hosts, seeds, cfg.scenario)
     t0 = time.perf_counter()
+    trio_t0 = trio.current_time()
     timeline: list[dict] = []
 
     async def restart(d: Daemon) -> None:
@@ -539,13 +603,16 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
         await _start_again(d, logdir, env, startup_timeout)
 
     faults = None
-    if cfg.faults:
-        resolved = [resolve(f, cfg.seed, cfg.networks, cfg.hosts, i) for i, f in enumerate(cfg.faults)]
+    if any(f.kind in PROCESS_FAULTS for f in cfg.faults):
+        resolved = [resolve(f, cfg.seed, cfg.networks, cfg.hosts, i) for i, f in enumerate(cfg.faults)
+                    if f.kind in PROCESS_FAULTS]
         by_target = {f"center:{c.network}": c for c in centers}
         by_target |= {f"host:{h.network}.{int(h.name.rsplit('.', 1)[1]) - 10}": h for h in hosts}
         faults = FaultRunner(resolved, by_target, start_again, killable, t0, out)
     total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
-    timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart, faults, total)
+    if links is not None:
+        links.total = total
+    timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart, faults, total, links)
     wall = time.perf_counter() - t0
     await _poll_all(centers + hosts)  # the counters as they are now
     cpu = sum(c.cpu_used() for c in centers)
@@ -558,6 +625,9 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
                            center_cpu=cpu, memory=memory, killed=killed)
     if faults is not None:
         report.faults = [r.to_json() for r in faults.records]
+    if links is not None:
+        report.faults = sorted(report.faults + _link_records(cfg, links, trio_t0, wall), key=lambda r: r["at"])
+        report.links = links.summary(t0=trio_t0)
     return report
 
 
@@ -586,15 +656,18 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
     succeeded = False
     problems: list[str] = []
     try:
-        centers, hosts = _plan(cfg, redis_url, prefix, logdir)
-        daemons = centers + hosts
         error: Exception | None = None
         async with trio.open_nursery() as nursery:
             await nursery.start(web.serve)
             seeds = web.seeds(seed_count(cfg))
+            ports = _center_ports(cfg)
+            # The relays live in this process, in front of the centers, for the whole run.
+            links, via = await start_link_faults(cfg, nursery, ports)
+            centers, hosts = _plan(cfg, redis_url, prefix, logdir, ports, via)
+            daemons = centers + hosts
             try:
                 report = await _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out,
-                                    startup_timeout, killable)
+                                    startup_timeout, killable, links)
             except Exception as e:  # noqa: BLE001 - raised below as itself, not in the nursery's ExceptionGroup
                 error = e
             finally:

@@ -12,7 +12,7 @@ from redis.exceptions import BusyLoadingError, ResponseError
 from dedupnet.faults import (FAULTS, LINK_FAULTS, PROCESS_FAULTS, Fault, chaos_schedule, format_fault,
                              parse_fault, resolve)
 from dedupnet.sim import SimConfig, check_extracted
-from dedupnet.simproc import check_faults, simulate_processes
+from dedupnet.simproc import SUPPORTED_FAULTS, check_faults, simulate_processes
 from dedupnet.store import raise_if_loading
 from dedupnet.web import SyntheticWeb, WebSpec
 
@@ -80,8 +80,11 @@ def test_chaos_schedules_are_reproducible_and_draw_only_the_kinds_given():
 
 
 def test_the_process_runner_refuses_what_it_cannot_run_before_starting():
-    with pytest.raises(ValueError, match="not yet wired into --processes"):
-        check_faults(SimConfig(networks=2, hosts=2, faults=(Fault("partition"),)))
+    check_faults(SimConfig(networks=2, hosts=2, faults=(Fault("partition"), Fault("lossy-lan"))))  # link faults run
+    with pytest.raises(ValueError, match="needs at least two networks"):
+        check_faults(SimConfig(networks=1, hosts=2, faults=(Fault("partition"),)))
+    with pytest.raises(ValueError, match="is not a link of 2 networks"):
+        check_faults(SimConfig(networks=2, hosts=2, faults=(Fault("partition", target="wan:1-3"),)))
     with pytest.raises(ValueError, match="nobody would be left"):
         check_faults(SimConfig(networks=2, hosts=2, faults=(Fault("leave-host", target="host:1.0"),
                                                             Fault("leave-host", target="host:1.1"))))
@@ -275,6 +278,22 @@ async def test_a_host_frozen_past_the_heartbeat_timeout_fetches_nothing_twice(re
     _assert_clean(report, log)
 
 
+async def test_a_wan_partition_between_center_processes_loses_nothing(redis_url):
+    """A link fault with --processes: the WAN link 1-2 goes through a relay in the
+    harness (center 1's --peer points at it; it connects on from 127.0.1.1, so center 2
+    accepts it), cut silently for 4 s while the crawl runs, then healed."""
+    report, log = await _run_fault(redis_url, "partition:at=0.2,for=4,target=wan:1-2")
+    _assert_clean(report, log)
+    assert report.duplicate_fetches == 0
+    (fault,) = report.faults
+    assert fault["kind"] == "partition" and fault["target"] == "wan:1-2"
+    assert 3.5 <= fault["ended"] - fault["started"] <= 6, fault
+    (relay,) = report.links["relays"].values()
+    assert relay["accepted"] >= 1 and relay["messages"] > 0, report.links  # the centers did talk through it
+    assert [e["event"] for e in report.links["events"]] == ["start", "end"]
+    assert report.per_network_admitted["net:1"] > 0 and report.per_network_admitted["net:2"] > 0
+
+
 def test_cli_chaos_runs_reproducible_schedules_and_sums_them_up(tmp_path):
     args = [sys.executable, "-m", "dedupnet.cli", "sim", "--processes", "--networks", "2", "--hosts", "2",
             "--pages", "300", "--sites", "6", "--timeout", "90", "--chaos", "2", "--chaos-seed", "11"]
@@ -283,7 +302,7 @@ def test_cli_chaos_runs_reproducible_schedules_and_sums_them_up(tmp_path):
     assert "chaos seed 11" in lines[0], out.stdout + out.stderr
     runs = [line for line in lines if line.startswith(("ok", "FAIL"))]
     assert len(runs) == 2, out.stdout + out.stderr
-    expected = [" ".join(format_fault(f) for f in s) for s in chaos_schedule(11, 2, 2, 2, kinds=PROCESS_FAULTS)]
+    expected = [" ".join(format_fault(f) for f in s) for s in chaos_schedule(11, 2, 2, 2, kinds=SUPPORTED_FAULTS)]
     assert [line.split("   ")[-1].strip() for line in runs] == expected  # the printed specs are the schedule
     summary = lines[-1] if not any("reproduce" in line for line in lines) else [
         line for line in lines if line.startswith("-- chaos seed")][0]
