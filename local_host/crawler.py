@@ -93,6 +93,9 @@ PARSE_IN_THREAD = 256 * 1024
 #: An unwanted body (404, redirect, 503, a PDF) declared at most this long is read and
 #: dropped, so the connection goes back to the pool: far cheaper than a new connection.
 DRAIN_MAX = 64 * 1024
+#: Seconds between two looks, while idle, for task entries delivered to this crawler
+#: that it never received (see ``Crawler._take``).
+PENDING_RESCAN = 5.0
 #: Most done tasks written in one transaction (see ``Crawler._commit_loop``).
 COMMIT_GROUP = 256
 #: Requests (so connections) one httpx client carries at once; a site with more on the
@@ -256,6 +259,7 @@ class Crawler:
         self._clients: ClientPool | None = None
         self._leases = trio.Semaphore(max(1, s.max_leased))
         self._drained = False
+        self._taken: set[bytes] = set()  # task entry ids in progress here
         #: Cancelled by :meth:`stop_taking`: no new task is taken, those taken finish.
         self._take_scope = trio.CancelScope()
         self._page_file = None
@@ -375,6 +379,7 @@ class Crawler:
         block_ms = max(1, int(s.block_timeout * 1000))
         cursor: bytes | None = b"0"  # first this consumer's pending entries (a restart)
         resumed = 0
+        rescan_at = trio.current_time() + PENDING_RESCAN
         while True:
             await self._leases.acquire()
             n = 1
@@ -386,17 +391,25 @@ class Crawler:
                 n += 1
             if cursor is not None:
                 entries, cursor = await until_stored(self._reader, self.counters, self._read, n, cursor, None)
+                entries = [(eid, url) for eid, url in entries if eid not in self._taken]
                 resumed += len(entries)
                 if cursor is None and resumed:
-                    log.info("crawler %s: %d tasks in progress before a restart are fetched again",
-                             self.consumer, resumed)
+                    log.info("crawler %s: %d tasks delivered to it but not in progress (a restart, or a "
+                             "reply lost with a Redis connection) are fetched again", self.consumer, resumed)
+                    self.counters.inc("tasks_resumed", resumed)
+                    resumed = 0
             else:
                 entries, _ = await until_stored(self._reader, self.counters, self._read, n, b">", block_ms)
                 self._drained = not entries
+                if not entries and trio.current_time() >= rescan_at:
+                    # Idle: look for entries delivered to this consumer whose reply never
+                    # reached it (Redis went away mid-reply): pending, but not in progress.
+                    cursor, rescan_at = b"0", trio.current_time() + PENDING_RESCAN
             for _ in range(n - len(entries)):
                 self._leases.release()
             for eid, url in entries:
                 self.in_progress += 1
+                self._taken.add(eid)
                 nursery.start_soon(self._process, eid, url)
 
     # -- one task --------------------------------------------------------------------------
@@ -428,6 +441,7 @@ class Crawler:
                                 f" {f.status}" if f.status is not None else "", outcome.attempts)
         finally:
             self.in_progress -= 1
+            self._taken.discard(eid)
             self._leases.release()
 
     # -- recording done tasks ----------------------------------------------------------------

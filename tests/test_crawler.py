@@ -512,6 +512,32 @@ async def test_crash_and_restart_loses_nothing(store, web):
     assert sorted(pushed(store)) == sorted(a.url(f"/from{i}") for i in range(5))
 
 
+async def test_a_task_whose_delivery_reply_was_lost_is_crawled_once_when_idle(store, web, monkeypatch):
+    """Found by ``--fault kill-redis``: XREADGROUP ran (the entry is pending for this
+    consumer) but its reply died with the connection, so the crawler never saw it and
+    the crawl never ended. Idle, the crawler looks for such entries (every
+    PENDING_RESCAN) and fetches them, skipping the ones in progress."""
+    monkeypatch.setattr(crawler_mod, "PENDING_RESCAN", 0.2)
+    a = web.sites["a"]
+    a.page("/lost", page())
+    a.page("/seen", page())
+    key = store.key(TASK_POOL)
+    async with crawling(store) as crawler:
+        store.stream_add(TASK_POOL, [a.url("/seen")])
+        await settle(store, crawler)
+        # Delivered to c1 in one transaction with its XADD (the blocked crawler cannot
+        # be served in between); the reply comes here, as if lost on the way.
+        pipe = store.redis.pipeline(transaction=True)
+        pipe.xadd(key, {"u": a.url("/lost")})
+        pipe.xreadgroup(GROUP, "c1", {key: ">"}, count=1)
+        _, delivered = pipe.execute()
+        assert delivered[0][1][0][1][b"u"].decode() == a.url("/lost")
+        await settle(store, crawler)
+    assert finished(store, [a.url("/lost"), a.url("/seen")]) == [True, True]
+    assert_drained(store)
+    assert len(a.hits("/lost")) == 1 and len(a.hits("/seen")) == 1
+
+
 async def test_a_failure_never_crashes_the_crawler(store, web, monkeypatch):
     a = web.sites["a"]
     a.page("/boom", page("/x"))
