@@ -39,11 +39,12 @@ FAULTS = PROCESS_FAULTS + LINK_FAULTS
 
 #: Seconds a fault lasts when the spec does not say. Freezes are longer than the
 #: daemons' default heartbeat timeout (5 s): a frozen member must be survivable even
-#: after its peers have given it up. ``leave-host`` is for good (no duration).
+#: after its peers have given it up. ``leave-host`` is for good and the lossy link
+#: faults last to the end of the run (None).
 DEFAULT_DURATION: dict[str, float | None] = {
     "kill-host": 3.0, "kill-center": 3.0, "kill-redis": 2.0,
     "freeze-host": 7.0, "freeze-center": 7.0, "leave-host": None,
-    "partition": 20.0, "lossy-wan": 30.0, "lossy-lan": 30.0, "duplicate-frames": 30.0,
+    "partition": 20.0, "lossy-wan": None, "lossy-lan": None, "duplicate-frames": None,
 }
 
 #: What each kind may hit (the first token of its target).

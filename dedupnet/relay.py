@@ -67,7 +67,7 @@ from typing import Any
 
 import trio
 
-from .faults import LINK_FAULTS, Fault
+from .faults import DEFAULT_DURATION, LINK_FAULTS, Fault
 from .messages import Kind
 from .wire import HEADER_SIZE, MAGIC
 
@@ -77,7 +77,6 @@ __all__ = [
     "CLEAN",
     "Relay",
     "LINK_DEFAULTS",
-    "DEFAULT_DURATION",
     "ScheduledFault",
     "link_names",
     "schedule_link_faults",
@@ -425,10 +424,6 @@ LINK_DEFAULTS: dict[str, LinkConfig] = {
     "lossy-lan": LinkConfig(delay=0.002, jitter=0.002, drop=0.05, reset=0.05),
     # A quarter of the protocol's messages arrive twice.
     "duplicate-frames": LinkConfig(duplicate=0.25),
-}
-#: Seconds a fault lasts when the Fault says None (None here: to the end of the run).
-DEFAULT_DURATION: dict[str, float | None] = {
-    "partition": 20.0, "lossy-wan": None, "lossy-lan": None, "duplicate-frames": None,
 }
 
 
