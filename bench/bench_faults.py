@@ -13,7 +13,6 @@ time of the crawl.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import io
 import json
@@ -59,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                        f"{r.wall_time:.1f} |")
                 print(row, flush=True)
                 rows.append(row)
-                reports.append(dataclasses.asdict(r) if not hasattr(r, "to_json") else r.to_json())
+                reports.append(r.to_json())
     if args.out:
         Path(args.out).write_text(json.dumps(reports, indent=1, default=str))
     return 0
