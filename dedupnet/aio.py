@@ -182,7 +182,7 @@ class AsyncStore:
 async def _exchange(conn: _Connection, payload: bytes, replies: int) -> list:
     """Send ``payload``, read ``replies`` replies.
 
-    A reply that is not there yet is first waited for in ``select`` for up to ``SPIN``
+    A reply that is not there yet is first waited for in ``poll`` for up to ``SPIN``
     seconds (the GIL released), and only then by parking the task. A nearby Redis
     answers in tens of microseconds, while parking costs a whole turn of trio's run
     queue: on a busy daemon (a crawler's hundred tasks) that is tens of milliseconds,
@@ -200,12 +200,18 @@ async def _exchange(conn: _Connection, payload: bytes, replies: int) -> list:
             await trio.lowlevel.wait_writable(sock)
     results: list = []
     spin_until = time.monotonic() + SPIN
+    poller = None
     while len(results) < replies:
         try:
             data = sock.recv(1 << 18)
         except BlockingIOError:
             spin = spin_until - time.monotonic()
-            if spin <= 0 or not select.select((sock,), (), (), spin)[0]:
+            if spin > 0 and poller is None:
+                # poll, not select: select() refuses descriptors past FD_SETSIZE (1,024),
+                # which a process with a few dozen daemons and their crawlers passes.
+                poller = select.poll()
+                poller.register(sock, select.POLLIN)
+            if spin <= 0 or not poller.poll(spin * 1000):
                 await trio.lowlevel.wait_readable(sock)
             continue
         if not data:

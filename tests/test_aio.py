@@ -228,7 +228,7 @@ async def _turns_taken_by_others(work) -> int:
 
 
 async def test_a_round_trip_to_a_nearby_redis_does_not_give_away_a_turn(store, astore):
-    """The reply of a local Redis is waited for in select (SPIN), not by parking the task:
+    """The reply of a local Redis is waited for in poll (SPIN), not by parking the task:
     on a busy daemon a parked task waits a whole turn of the run queue per round trip."""
     await astore.command(b"PING")  # connected
 
@@ -260,3 +260,35 @@ async def test_the_reactor_handles_queued_events_back_to_back_then_yields():
 
 async def _no_actions(actions):
     return []
+
+
+async def test_a_round_trip_on_a_descriptor_past_fd_setsize(store):
+    """A process with dozens of daemons holds more than 1,024 descriptors; the wait for
+    a reply must not use select() (ValueError past FD_SETSIZE: 8x4 crashed so)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below 1,200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = []
+    try:
+        filler.append(os.open(os.devnull, os.O_RDONLY))
+        while filler[-1] < 1100:
+            filler.append(os.dup(filler[0]))
+        astore = AsyncStore(store)
+        try:
+            fps = fingerprint_many(urls(500))
+            for _ in range(20):  # some replies come after the first recv: the wait path
+                batch = store.batch()
+                batch.fingerprints(b"SADD", store.key(FINISH_URL), fps)
+                flags = batch.fingerprints(b"SMISMEMBER", store.key(FINISH_URL), fps)
+                assert flags.flags(await astore.execute(batch)).all()
+            assert astore._idle and astore._idle[0].sock.fileno() > 1024
+        finally:
+            await astore.aclose()
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
