@@ -54,6 +54,7 @@ class CenterSettings:
     max_resends: int = 2
     partition_policy: str | None = None  # default by mode (CenterConfig)
     foreign_lookup: str | None = None  # default by mode (CenterConfig)
+    local_lookup: str | None = None  # default by mode (CenterConfig)
     resume_grace: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
@@ -73,7 +74,7 @@ class CenterDaemon:
             network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
             mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
             resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
-            foreign_lookup=settings.foreign_lookup,
+            foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup,
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store)

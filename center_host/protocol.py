@@ -184,6 +184,7 @@ Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude,
 # -- configuration -------------------------------------------------------------------
 PARTITION_POLICIES = ("wait", "admit")
 FOREIGN_LOOKUPS = ("center", "lan")
+LOCAL_LOOKUPS = FOREIGN_LOOKUPS
 
 
 @dataclass(frozen=True)
@@ -216,6 +217,13 @@ class CenterConfig:
     #: system. What a host knows from outside the protocol (``dedupnet finish``) is then
     #: used for its own LAN's sets only (docs/PROTOCOL.md §10).
     foreign_lookup: str | None = None
+    #: Who answers this LAN's own sets (§2.3): ``"lan"``, every other LAN host (the paper;
+    #: paper mode always); ``"center"`` (exact mode's default), the look-up of R1 alone —
+    #: the same argument as ``foreign_lookup``: what a LAN host has crawled or queued, its
+    #: center admitted — so a URL costs one look-up per network, not one per host of its
+    #: LAN as well, and a set skips a stage. What a host knows from outside the protocol
+    #: then protects that host's own sets only (docs/PROTOCOL.md §10).
+    local_lookup: str | None = None
     #: URLs remembered as held by another network's set (exact mode; memory only, an
     #: early drop, not a correctness record): ~150 bytes of Python memory each.
     held_elsewhere_max: int = 200_000
@@ -232,6 +240,11 @@ class CenterConfig:
         if self.foreign_lookup not in FOREIGN_LOOKUPS or (self.mode == "paper" and self.foreign_lookup != "lan"):
             raise ValueError(f"foreign_lookup must be one of {FOREIGN_LOOKUPS} ('lan' in paper mode), "
                              f"not {self.foreign_lookup!r}")
+        if self.local_lookup is None:
+            object.__setattr__(self, "local_lookup", "center" if self.mode == "exact" else "lan")
+        if self.local_lookup not in LOCAL_LOOKUPS or (self.mode == "paper" and self.local_lookup != "lan"):
+            raise ValueError(f"local_lookup must be one of {LOCAL_LOOKUPS} ('lan' in paper mode), "
+                             f"not {self.local_lookup!r}")
 
     def network_of(self, ip: str) -> int | None:
         addr = ipaddress.ip_address(ip)
@@ -409,8 +422,8 @@ class CenterProtocol:
             if self.exact:
                 self.claims[url] = frame.number
         self.counters.inc("urls_in", stage="lan", amount=len(frame.URL_set))
-        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, sender.ip,
-                        {h for h in self.hosts if h != sender.ip})
+        ask = {h for h in self.hosts if h != sender.ip} if self.config.local_lookup == "lan" else set()
+        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, sender.ip, ask)
         self.sets[frame.number] = rec
         log.info("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
                  frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))

@@ -35,6 +35,10 @@ DAEMON = [
     (("--foreign-lookup",), dict(choices=FOREIGN_LOOKUPS,
                                  help="who answers another network's set: center (exact mode's default: its "
                                       "admitted record) or lan (every LAN host, the paper's §2.4; paper mode)")),
+    (("--local-lookup",), dict(choices=FOREIGN_LOOKUPS,
+                               help="who answers this LAN's own sets: center (exact mode's default: its "
+                                    "admitted record, no LAN broadcast) or lan (every other LAN host, the "
+                                    "paper's §2.3; paper mode)")),
     (("--partition-policy",), dict(choices=PARTITION_POLICIES,
                                    help="a silent member or a network that is down: wait (exact mode's default) "
                                         "or admit without it after --max-resends (paper mode's default)")),

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from center_host.protocol import FOREIGN_LOOKUPS, PARTITION_POLICIES
+from center_host.protocol import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES
 
 MODES = ("exact", "paper")
 
@@ -70,6 +70,9 @@ class Settings:
     #: Who answers another network's set (§2.4): ``center`` (exact mode's default: the
     #: center's admitted record speaks for its LAN) or ``lan`` (the paper: every LAN host).
     foreign_lookup: str | None = None
+    #: Who answers this LAN's own sets (§2.3): ``center`` (exact mode's default: the
+    #: center's admitted record, no LAN broadcast) or ``lan`` (the paper: every other host).
+    local_lookup: str | None = None
     heartbeat_interval: float = 1.0
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
@@ -104,6 +107,8 @@ class Settings:
             raise ValueError(f"partition_policy must be one of {', '.join(PARTITION_POLICIES)}, not {self.partition_policy!r}")
         if self.foreign_lookup not in (None, *FOREIGN_LOOKUPS):
             raise ValueError(f"foreign_lookup must be one of {', '.join(FOREIGN_LOOKUPS)}, not {self.foreign_lookup!r}")
+        if self.local_lookup not in (None, *LOCAL_LOOKUPS):
+            raise ValueError(f"local_lookup must be one of {', '.join(LOCAL_LOOKUPS)}, not {self.local_lookup!r}")
         if self.set_linger < 0:
             raise ValueError("set_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",

@@ -33,15 +33,16 @@ async def crawl_everything(cluster):
 async def system(redis_url, request):
     mode, *lookup = getattr(request, "param", "exact").split("/")
     async with open_cluster(redis_url, 2, 3, mode=mode, set_size=20, prefix=f"t{random.random()}",
-                            foreign_lookup=lookup[0] if lookup else None) as cluster:
+                            foreign_lookup=lookup[0] if lookup else None,
+                            local_lookup=lookup[0] if lookup else None) as cluster:
         yield cluster
 
 
 @pytest.mark.parametrize("system", ["exact/lan", "paper"], indirect=True)
 async def test_two_networks_three_hosts_each_url_in_one_task_pool(system):
     """The paper's stages, each dropping what it should; URLs marked crawled on a host
-    from outside the protocol (``finish``) count for other networks' sets only when
-    they ask the LAN's hosts (foreign_lookup "lan")."""
+    from outside the protocol (``finish``) count for other hosts' sets only when the
+    center asks the LAN's hosts (foreign_lookup and local_lookup "lan")."""
     hosts = list(system.hosts.values())
     new = site_urls("new", 200)
     crawled = site_urls("old", 30)
@@ -180,7 +181,8 @@ async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, a
     """Under "admit": a host that registers and never answers is re-sent the set
     max_resends times, then it concludes incomplete; nothing blocks (virtual time: MockClock)."""
     async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"silent{random.random()}", answer_timeout=2.0,
-                            max_resends=2, heartbeat_timeout=1e6, partition_policy="admit") as system:
+                            max_resends=2, heartbeat_timeout=1e6, partition_policy="admit",
+                            local_lookup="lan") as system:
         center = system.centers[1]
         # Virtual time runs ahead whenever the loop waits for Redis, so the bound is
         # generous; it still ends the test if anything blocked for good.
@@ -199,7 +201,8 @@ async def test_silent_live_host_is_waited_for_until_it_leaves(redis_url, autojum
     (less and less often) past max_resends and nothing is admitted without it; once it
     is gone (its connection closes), the set concludes without it."""
     async with open_cluster(redis_url, 1, 1, set_size=50, prefix=f"slow{random.random()}",
-                            answer_timeout=2.0, max_resends=2, heartbeat_timeout=1e6) as system:
+                            answer_timeout=2.0, max_resends=2, heartbeat_timeout=1e6,
+                            local_lookup="lan") as system:
         center = system.centers[1]
         with trio.fail_after(3600):
             async with silent_member_asked(system, 3):  # the broadcast and two re-sends (after 2 s and 4 s more)

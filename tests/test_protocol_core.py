@@ -21,7 +21,7 @@ def urls(*names):
 def test_concurrent_discovery_random_interleavings(mode, seed):
     lookup = "lan" if mode == "exact-lan" else None
     mode = mode.removesuffix("-lan")
-    net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3, foreign_lookup=lookup)
+    net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3, foreign_lookup=lookup, local_lookup=lookup)
     shared = urls(*range(12))
     for i, host in enumerate(net.hosts.values()):
         host.push(net.rnd.sample(shared, 8) + urls(100 + i))
@@ -58,14 +58,15 @@ def push_shared(net: MemNet) -> set[str]:
     return set(shared) | {u for i in range(len(net.hosts)) for u in urls(100 + i)}
 
 
-@pytest.mark.parametrize("foreign_lookup", ["center", "lan"])
+@pytest.mark.parametrize("lookup", ["center", "lan"])
 @pytest.mark.parametrize("seed", range(30))
-def test_exact_under_late_answers_and_partitions(seed, foreign_lookup):
+def test_exact_under_late_answers_and_partitions(seed, lookup):
     """Slow is not dead: timers fire while answers are on their way, and WAN links are
     cut (what was on them is lost) and healed. Exact mode ("wait") still admits every
-    URL exactly once and concludes nothing incomplete, whoever answers other networks."""
+    URL exactly once and concludes nothing incomplete, whoever answers the sets (the
+    center's records, or every host: foreign_lookup and local_lookup)."""
     net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, max_in_flight=1 + seed % 4,
-                 foreign_lookup=foreign_lookup)
+                 foreign_lookup=lookup, local_lookup=lookup)
     pushed = push_shared(net)
     net.run()
     net.settle()
@@ -118,7 +119,9 @@ def test_crawled_urls_are_removed_at_the_stage_the_paper_says():
 
 
 def center(**kw):
-    cfg = dict(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, mode="exact")
+    """A center of three hosts whose own sets go through the LAN stage (``local_lookup``
+    "lan"): the tests below are about members that answer late or not at all."""
+    cfg = dict(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, mode="exact", local_lookup="lan")
     cfg.update(kw)
     c = MemoryCenter.make(**cfg)
     for ip in ("127.0.1.10", "127.0.1.11", "127.0.1.12"):

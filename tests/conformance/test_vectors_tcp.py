@@ -169,7 +169,8 @@ class CenterUnderTest:
                                   answer_timeout=HOUR, heartbeat_interval=HOUR, heartbeat_timeout=2 * HOUR,
                                   max_resends=self.cfg.get("max_resends", 2),
                                   partition_policy=self.cfg.get("partition_policy"),
-                                  foreign_lookup=self.cfg.get("foreign_lookup"))
+                                  foreign_lookup=self.cfg.get("foreign_lookup"),
+                                  local_lookup=self.cfg.get("local_lookup"))
         self.daemon = CenterDaemon(settings, store)
         self.tap = Tap(self.daemon.reactor)
         self.fakes = Fakes(nursery)
