@@ -569,7 +569,9 @@ async def test_a_message_lost_silently_on_a_live_connection(redis_url, prefix, c
     set; on rejoin, every unacknowledged task), so without a reset the run stalls —
     nothing is lost, it waits. A request has the center's answer timer behind it."""
     kind, finder, recovers = SILENT_CASES[case]
-    async with open_cluster(redis_url, 1, 2, prefix=prefix, links={"host:1.0"}, answer_timeout=0.5) as cluster:
+    # local_lookup "lan": the center asks the LAN's hosts about their sets (the request case).
+    async with open_cluster(redis_url, 1, 2, prefix=prefix, links={"host:1.0"}, answer_timeout=0.5,
+                            local_lookup="lan") as cluster:
         relay = cluster.relays["host:1.0"]
         relay.config = LinkConfig(silent_drop=1.0, kinds=frozenset({int(kind)}))
         urls = urls_owned_by(HOSTS_1[0], 5)
