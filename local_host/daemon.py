@@ -32,7 +32,8 @@ log = logging.getLogger("dedupnet.local")
 
 #: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
 MAX_IDLE_POLL = 0.5
-#: How much longer a part-full set may fill while an earlier one is unacknowledged.
+#: How much longer a part-full set may fill while an earlier one is unacknowledged or
+#: this host's crawler has work.
 MAX_LINGER_FACTOR = 4
 
 
@@ -196,9 +197,14 @@ class LocalDaemon:
 
     def _linger_until(self, since: float) -> float:
         """When a part-full set taken at ``since`` goes: after ``set_linger``, unless a set
-        of ours still waits for the center's ack (a busy center holds acks back): then it
-        fills for up to ``MAX_LINGER_FACTOR`` times as long (Nagle's rule)."""
-        return since + self.settings.set_linger * (MAX_LINGER_FACTOR if self.core.unacked else 1)
+        of ours still waits for the center's ack (a busy center holds acks back: Nagle's
+        rule) or our crawler still has tasks to crawl: then it fills for up to
+        ``MAX_LINGER_FACTOR`` times as long. Latency only costs while crawlers wait for
+        work; until then a fuller set is cheaper for every center (its cost is mostly
+        per set: at 8x4, 10,000 pages, sets of ~26 URLs cost the centers 2.1 s of CPU per
+        1,000 URLs, sets of ~53 cost 0.9 s)."""
+        busy = self.core.unacked or (self.crawler is not None and not self.crawler.starved)
+        return since + self.settings.set_linger * (MAX_LINGER_FACTOR if busy else 1)
 
     def _send(self, data: bytes) -> None:
         if self.conn is None or not self.conn.send_nowait(data):

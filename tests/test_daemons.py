@@ -300,3 +300,21 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
                         for k in store.redis.scan_iter(match=f"{store.prefix}:*")}
             assert families <= {"admitted", "concluded"}, families
         assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
+
+
+def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_has_work():
+    """The walker's linger (local_host/daemon.py _linger_until): set_linger when nothing
+    of ours awaits an ack and the crawler is out of work (latency is what it waits for);
+    MAX_LINGER_FACTOR times as long otherwise (a fuller set is cheaper for the centers)."""
+    from types import SimpleNamespace
+
+    from local_host.daemon import MAX_LINGER_FACTOR, LocalDaemon
+
+    def linger(unacked, crawler):
+        fake = SimpleNamespace(settings=SimpleNamespace(set_linger=0.5), core=SimpleNamespace(unacked=unacked),
+                               crawler=crawler)
+        return LocalDaemon._linger_until(fake, 10.0) - 10.0
+
+    starved, busy = SimpleNamespace(starved=True), SimpleNamespace(starved=False)
+    assert linger({}, starved) == linger({}, None) == 0.5
+    assert linger({}, busy) == linger({7: b""}, starved) == linger({7: b""}, None) == 0.5 * MAX_LINGER_FACTOR
