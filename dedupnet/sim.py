@@ -42,6 +42,7 @@ from local_host.crawler import Crawler, CrawlerSettings
 from .cluster import host_ip, open_cluster
 from .errors import BadURL
 from .faults import FAULTS, LINK_FAULTS, Fault, parse_fault
+from .redis_cluster import admin_client, merged_info
 from .store import FINISH_URL, TASK_POOL, URL_POOL
 from .urls import fingerprint_many, normalize
 from .web import SyntheticWeb, WebSpec
@@ -248,6 +249,10 @@ def key_family(rest: str) -> str:
     return ":".join(parts)
 
 
+def _on_cluster(server) -> bool:
+    return isinstance(server, redis.RedisCluster)
+
+
 def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
     """MEMORY USAGE (every element: SAMPLES 0) of each key of a run, found by SCAN under
     ``prefix``, summed by role and family: ``{"center": {"admitted": n, ...}, "host":
@@ -255,6 +260,8 @@ def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
     ``<prefix>:host:<ip>:<family>`` (both runners)."""
     out: dict[str, Counter[str]] = {"center": Counter(), "host": Counter()}
     keys = [k.decode() for k in server.scan_iter(match=f"{prefix}:*", count=1000)]
+    # On a Redis Cluster a daemon's own keys carry its prefix as a hash tag: {<prefix>:...}:pool.
+    keys += [k.decode() for k in server.scan_iter(match=f"{{{prefix}:*", count=1000)] if _on_cluster(server) else []
     for i in range(0, len(keys), 1000):
         chunk = keys[i:i + 1000]
         pipe = server.pipeline(transaction=False)
@@ -263,6 +270,7 @@ def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
         for k, size in zip(chunk, pipe.execute(raise_on_error=False)):
             if not isinstance(size, int):
                 continue  # gone since the SCAN
+            k = k.replace("{", "", 1).replace("}", "", 1) if k.startswith("{") else k
             rest = k[len(prefix) + 1:]
             if rest.startswith("center"):
                 role, rest = "center", rest.split(":", 1)[1] if ":" in rest else ""
@@ -294,7 +302,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
     if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
         raise ValueError(faults_refused(cfg.faults))
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
-    server = redis.Redis.from_url(redis_url)
+    server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
     crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
                               per_site_delay=cfg.per_site_delay, max_depth=cfg.max_depth, retry_base=0.05,
@@ -515,7 +523,7 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
                 frames[key[len("frames_sent{kind=\""):-2]] += value
             elif key.startswith("frames_in{"):
                 stages[key[len("frames_in"):]] += value
-    stats = server.info("commandstats")
+    stats = merged_info(server, "commandstats")
     lookups = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
     trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
     found = sum(d.counters.get("links_pushed") for d in system.hosts.values())
@@ -631,7 +639,7 @@ def finished_twice(stores: list, skipped: set[str]) -> int:
     for store in stores:
         batch = store.batch()
         for bucket in range(1 << store.bucket_bits):
-            batch.add(b"SMEMBERS", f"{store.key(FINISH_URL)}:{bucket}")
+            batch.add(b"SMEMBERS", f"{store.fp_key(FINISH_URL)}:{bucket}")
         for bucket, members in enumerate(store.execute(batch)):
             seen.update((bucket, m) for m in members)
     excluded = set(stores[0].fp_members(fingerprint_many(sorted(skipped)))) if skipped else set()

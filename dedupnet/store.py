@@ -106,6 +106,12 @@ MIN_BUCKET_BITS = 8
 MAX_BUCKET_BITS = 24
 
 
+def is_cluster_url(url: str | None) -> bool:
+    """``redis+cluster://`` (or ``rediss+cluster://``): a Redis Cluster, see
+    dedupnet/redis_cluster.py."""
+    return isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How long to keep trying a Redis that went away: exponential back-off, capped."""
@@ -197,6 +203,20 @@ class Batch:
         first = self._replies
         if len(fps) == 0:
             return FingerprintReplies(first, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        buckets, order, starts, ends, view = self._records(fps)
+        heads = _bucket_heads(command, key)
+        append = self._chunks.append
+        for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
+            append(b"*%d\r\n" % (end - start + 2))
+            append(heads[bucket])
+            append(view[start * _MEMBER_RECORD : end * _MEMBER_RECORD])
+        self._replies += len(starts)
+        return FingerprintReplies(first, order, ends - starts, len(fps))
+
+    def _records(self, fps: np.ndarray) -> tuple:
+        """The members of ``fps`` as RESP bulk strings, sorted by bucket: ``(buckets,
+        order, starts, ends, view)``; bucket ``buckets[starts[i]]`` holds records
+        ``starts[i]:ends[i]`` of ``view`` (``_MEMBER_RECORD`` bytes each)."""
         buckets = (fps >> self._shift).astype(np.int64)
         order = np.argsort(buckets, kind="stable")
         buckets = buckets[order]
@@ -208,15 +228,7 @@ class Batch:
         body = records.tobytes()
         starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
         ends = np.r_[starts[1:], len(buckets)]
-        heads = _bucket_heads(command, key)
-        view = memoryview(body)
-        append = self._chunks.append
-        for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
-            append(b"*%d\r\n" % (end - start + 2))
-            append(heads[bucket])
-            append(view[start * _MEMBER_RECORD : end * _MEMBER_RECORD])
-        self._replies += len(starts)
-        return FingerprintReplies(first, order, ends - starts, len(fps))
+        return buckets, order, starts, ends, memoryview(body)
 
     def payload(self) -> bytes:
         return b"".join(self._chunks)
@@ -255,6 +267,15 @@ class Store:
     and the demo call it directly.
     """
 
+    def __new__(cls, url: str, *args: Any, **kwargs: Any) -> "Store":
+        # ``redis+cluster://host:port`` is a Redis Cluster: the same API, routed per
+        # slot (dedupnet/redis_cluster.py). Every ``Store(url, ...)`` call site gets it.
+        if cls is Store and is_cluster_url(url):
+            from .redis_cluster import ClusterStore
+
+            cls = ClusterStore
+        return super().__new__(cls)
+
     def __init__(
         self,
         url: str,
@@ -279,6 +300,11 @@ class Store:
 
     def key(self, pool: str) -> str:
         return f"{self.prefix}:{pool}"
+
+    def fp_key(self, pool: str) -> str:
+        """The base name of a fingerprint set's bucket keys (``<fp_key>:<bucket>``). The
+        same as :meth:`key` here; on a cluster without the hash tag, so buckets spread."""
+        return self.key(pool)
 
     def batch(self) -> Batch:
         return Batch(self.bucket_bits)
@@ -421,7 +447,7 @@ class Store:
     def fp_count(self, pool: str) -> int:
         """Size of a fingerprint set (one SCARD per bucket, one round trip)."""
         batch = self.batch()
-        key = self.key(pool)
+        key = self.fp_key(pool)
         for bucket in range(1 << self.bucket_bits):
             batch.add(b"SCARD", f"{key}:{bucket}")
         return int(sum(self.execute(batch)))
