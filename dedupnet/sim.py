@@ -40,7 +40,7 @@ from center_host.protocol import PARTITION_POLICIES
 from local_host.crawler import Crawler, CrawlerSettings
 
 from .cluster import host_ip, open_cluster
-from .errors import BadURL
+from .errors import BadURL, DedupnetError
 from .faults import FAULTS, LINK_FAULTS, Fault, parse_fault
 from .redis_cluster import admin_client, merged_info
 from .store import FINISH_URL, TASK_POOL, URL_POOL
@@ -462,7 +462,12 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
     with trio.move_on_after(cfg.timeout) as scope:
         while quiet < 2:
             await trio.sleep(0.1)
-            sizes = await _pool_sizes(system)
+            try:
+                sizes = await _pool_sizes(system)
+            except (DedupnetError, redis.RedisError) as e:  # Redis (a cluster node) is down: not done yet
+                sizes = {"store_unavailable": 1}
+                if out is not None:
+                    print(f"  Redis unavailable: {e}; waiting", file=out, flush=True)
             now = time.perf_counter() - t0
             fetched = sum(web.answer_counts.values())
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
