@@ -196,7 +196,16 @@ class ClusterBatch(Batch):
         self._replies += 1
         return self._replies - 1
 
+    def add_packed(self, parts: list, key: bytes) -> int:
+        self.cmds.append(b"".join(parts))
+        self.slots.append(slot_of(key))
+        self.spread.append(True)
+        self._replies += 1
+        return self._replies - 1
+
     def fingerprints(self, command: bytes, key: str, fps: np.ndarray) -> FingerprintReplies:
+        if self.bloom is not None and key == self.bloom.key:
+            return self.bloom.queue(self, command, fps)
         fps = np.asarray(fps, dtype=np.uint64)
         first = self._replies
         if len(fps) == 0:
@@ -510,7 +519,9 @@ class ClusterStore(Store):
         return f"{self.prefix}:{pool}"
 
     def batch(self) -> ClusterBatch:
-        return ClusterBatch(self.bucket_bits, self.home_slot)
+        batch = ClusterBatch(self.bucket_bits, self.home_slot)
+        batch.bloom = self.finish_filter
+        return batch
 
     def next_txid(self) -> str:
         return f"{self._txid_base}-{next(self._txids)}"

@@ -80,6 +80,11 @@ class SimConfig:
     progress_every: float = 1.0
     #: Faults to inject (issue #9); link faults (dedupnet/relay.py) run in-process.
     faults: tuple[Fault, ...] = ()
+    #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/bloom.py): every false
+    #: positive of the filter is a URL never crawled, counted in ``lost URLs``.
+    finish_url_filter: str = "exact"
+    bloom_capacity: int = 10_000_000
+    bloom_error_rate: float = 0.001
 
 
 @dataclass
@@ -322,6 +327,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, **_link_relays(cfg))
         async with system_cm as system, trio.open_nursery() as crawling:
+            _attach_bloom(cfg, system)
             links = _link_faults(cfg, system, web, seeds)
             crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
             meter = CpuMeter() if cfg.mode != "owner" else None
@@ -376,6 +382,17 @@ def _link_faults(cfg: SimConfig, system, web: SyntheticWeb, seeds: list[str]):
     faults = LinkFaults(schedule, system.relays, system.nursery)
     faults.total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
     return faults
+
+
+def _attach_bloom(cfg: SimConfig, system) -> None:
+    """``finish_url_filter = "bloom"``: every host's finish_URL becomes a Bloom filter,
+    before anything is seeded (nothing has been looked up or finished yet)."""
+    from .bloom import attach, spec_from
+
+    spec = spec_from(cfg)
+    if spec is not None:
+        for h in system.hosts.values():
+            attach(h.pools.store, spec)
 
 
 async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mode: str) -> dict[str, Any]:
@@ -651,6 +668,13 @@ def finished_twice(stores: list, skipped: set[str]) -> int:
     return sum(c - 1 for key, c in seen.items() if c > 1 and key not in excluded)
 
 
+def _bloom_note(c: dict) -> str:
+    if c.get("finish_url_filter", "exact") != "bloom":
+        return ""
+    return (f"\n  finish_URL                       bloom: {c['bloom_capacity']:,} URLs at {c['bloom_error_rate']:g}"
+            f" (each false positive is a URL never crawled: counted in lost URLs)")
+
+
 def format_report(r: Report) -> str:
     c = r.config
     status = "TIMED OUT (not quiescent)" if r.timed_out else "quiescent"
@@ -670,7 +694,7 @@ def format_report(r: Report) -> str:
 
   URLs fetched                {r.fetched_urls:>10,} of {r.reachable_urls:,}
   duplicate fetches           {r.duplicate_fetches:>10,}
-  lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}
+  lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}{_bloom_note(c)}
   unexpected fetches          {r.unexpected_fetches:>10,}   (not in the ground truth, e.g. robots-disallowed)
   extracted -> crawled once   {r.invariant_violations:>10,} violations{'   e.g. ' + r.invariant_examples[0] if r.invariant_examples else ''}
   re-fetched after a kill     {r.refetched_after_kill:>10,}   (by the killed host itself: pages it had in progress)
@@ -782,7 +806,9 @@ def run(args) -> int:
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                      max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
                      partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
-                     send_delay=args.send_delay, faults=tuple(args.faults or ()))
+                     send_delay=args.send_delay, faults=tuple(args.faults or ()),
+                     finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
+                     bloom_error_rate=args.bloom_error_rate)
     if args.chaos is not None:
         from .chaos import run_chaos
 
@@ -792,7 +818,13 @@ def run(args) -> int:
         return 2
     modes = MODES if args.compare else (args.mode,)
     reports = []
-    with contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis() as url:
+    if args.redis_cluster:
+        from .embedded import EmbeddedCluster
+
+        server_cm = EmbeddedCluster(args.redis_cluster)
+    else:
+        server_cm = contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis()
+    with server_cm as url:
         for mode in modes:
             cfg = dataclasses.replace(base, mode=mode)
             print(f"-- {cfg.networks} networks x {cfg.hosts} hosts, {mode} mode, {cfg.scenario}: crawling "
@@ -887,4 +919,11 @@ def add_arguments(p) -> None:
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
-    p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one")
+    p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "
+                                                   "(redis+cluster://HOST:PORT: a Redis Cluster)")
+    p.add_argument("--redis-cluster", type=int, metavar="N",
+                   help="run on an embedded Redis Cluster of N masters (dedupnet/embedded.py EmbeddedCluster)")
+    p.add_argument("--finish-url-filter", choices=("exact", "bloom"), default="exact",
+                   help="the hosts' finish_URL: exact (default) or bloom; each false positive is a URL never crawled")
+    p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N")
+    p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P")

@@ -188,6 +188,8 @@ class Batch:
         self._mask = np.uint64((1 << (64 - bucket_bits)) - 1)
         self._chunks: list[bytes] = []
         self._replies = 0
+        #: The store's Bloom-filter finish_URL (dedupnet/bloom.py), or None.
+        self.bloom: Any = None
 
     def __len__(self) -> int:
         return self._replies
@@ -197,8 +199,16 @@ class Batch:
         self._replies += 1
         return self._replies - 1
 
+    def add_packed(self, parts: list, key: bytes) -> int:
+        """Queue one command already in RESP (``parts`` joined), whose key is ``key``."""
+        self._chunks.extend(parts)
+        self._replies += 1
+        return self._replies - 1
+
     def fingerprints(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
         """Queue ``command`` (SADD/SREM/SMISMEMBER) for each bucket of ``fps`` under ``key``."""
+        if self.bloom is not None and key == self.bloom.key:
+            return self.bloom.queue(self, command, fps)
         fps = np.asarray(fps, dtype=np.uint64)
         first = self._replies
         if len(fps) == 0:
@@ -306,8 +316,13 @@ class Store:
         same as :meth:`key` here; on a cluster without the hash tag, so buckets spread."""
         return self.key(pool)
 
+    #: A Bloom-filter finish_URL (dedupnet/bloom.py ``attach``); None: exact intsets.
+    finish_filter: Any = None
+
     def batch(self) -> Batch:
-        return Batch(self.bucket_bits)
+        batch = Batch(self.bucket_bits)
+        batch.bloom = self.finish_filter
+        return batch
 
     def close(self) -> None:
         self.redis.close()
