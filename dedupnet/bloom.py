@@ -102,6 +102,11 @@ class BloomFilter:
         self.spec = spec
         self.key = key  # the finish_URL key as the pools name it (store.key(FINISH_URL))
         self.fp_key = fp_key  # the base of its keys (store.fp_key: untagged on a cluster)
+        self._sized: set[int] = set()  # segments this process has made full-size
+
+    def segment_bytes(self, segment: int) -> int:
+        seg = 1 << SEGMENT_BITS
+        return (min(seg, self.spec.bits - segment * seg) + 7) // 8
 
     def segment_key(self, segment: int) -> str:
         return f"{self.fp_key}:bloom:{segment}"
@@ -117,9 +122,8 @@ class BloomFilter:
             raise ValueError(f"a Bloom filter cannot {command.decode()} (finish_url_filter = 'bloom')")
         fps = np.asarray(fps, dtype=np.uint64)
         n = len(fps)
-        first = len(batch)
         if n == 0:
-            return BloomReplies(first, 0, np.empty(0, np.int64), 0, self.spec.hashes)
+            return BloomReplies((), np.empty(0, np.int64), 0, self.spec.hashes)
         flat = self.spec.positions(fps).ravel()
         segments = (flat >> np.uint64(SEGMENT_BITS)).astype(np.int64)
         offsets = (flat & np.uint64((1 << SEGMENT_BITS) - 1)).astype(np.int64)
@@ -131,7 +135,7 @@ class BloomFilter:
         segments, offsets, digits = segments[order], offsets[order], digits[order]
         name = _bulk(b"BITFIELD_RO" if op == b"GET" else b"BITFIELD")
         per_op = 4 if tail else 3
-        commands = 0
+        replies: list[int] = []  # where this handle's BITFIELD replies sit in the batch
         for d in np.unique(digits).tolist():
             lo, hi = np.searchsorted(digits, [d, d + 1])
             head = b"$3\r\n" + op + b"\r\n$2\r\nu1\r\n$%d\r\n" % d
@@ -147,10 +151,16 @@ class BloomFilter:
             ends = np.r_[starts[1:], len(segs)]
             for seg, a, b in zip(segs[starts].tolist(), starts.tolist(), ends.tolist()):
                 key = self.segment_key(seg).encode()
-                batch.add_packed([b"*%d\r\n" % (2 + (b - a) * per_op), name, _bulk(key),
-                                  view[a * width: b * width]], key)
-                commands += 1
-        return BloomReplies(first, commands, order, n, self.spec.hashes)
+                if tail and seg not in self._sized:
+                    # A string grown by SETBIT is allocated with room to spare (up to twice
+                    # its length, measured: 2.45 bytes a URL at 1 % instead of 1.2): the
+                    # first write of a segment creates it at its exact size (NX: never over
+                    # existing bits; its reply is not one of this handle's).
+                    self._sized.add(seg)
+                    batch.add(b"SET", key, bytes(self.segment_bytes(seg)), b"NX")
+                replies.append(batch.add_packed([b"*%d\r\n" % (2 + (b - a) * per_op), name, _bulk(key),
+                                                 view[a * width: b * width]], key))
+        return BloomReplies(tuple(replies), order, n, self.spec.hashes)
 
 
 _POWERS = np.array([10**i for i in range(1, 19)], dtype=np.int64)
@@ -161,8 +171,7 @@ class BloomReplies:
     """Like :class:`~dedupnet.store.FingerprintReplies`: ``flags`` (every bit of a URL
     set) for a look-up, ``total`` (URLs with a bit newly set: "new") for an add."""
 
-    first: int
-    commands: int
+    replies: tuple[int, ...]
     order: np.ndarray
     size: int
     k: int
@@ -170,7 +179,7 @@ class BloomReplies:
     def _bits(self, results: list) -> np.ndarray:
         out = np.zeros(self.size * self.k, dtype=bool)
         if self.size:
-            replies = results[self.first: self.first + self.commands]
+            replies = [results[i] for i in self.replies]
             for r in replies:
                 if isinstance(r, Exception):
                     raise r

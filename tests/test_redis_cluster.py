@@ -182,6 +182,21 @@ def test_a_transaction_cut_between_its_halves_is_replayed(cstore, cluster):
         other.close()
 
 
+def test_bloom_finish_url_on_the_cluster(cstore):
+    from dedupnet.bloom import BloomSpec, attach
+
+    spec = BloomSpec(3_000_000, 0.01)  # 28.8 M bits: 28 segment keys, spread over the masters
+    attach(cstore, spec)
+    f = fps(5000, seed=6)
+    # inside a transaction too: the segments are not on the home slot (the redo record)
+    cstore.transact(lambda b: (b.add(b"XADD", cstore.key("URL_pool"), b"*", b"u", b"x"),
+                               b.fingerprints(b"SADD", cstore.key(FINISH_URL), f)))
+    assert cstore.fp_contains(FINISH_URL, f).all()
+    assert cstore.fp_contains(FINISH_URL, fps(5000, seed=7)).mean() < 0.01
+    keys = [k.decode() for k in cstore.redis.scan_iter(match=f"{cstore.prefix}:finish_URL:bloom:*")]
+    assert len(keys) == 28 and len({cstore.slots.node(slot_of(k.encode())) for k in keys}) == 3
+
+
 def test_async_store_on_the_cluster(cstore):
     from local_host.pools import HostPools
 
