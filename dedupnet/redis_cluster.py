@@ -32,9 +32,9 @@ event writes both its daemon's tagged keys and fingerprint buckets on other slot
 the transaction runs on the daemon's home slot and carries, in the same MULTI, a redo
 record ``{<prefix>}:redo`` (a hash: transaction id -> the RESP of the commands on other
 slots); once EXEC has committed those commands are sent to their nodes, then the record
-is deleted. A redo record left behind (a crash or a node down in between) is replayed
-before this store's next batch and by any store opened on the prefix, before anything
-reads: so every read after a restart sees all of an event's writes or none, as on one
+is deleted (in the next transaction's MULTI, not a round trip of its own). A redo
+record left behind (a crash or a node down in between) is replayed before this store's
+next batch and by any store opened on the prefix, before anything reads: so every read after a restart sees all of an event's writes or none, as on one
 server. Only the commands of a transaction that leave the home slot go through the redo
 record; they must be idempotent (SADD/SREM of fingerprints, the crawler's min-depth
 script), which they are. Within a daemon the reactor awaits each event's writes before
@@ -403,7 +403,10 @@ def _transaction(store: "ClusterStore", batch: ClusterBatch) -> Plan[list]:
     other = [i for i in inner if i not in set(home)]
     redo_key = store.key(REDO)
     txid = store.next_txid()
+    done, store.redo_done[:] = list(store.redo_done), []  # records of earlier transactions, all applied
     tx = [_MULTI, *(batch.cmds[i] for i in home)]
+    if done:
+        tx.append(pack_command(b"HDEL", redo_key, *done))
     if other:
         tx.append(pack_command(b"HSET", redo_key, txid, b"".join(batch.cmds[i] for i in other)))
     tx.append(_EXEC)
@@ -419,7 +422,11 @@ def _transaction(store: "ClusterStore", batch: ClusterBatch) -> Plan[list]:
                 break
             retry.last = str(refused[0])  # EXEC answered EXECABORT: nothing ran
         yield Refresh()
-        delay = retry.next_delay()
+        try:
+            delay = retry.next_delay()
+        except StoreUnavailable:
+            store.redo_done.extend(done)  # still to delete
+            raise
         store.reconnects += 1
         log.warning("Redis Cluster: %s; sending the transaction again in %.2fs", retry.last, delay)
         yield Pause(delay)
@@ -429,6 +436,7 @@ def _transaction(store: "ClusterStore", batch: ClusterBatch) -> Plan[list]:
         out[i] = r
     exec_reply = replies[-1]
     if not isinstance(exec_reply, list):  # aborted or refused: nothing ran, nothing to redo
+        store.redo_done.extend(done)
         out[-1] = exec_reply
         return out
     results: list = [None] * (n - 2)
@@ -441,7 +449,9 @@ def _transaction(store: "ClusterStore", batch: ClusterBatch) -> Plan[list]:
         except StoreUnavailable:
             store.redo_unchecked = True  # the redo record stays: replayed before the next batch
             raise
-        yield from run_commands(store, [pack_command(b"HDEL", redo_key, txid)], [batch.home_slot], [None], [0])
+        # Its record is deleted in the next transaction's MULTI (no round trip of its own);
+        # until then a crash only replays writes already made (idempotent).
+        store.redo_done.append(txid)
     out[-1] = results
     return out
 
@@ -499,6 +509,7 @@ class ClusterStore(Store):
         self.round_trips = 0
         self.reconnects = 0
         self.redo_unchecked = True
+        self.redo_done: list[str] = []  # applied transactions whose redo record is still to delete
         self._txids = itertools.count()
         self._txid_base = f"{os.getpid()}-{time.time_ns()}"
         self._idle: dict[Addr, list[socket.socket]] = {}
