@@ -411,7 +411,8 @@ class EmbeddedRedis:
 
 
 class EmbeddedCluster:
-    """A Redis Cluster of ``masters`` embedded servers on loopback ports (issue #11):
+    """A Redis Cluster of ``masters`` embedded servers (and ``replicas`` per master) on
+    loopback ports (issue #11):
     each in cluster mode with its own data dir (AOF and ``nodes.conf``, so a node that
     is killed comes back as itself), slots split evenly with ``CLUSTER ADDSLOTSRANGE``
     and joined with ``CLUSTER MEET``. ``url`` is ``redis+cluster://127.0.0.1:<port>``.
@@ -427,11 +428,14 @@ class EmbeddedCluster:
     with ``appendfsync no``: every acknowledged write is in the kernel before its reply,
     so a killed node restarts with all of it (a machine crash may lose the last seconds)."""
 
-    def __init__(self, masters: int = 3, *, host: str = "127.0.0.1", node_timeout: int = 2000,
+    def __init__(self, masters: int = 3, *, replicas: int = 0, host: str = "127.0.0.1", node_timeout: int = 2000,
                  config: dict[str, str] | None = None, startup_timeout: float = 20.0) -> None:
         if masters < 1:
             raise ValueError("a cluster needs at least one master")
+        if replicas < 0:
+            raise ValueError("replicas cannot be negative")
         self.masters = masters
+        self.replicas = replicas
         self.host = host
         self.node_timeout = node_timeout
         self.config = dict(config or {})
@@ -450,7 +454,7 @@ class EmbeddedCluster:
 
         self._dir = Path(tempfile.mkdtemp(prefix="dedupnet-cluster-"))
         try:
-            for i in range(self.masters):
+            for i in range(self.masters * (1 + self.replicas)):
                 config = {"cluster-enabled": "yes", "cluster-config-file": "nodes.conf",
                           "cluster-node-timeout": str(self.node_timeout),
                           # the bus port is port + 10000 unless given: a free one of its own
@@ -467,10 +471,18 @@ class EmbeddedCluster:
             clients = [redis.Redis(host=self.host, port=n.port, protocol=2) for n in self.nodes]
             try:
                 per = -(-16384 // self.masters)
-                for i, c in enumerate(clients):
+                for i, c in enumerate(clients[:self.masters]):
                     c.execute_command("CLUSTER ADDSLOTSRANGE", i * per, min(16383, (i + 1) * per - 1))
                 for n in self.nodes[1:]:
                     clients[0].execute_command("CLUSTER MEET", self.host, n.port, n.config["cluster-port"])
+                if self.replicas:
+                    self._wait(lambda: all(int(c.execute_command("CLUSTER INFO")["cluster_known_nodes"])
+                                           == len(self.nodes) for c in clients), "every node knows every other")
+                    ids = [c.execute_command("CLUSTER MYID") for c in clients[:self.masters]]
+                    for i, c in enumerate(clients[self.masters:]):
+                        c.execute_command("CLUSTER REPLICATE", ids[i % self.masters])
+                    self._wait(lambda: all(c.info("replication").get("master_link_status") == "up"
+                                           for c in clients[self.masters:]), "every replica in sync")
                 self._wait_ok(clients)
             finally:
                 for c in clients:
@@ -502,6 +514,39 @@ class EmbeddedCluster:
                 raise EmbeddedRedisError(f"the cluster did not reach cluster_state:ok within {self.startup_timeout:g} s",
                                          reason="redis-start-timeout")
             time.sleep(0.05)
+
+    def _wait(self, done: Callable[[], bool], what: str) -> None:
+        import redis
+
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            try:
+                if done():
+                    return
+            except (redis.RedisError, OSError, KeyError):
+                pass
+            if time.monotonic() > deadline:
+                raise EmbeddedRedisError(f"embedded cluster: not {what} within {self.startup_timeout:g} s",
+                                         reason="redis-start-timeout")
+            time.sleep(0.05)
+
+    def master_of(self, slot: int) -> int:
+        """Index in :attr:`nodes` of the node that serves ``slot`` now."""
+        import redis
+
+        for node in self.nodes:
+            if not node.running:
+                continue
+            c = redis.Redis(host=self.host, port=node.port, protocol=2)
+            try:
+                for start, end, master, *_ in c.execute_command("CLUSTER SLOTS"):
+                    if start <= slot <= end:
+                        return next(i for i, n in enumerate(self.nodes) if n.port == int(master[1]))
+            except redis.RedisError:
+                continue
+            finally:
+                c.close()
+        raise EmbeddedRedisError(f"no node serves slot {slot}", reason="not-running")
 
     def kill(self, index: int) -> None:
         """SIGKILL node ``index`` (its data dir, AOF and ``nodes.conf`` stay)."""

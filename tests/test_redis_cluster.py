@@ -15,6 +15,7 @@ import functools
 import itertools
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -267,3 +268,33 @@ def test_a_killed_master(cluster, caplog):
     assert not r.timed_out
     assert r.duplicate_fetches == 0 and r.lost_urls == 0 and r.fetched_urls == r.reachable_urls
     assert any("Redis" in m and ("failed" in m or "retrying" in m) for m in caplog.messages)
+
+
+
+def test_failover_to_a_replica(caplog):
+    """Three masters with a replica each: a master SIGKILLed is replaced by its replica
+    (after ``cluster-node-timeout``); the store retries (connection refused, then
+    ``-CLUSTERDOWN``), reloads the slot map and reads every URL from the new master."""
+    cluster = EmbeddedCluster(3, replicas=1, node_timeout=1000)
+    cluster.start()
+    try:
+        s = Store(cluster.url, "failover", retry=RetryPolicy(attempts=12, first_delay=0.05, max_delay=0.5))
+        f = fps(3000, seed=8)
+        s.fp_add(FINISH_URL, f)
+        slot = int(bucket_slots(s.fp_key(FINISH_URL), s.bucket_bits)[0])
+        victim = cluster.master_of(slot)
+        replica = next(i for i in range(3, 6) if i % 3 == victim)
+        master_c, replica_c = (redis.Redis(port=cluster.nodes[i].port) for i in (victim, replica))
+        deadline = time.monotonic() + 10
+        while replica_c.dbsize() != master_c.dbsize() and time.monotonic() < deadline:
+            time.sleep(0.02)  # asynchronous replication: what the master acknowledged reaches the replica
+        assert replica_c.dbsize() == master_c.dbsize() > 0
+        master_c.close()
+        replica_c.close()
+        cluster.kill(victim)
+        assert s.fp_contains(FINISH_URL, f).all()  # after the failover, from the replica
+        assert cluster.master_of(slot) == replica
+        assert any("Redis Cluster:" in m for m in caplog.messages)
+        s.close()
+    finally:
+        cluster.stop()
