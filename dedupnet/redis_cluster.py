@@ -262,8 +262,8 @@ class SlotMap:
             errors = []
             for addr in dict.fromkeys(self.known + self.seeds):
                 try:
-                    client = redis.Redis(host=addr[0], port=addr[1], socket_connect_timeout=1.0,
-                                         socket_timeout=2.0, protocol=2, retry=None, **self.options)
+                    client = redis.Redis(host=addr[0], port=addr[1], socket_connect_timeout=2.0,
+                                         socket_timeout=5.0, protocol=2, retry=None, **self.options)
                     try:
                         reply = client.execute_command("CLUSTER SLOTS")
                     finally:

@@ -74,6 +74,7 @@ def test_keys_share_a_slot_and_buckets_spread_over_every_master(cstore, cluster)
                                                       "dist_reduce_pool", "number_seq", "redo")}
     assert own == {cstore.home_slot}
     cstore.slots.refresh()
+    assert cstore.slots.loaded
     slots = bucket_slots(cstore.fp_key("admitted"), cstore.bucket_bits)
     owners = {cstore.slots.node(int(s)) for s in slots}
     assert len(set(slots.tolist())) > 1000 and len(owners) == 3
@@ -257,13 +258,19 @@ def test_a_killed_master(cluster, caplog):
             n.start_soon(fault)
             report[0] = await simulate(cfg, cluster.url, out=None)
 
+    def crawled() -> int:  # buckets of the hosts' finish_URL: the crawl is under way
+        return sum(1 for _ in admin.scan_iter(match="sim-*:host:*:finish_URL:*", count=1000))
+
     async def fault():
-        await trio.sleep(1.0)  # into the crawl: the fault's moment, not a timeout under test
+        while await trio.to_thread.run_sync(crawled) < earlier + 30:  # a tenth of this crawl done
+            await trio.sleep(0.05)
         await trio.to_thread.run_sync(cluster.kill, victim)
         await trio.to_thread.run_sync(call_while_down)
         await trio.sleep(2.5)  # longer than cluster-node-timeout (2 s): the cluster goes CLUSTERDOWN
         await trio.to_thread.run_sync(cluster.restart, victim)
 
+    admin = s.redis
+    earlier = crawled()  # (an earlier test's crawl may have left its keys)
     trio.run(main)
     r = report[0]
     assert errors and "Redis Cluster at redis+cluster://" in errors[0] and "unavailable" in errors[0], errors
