@@ -79,8 +79,10 @@ def test_a_small_filter_loses_urls_at_its_rate(redis_url):
     """Each host's filter holds up to ~200 URLs against a capacity of 100: its rate climbs
     to ~0.15. Every false positive drops a URL nobody crawls (the harness's invariant
     check: "extracted, never crawled"), and the pages only it links to with it. The
-    count is compared with what the rate predicts: each URL a network admits is looked
-    up in the finish_URL of each of its LAN's hosts, whose filter fills as it crawls."""
+    count is compared with what the rate predicts, within an order of magnitude: each URL
+    a network admits looked up in the finish_URL of each of its LAN's hosts (at most:
+    the host that found it always, the others when the LAN is asked), each filter
+    filling as its host crawls."""
     cfg, r = _crawl(redis_url, bloom_capacity=100, bloom_error_rate=0.01)
     assert not r.timed_out and r.duplicate_fetches == 0  # never a duplicate: no false negatives
     assert r.lost_urls > 0 and r.invariant_violations > 0
