@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import itertools
 import os
-import threading
 import time
 
 import numpy as np
