@@ -71,6 +71,14 @@ class AsyncStore:
     trio; ``await astore.fp_contains(...)`` (any other Store method) still runs it in a
     worker thread."""
 
+    def __new__(cls, store: Store, *args: Any, **kwargs: Any) -> "AsyncStore":
+        # A store on a Redis Cluster gets the same API routed per node (dedupnet/redis_cluster.py).
+        if cls is AsyncStore and getattr(store, "is_cluster", False):
+            from .redis_cluster import AsyncClusterStore
+
+            cls = AsyncClusterStore
+        return super().__new__(cls)
+
     def __init__(self, store: Store, *, max_threads: int = 4, max_connections: int = 4):
         self.store = store
         self._limiter = trio.CapacityLimiter(max_threads)

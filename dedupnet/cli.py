@@ -22,6 +22,11 @@ COMMON = [
     (("--set-linger",), dict(type=float, metavar="S", help="seconds a host waits for a URL_set to fill (default 0.5)")),
     (("--mode",), dict(choices=MODES, help="exact (default): no URL admitted twice; paper: the paper's look-ups only")),
     (("--log-level",), dict(choices=["DEBUG", "INFO", "WARNING", "ERROR"])),
+    (("--finish-url-filter",), dict(choices=["exact", "bloom"],
+                                    help="a host's finish_URL: exact (default) or bloom (less memory; each "
+                                         "false positive is a URL never crawled)")),
+    (("--bloom-capacity",), dict(type=int, metavar="N", help="URLs the Bloom filter is sized for (default 10,000,000)")),
+    (("--bloom-error-rate",), dict(type=float, metavar="P", help="its false-positive rate at capacity (default 0.001)")),
 ]
 DAEMON = [
     (("--network",), dict(type=int, help="this LAN's network id (1..65535)")),

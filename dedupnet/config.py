@@ -25,6 +25,14 @@ class Settings:
     prefix: str | None = None
     #: Fingerprint sets are split into 2**bucket_bits intsets (see dedupnet/store.py).
     bucket_bits: int = 10
+    #: A host's ``finish_URL``: ``exact`` (intsets, ~8 bytes a URL) or ``bloom`` (a Bloom
+    #: filter, ~1.8 bytes a URL at 0.1 %: each false positive is a URL never crawled;
+    #: dedupnet/bloom.py, docs/DECISIONS.md).
+    finish_url_filter: str = "exact"
+    #: URLs the Bloom filter is sized for; past it the false-positive rate climbs.
+    bloom_capacity: int = 10_000_000
+    #: The Bloom filter's false-positive rate at ``bloom_capacity`` URLs.
+    bloom_error_rate: float = 0.001
     #: URLs per URL_set (paper §2.2 step 3: "a fixed size").
     set_size: int = 1000
     #: Seconds a host waits for a URL_set to fill before sending it part full (like a
@@ -119,6 +127,9 @@ class Settings:
             raise ValueError("bucket_bits must be within 8..24")
         if self.set_size > self.max_urls_per_set:
             raise ValueError("set_size cannot exceed max_urls_per_set")
+        from .bloom import spec_from
+
+        spec_from(self)  # finish_url_filter, bloom_capacity, bloom_error_rate are valid
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:

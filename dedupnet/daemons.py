@@ -16,7 +16,7 @@ from local_host.crawler import CrawlerSettings
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import HostPools
 
-from . import wire
+from . import bloom, wire
 from .config import Settings, endpoint
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
@@ -108,6 +108,7 @@ def run_local(settings: Settings) -> int:
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits) as store:
+        bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/bloom.py
         trio.run(_until_signalled_leaving, LocalDaemon(local, store))
     return 0
 
@@ -242,6 +243,7 @@ def push_or_finish(settings: Settings, command: str, urls: list[str], *, data_di
     if settings.prefix is None and settings.ip is None:
         raise ValueError("give --ip of the host (or its --prefix)")
     store = Store(url, settings.prefix or f"dedupnet:host:{settings.ip}", bucket_bits=settings.bucket_bits)
+    bloom.attach(store, bloom.spec_from(settings))
     try:
         pools = HostPools(store, exact=settings.mode == "exact")
         if command == "push":

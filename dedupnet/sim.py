@@ -40,8 +40,9 @@ from center_host.protocol import PARTITION_POLICIES
 from local_host.crawler import Crawler, CrawlerSettings
 
 from .cluster import host_ip, open_cluster
-from .errors import BadURL
+from .errors import BadURL, DedupnetError
 from .faults import FAULTS, LINK_FAULTS, Fault, parse_fault
+from .redis_cluster import admin_client, merged_info
 from .store import FINISH_URL, TASK_POOL, URL_POOL
 from .urls import fingerprint_many, normalize
 from .web import SyntheticWeb, WebSpec
@@ -79,6 +80,11 @@ class SimConfig:
     progress_every: float = 1.0
     #: Faults to inject (issue #9); link faults (dedupnet/relay.py) run in-process.
     faults: tuple[Fault, ...] = ()
+    #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/bloom.py): every false
+    #: positive of the filter is a URL never crawled, counted in ``lost URLs``.
+    finish_url_filter: str = "exact"
+    bloom_capacity: int = 10_000_000
+    bloom_error_rate: float = 0.001
 
 
 @dataclass
@@ -248,6 +254,10 @@ def key_family(rest: str) -> str:
     return ":".join(parts)
 
 
+def _on_cluster(server) -> bool:
+    return isinstance(server, redis.RedisCluster)
+
+
 def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
     """MEMORY USAGE (every element: SAMPLES 0) of each key of a run, found by SCAN under
     ``prefix``, summed by role and family: ``{"center": {"admitted": n, ...}, "host":
@@ -255,6 +265,8 @@ def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
     ``<prefix>:host:<ip>:<family>`` (both runners)."""
     out: dict[str, Counter[str]] = {"center": Counter(), "host": Counter()}
     keys = [k.decode() for k in server.scan_iter(match=f"{prefix}:*", count=1000)]
+    # On a Redis Cluster a daemon's own keys carry its prefix as a hash tag: {<prefix>:...}:pool.
+    keys += [k.decode() for k in server.scan_iter(match=f"{{{prefix}:*", count=1000)] if _on_cluster(server) else []
     for i in range(0, len(keys), 1000):
         chunk = keys[i:i + 1000]
         pipe = server.pipeline(transaction=False)
@@ -263,6 +275,7 @@ def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
         for k, size in zip(chunk, pipe.execute(raise_on_error=False)):
             if not isinstance(size, int):
                 continue  # gone since the SCAN
+            k = k.replace("{", "", 1).replace("}", "", 1) if k.startswith("{") else k
             rest = k[len(prefix) + 1:]
             if rest.startswith("center"):
                 role, rest = "center", rest.split(":", 1)[1] if ":" in rest else ""
@@ -294,7 +307,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
     if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
         raise ValueError(faults_refused(cfg.faults))
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
-    server = redis.Redis.from_url(redis_url)
+    server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
     crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
                               per_site_delay=cfg.per_site_delay, max_depth=cfg.max_depth, retry_base=0.05,
@@ -314,6 +327,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, **_link_relays(cfg))
         async with system_cm as system, trio.open_nursery() as crawling:
+            _attach_bloom(cfg, system)
             links = _link_faults(cfg, system, web, seeds)
             crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
             meter = CpuMeter() if cfg.mode != "owner" else None
@@ -368,6 +382,17 @@ def _link_faults(cfg: SimConfig, system, web: SyntheticWeb, seeds: list[str]):
     faults = LinkFaults(schedule, system.relays, system.nursery)
     faults.total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
     return faults
+
+
+def _attach_bloom(cfg: SimConfig, system) -> None:
+    """``finish_url_filter = "bloom"``: every host's finish_URL becomes a Bloom filter,
+    before anything is seeded (nothing has been looked up or finished yet)."""
+    from .bloom import attach, spec_from
+
+    spec = spec_from(cfg)
+    if spec is not None:
+        for h in system.hosts.values():
+            attach(h.pools.store, spec)
 
 
 async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mode: str) -> dict[str, Any]:
@@ -454,7 +479,12 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
     with trio.move_on_after(cfg.timeout) as scope:
         while quiet < 2:
             await trio.sleep(0.1)
-            sizes = await _pool_sizes(system)
+            try:
+                sizes = await _pool_sizes(system)
+            except (DedupnetError, redis.RedisError) as e:  # Redis (a cluster node) is down: not done yet
+                sizes = {"store_unavailable": 1}
+                if out is not None:
+                    print(f"  Redis unavailable: {e}; waiting", file=out, flush=True)
             now = time.perf_counter() - t0
             fetched = sum(web.answer_counts.values())
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
@@ -515,7 +545,7 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
                 frames[key[len("frames_sent{kind=\""):-2]] += value
             elif key.startswith("frames_in{"):
                 stages[key[len("frames_in"):]] += value
-    stats = server.info("commandstats")
+    stats = merged_info(server, "commandstats")
     lookups = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
     trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
     found = sum(d.counters.get("links_pushed") for d in system.hosts.values())
@@ -631,11 +661,18 @@ def finished_twice(stores: list, skipped: set[str]) -> int:
     for store in stores:
         batch = store.batch()
         for bucket in range(1 << store.bucket_bits):
-            batch.add(b"SMEMBERS", f"{store.key(FINISH_URL)}:{bucket}")
+            batch.add(b"SMEMBERS", f"{store.fp_key(FINISH_URL)}:{bucket}")
         for bucket, members in enumerate(store.execute(batch)):
             seen.update((bucket, m) for m in members)
     excluded = set(stores[0].fp_members(fingerprint_many(sorted(skipped)))) if skipped else set()
     return sum(c - 1 for key, c in seen.items() if c > 1 and key not in excluded)
+
+
+def _bloom_note(c: dict) -> str:
+    if c.get("finish_url_filter", "exact") != "bloom":
+        return ""
+    return (f"\n  finish_URL                       bloom: {c['bloom_capacity']:,} URLs at {c['bloom_error_rate']:g}"
+            f" (each false positive is a URL never crawled: counted in lost URLs)")
 
 
 def format_report(r: Report) -> str:
@@ -657,7 +694,7 @@ def format_report(r: Report) -> str:
 
   URLs fetched                {r.fetched_urls:>10,} of {r.reachable_urls:,}
   duplicate fetches           {r.duplicate_fetches:>10,}
-  lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}
+  lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}{_bloom_note(c)}
   unexpected fetches          {r.unexpected_fetches:>10,}   (not in the ground truth, e.g. robots-disallowed)
   extracted -> crawled once   {r.invariant_violations:>10,} violations{'   e.g. ' + r.invariant_examples[0] if r.invariant_examples else ''}
   re-fetched after a kill     {r.refetched_after_kill:>10,}   (by the killed host itself: pages it had in progress)
@@ -769,7 +806,9 @@ def run(args) -> int:
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                      max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
                      partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
-                     send_delay=args.send_delay, faults=tuple(args.faults or ()))
+                     send_delay=args.send_delay, faults=tuple(args.faults or ()),
+                     finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
+                     bloom_error_rate=args.bloom_error_rate)
     if args.chaos is not None:
         from .chaos import run_chaos
 
@@ -779,7 +818,13 @@ def run(args) -> int:
         return 2
     modes = MODES if args.compare else (args.mode,)
     reports = []
-    with contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis() as url:
+    if args.redis_cluster:
+        from .embedded import EmbeddedCluster
+
+        server_cm = EmbeddedCluster(args.redis_cluster)
+    else:
+        server_cm = contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis()
+    with server_cm as url:
         for mode in modes:
             cfg = dataclasses.replace(base, mode=mode)
             print(f"-- {cfg.networks} networks x {cfg.hosts} hosts, {mode} mode, {cfg.scenario}: crawling "
@@ -874,4 +919,11 @@ def add_arguments(p) -> None:
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
-    p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one")
+    p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "
+                                                   "(redis+cluster://HOST:PORT: a Redis Cluster)")
+    p.add_argument("--redis-cluster", type=int, metavar="N",
+                   help="run on an embedded Redis Cluster of N masters (dedupnet/embedded.py EmbeddedCluster)")
+    p.add_argument("--finish-url-filter", choices=("exact", "bloom"), default="exact",
+                   help="the hosts' finish_URL: exact (default) or bloom; each false positive is a URL never crawled")
+    p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N")
+    p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P")

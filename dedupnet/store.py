@@ -32,6 +32,13 @@ on trio sockets (``dedupnet.aio.AsyncStore.drive``, no worker thread). Measured
 79 µs called directly, 193 µs through ``trio.to_thread``, 93 µs on trio sockets; a
 400-URL look-up 303, 450 and 334 µs.
 
+``Store("redis+cluster://host:port", ...)`` returns a
+:class:`~dedupnet.redis_cluster.ClusterStore`: the same API on a Redis Cluster, keys
+hash-tagged by prefix, buckets spread over the masters, a batch one round trip per node
+(dedupnet/redis_cluster.py). A store's ``finish_URL`` may be a Bloom filter
+(``finish_filter``, dedupnet/bloom.py): :meth:`Batch.fingerprints` on its key is then
+turned into ``BITFIELD`` commands, so callers do not change.
+
 A look-up is one SMISMEMBER per bucket touched (322 commands for 400 URLs, 626 for
 1,000, with 1,024 buckets). One EVALSHA whose script loops SMISMEMBER server-side was
 measured and rejected (``bench/bench_lookup.py``, 1 M stored): client + server CPU per
@@ -104,6 +111,12 @@ _MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
 #: With fewer bucket bits a member (64 - bits bits + the offset) needs more than 17 digits.
 MIN_BUCKET_BITS = 8
 MAX_BUCKET_BITS = 24
+
+
+def is_cluster_url(url: str | None) -> bool:
+    """``redis+cluster://`` (or ``rediss+cluster://``): a Redis Cluster, see
+    dedupnet/redis_cluster.py."""
+    return isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
 
 
 @dataclass(frozen=True)
@@ -182,6 +195,8 @@ class Batch:
         self._mask = np.uint64((1 << (64 - bucket_bits)) - 1)
         self._chunks: list[bytes] = []
         self._replies = 0
+        #: The store's Bloom-filter finish_URL (dedupnet/bloom.py), or None.
+        self.bloom: Any = None
 
     def __len__(self) -> int:
         return self._replies
@@ -191,12 +206,34 @@ class Batch:
         self._replies += 1
         return self._replies - 1
 
+    def add_packed(self, parts: list, key: bytes) -> int:
+        """Queue one command already in RESP (``parts`` joined), whose key is ``key``."""
+        self._chunks.extend(parts)
+        self._replies += 1
+        return self._replies - 1
+
     def fingerprints(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
         """Queue ``command`` (SADD/SREM/SMISMEMBER) for each bucket of ``fps`` under ``key``."""
+        if self.bloom is not None and key == self.bloom.key:
+            return self.bloom.queue(self, command, fps)
         fps = np.asarray(fps, dtype=np.uint64)
         first = self._replies
         if len(fps) == 0:
             return FingerprintReplies(first, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        buckets, order, starts, ends, view = self._records(fps)
+        heads = _bucket_heads(command, key)
+        append = self._chunks.append
+        for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
+            append(b"*%d\r\n" % (end - start + 2))
+            append(heads[bucket])
+            append(view[start * _MEMBER_RECORD : end * _MEMBER_RECORD])
+        self._replies += len(starts)
+        return FingerprintReplies(first, order, ends - starts, len(fps))
+
+    def _records(self, fps: np.ndarray) -> tuple:
+        """The members of ``fps`` as RESP bulk strings, sorted by bucket: ``(buckets,
+        order, starts, ends, view)``; bucket ``buckets[starts[i]]`` holds records
+        ``starts[i]:ends[i]`` of ``view`` (``_MEMBER_RECORD`` bytes each)."""
         buckets = (fps >> self._shift).astype(np.int64)
         order = np.argsort(buckets, kind="stable")
         buckets = buckets[order]
@@ -208,15 +245,7 @@ class Batch:
         body = records.tobytes()
         starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
         ends = np.r_[starts[1:], len(buckets)]
-        heads = _bucket_heads(command, key)
-        view = memoryview(body)
-        append = self._chunks.append
-        for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
-            append(b"*%d\r\n" % (end - start + 2))
-            append(heads[bucket])
-            append(view[start * _MEMBER_RECORD : end * _MEMBER_RECORD])
-        self._replies += len(starts)
-        return FingerprintReplies(first, order, ends - starts, len(fps))
+        return buckets, order, starts, ends, memoryview(body)
 
     def payload(self) -> bytes:
         return b"".join(self._chunks)
@@ -255,6 +284,15 @@ class Store:
     and the demo call it directly.
     """
 
+    def __new__(cls, url: str, *args: Any, **kwargs: Any) -> "Store":
+        # ``redis+cluster://host:port`` is a Redis Cluster: the same API, routed per
+        # slot (dedupnet/redis_cluster.py). Every ``Store(url, ...)`` call site gets it.
+        if cls is Store and is_cluster_url(url):
+            from .redis_cluster import ClusterStore
+
+            cls = ClusterStore
+        return super().__new__(cls)
+
     def __init__(
         self,
         url: str,
@@ -280,8 +318,18 @@ class Store:
     def key(self, pool: str) -> str:
         return f"{self.prefix}:{pool}"
 
+    def fp_key(self, pool: str) -> str:
+        """The base name of a fingerprint set's bucket keys (``<fp_key>:<bucket>``). The
+        same as :meth:`key` here; on a cluster without the hash tag, so buckets spread."""
+        return self.key(pool)
+
+    #: A Bloom-filter finish_URL (dedupnet/bloom.py ``attach``); None: exact intsets.
+    finish_filter: Any = None
+
     def batch(self) -> Batch:
-        return Batch(self.bucket_bits)
+        batch = Batch(self.bucket_bits)
+        batch.bloom = self.finish_filter
+        return batch
 
     def close(self) -> None:
         self.redis.close()
@@ -421,7 +469,7 @@ class Store:
     def fp_count(self, pool: str) -> int:
         """Size of a fingerprint set (one SCARD per bucket, one round trip)."""
         batch = self.batch()
-        key = self.key(pool)
+        key = self.fp_key(pool)
         for bucket in range(1 << self.bucket_bits):
             batch.add(b"SCARD", f"{key}:{bucket}")
         return int(sum(self.execute(batch)))
