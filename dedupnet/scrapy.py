@@ -489,14 +489,16 @@ class Scheduler:
             start = b"0"  # look for entries delivered to us whose reply never reached us
         try:
             entries, last = self._read(count, start)
+            if start != b">":
+                if entries:
+                    self._cursor = last  # page on through our pending entries
+                else:  # none (left): new entries now
+                    self._cursor, self._rescan_at = None, time.monotonic() + PENDING_RESCAN
+                    start = b">"
+                    entries, last = self._read(count, start)
         except (RedisError, DedupnetError, OSError) as e:
             log.warning("dedupnet: reading task_pool failed: %s (tried again later)", e)
             return 0
-        if start != b">":
-            if entries:
-                self._cursor = last  # page on through our pending entries
-            else:
-                self._cursor, self._rescan_at = None, time.monotonic() + PENDING_RESCAN
         fresh = []
         for eid, url in entries:
             lease = self.book.taken(eid, url)
@@ -576,9 +578,18 @@ class Scheduler:
         return Request(lease.url, meta={TASK_META: lease.eid.decode()}, **kw)
 
     # -- finishing -------------------------------------------------------------------------------
+    def _engine_slot(self):
+        """The engine's slot, whose ``inprogress`` set holds each request from the moment
+        ``next_request`` hands it out until Scrapy is done with it (``_slot`` since
+        Scrapy 2.13, ``slot`` before); None while there is no engine."""
+        try:
+            engine = self.crawler.engine
+        except (AttributeError, RuntimeError):  # Scrapy 2.19: RuntimeError before the crawl starts
+            return None
+        return getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+
     def _engine_in_progress(self):
-        engine = self.crawler.engine
-        slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+        slot = self._engine_slot()
         return None if slot is None else slot.inprogress
 
     def _release(self) -> None:
@@ -596,8 +607,7 @@ class Scheduler:
             self._release()
             self._try_flush()
             if not self._queue and len(self.book) < self.max_leased and self._take():
-                engine = self.crawler.engine
-                slot = getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+                slot = self._engine_slot()
                 if slot is not None:
                     slot.nextcall.schedule()
         except Exception:  # never let the LoopingCall die

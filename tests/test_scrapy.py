@@ -220,3 +220,98 @@ def test_a_redirect_finishes_the_task_and_its_target_is_discovered():
     assert book.finished() == []  # the engine still holds the redirecting request
     book.released(set())
     assert [lease.eid for lease in book.finished()] == [b"2-0"]
+
+
+# -- the scheduler on a real Redis, without a running engine -----------------------------------
+class _Spider(__import__("scrapy").Spider):
+    name = "unit"
+
+    def parse(self, response):
+        return []
+
+    def parse_item(self, response, kind=None):
+        return []
+
+    def failed(self, failure):
+        return []
+
+
+def _scheduler(redis_url: str, prefix: str, **settings):
+    from scrapy.utils.test import get_crawler
+
+    from dedupnet.scrapy import Scheduler
+
+    crawler = get_crawler(_Spider, {"DEDUPNET_REDIS_URL": redis_url, "DEDUPNET_PREFIX": prefix,
+                                    "DEDUPNET_CONSUMER": "unit", "DUPEFILTER_CLASS": "dedupnet.scrapy.DupeFilter",
+                                    **settings})
+    crawler._apply_settings()
+    spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    sched.spider = spider
+    sched.store.ensure_group("task_pool", GROUP)
+    return sched, spider, crawler.stats
+
+
+def _stream(store: Store, pool: str) -> list[str]:
+    return [fields[b"u"].decode() for _, fields in store.redis.xrange(store.key(pool))]
+
+
+def test_discovered_requests_go_to_url_pool_normalised_once_and_bad_ones_are_counted(redis_url, store):
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    try:
+        for url in ("HTTP://A.example:80/x/./y#top", "http://a.example/x/y", "ftp://a.example/file",
+                    "http://b.example/"):
+            sched.enqueue_request(Request(url))
+        assert _stream(store, "URL_pool") == []  # batched: nothing written yet
+        sched._flush()
+        assert _stream(store, "URL_pool") == ["http://a.example/x/y", "http://b.example/"]
+        assert stats.get_value("dedupnet/pushed") == 2
+        assert stats.get_value("dedupnet/filtered_local") == 1
+        assert stats.get_value("dedupnet/bad_input/scheme") == 1
+        assert not sched.has_pending_requests()
+    finally:
+        sched.store.close()
+
+
+def test_non_get_and_dont_filter_requests_bypass_dedupnet(redis_url, store):
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    try:
+        post = Request("http://a.example/form", method="POST", body=b"q=1")
+        again = Request("http://a.example/page", dont_filter=True, priority=5)
+        seed = Request("http://a.example/seed", dont_filter=True, meta={"is_start_request": True})
+        for r in (post, again, seed):
+            assert sched.enqueue_request(r)
+        sched._flush()
+        assert _stream(store, "URL_pool") == ["http://a.example/seed"]  # a start request is a seed
+        assert sched.next_request() is again and sched.next_request() is post  # by priority
+        assert stats.get_value("dedupnet/bypassed/not_get") == 1
+        assert stats.get_value("dedupnet/bypassed/dont_filter") == 1
+    finally:
+        sched.store.close()
+
+
+def test_a_task_gets_back_its_callback_errback_priority_and_kwargs(redis_url, store):
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    try:
+        sched.enqueue_request(Request("http://a.example/item", callback=spider.parse_item, errback=spider.failed,
+                                      cb_kwargs={"kind": "book"}, priority=3))
+        sched.enqueue_request(Request("http://a.example/plain", callback=spider.parse))
+        sched._flush()
+        # The protocol admits them: they come back as plain URLs in task_pool.
+        store.stream_add("task_pool", _stream(store, "URL_pool"))
+        got = {r.url: r for r in (sched.next_request(), sched.next_request())}
+        item, plain = got["http://a.example/item"], got["http://a.example/plain"]
+        assert item.callback == spider.parse_item and item.errback == spider.failed
+        assert item.cb_kwargs == {"kind": "book"} and item.priority == 3
+        assert plain.callback is None and plain.errback is None  # parse, as Scrapy's default
+        assert {r.meta[TASK_META] for r in got.values()} and len(sched.book) == 2
+        # Done with both (the engine holds neither): finished, acknowledged, recorded.
+        sched.book.released(set())
+        sched._done += sched.book.finished()
+        sched._flush()
+        assert store.stream_len("task_pool") == 0
+        assert store.redis.hlen(store.key("scrapy_requests")) == 0
+        from dedupnet.urls import fingerprint_many
+        assert store.fp_contains("finish_URL", fingerprint_many(list(got))).all()
+    finally:
+        sched.store.close()
