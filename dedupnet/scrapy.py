@@ -76,10 +76,8 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import os
 import socket
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
