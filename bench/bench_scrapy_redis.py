@@ -14,8 +14,9 @@ repeat an earlier URL, as crawlers find popular pages again and again) goes
 on the same embedded server, one after the other, once with the server's default
 ``set-max-intset-entries`` (512) and once with dedupnet's (``dedupnet/embedded.py``,
 1,048,576). Printed per run: requests/s (building the ``Request`` objects is not
-timed, on either side) and Redis bytes per distinct URL (``INFO memory``
-``used_memory`` delta, and the sum of ``MEMORY USAGE`` of the keys). Both must call
+timed, on either side) and Redis bytes per distinct URL: the sum of ``MEMORY USAGE`` of
+the keys (exact: ``SAMPLES 0``), and the ``INFO memory`` ``used_memory`` delta (which
+also holds the server's other allocations meanwhile). Both must call
 the same requests duplicates: the script checks that.
 
 Run: ``.venv/bin/python bench/bench_scrapy_redis.py [--urls N] [--scrapy-redis-urls N]``
@@ -58,6 +59,17 @@ def url_stream(n: int, seed: int = 1) -> list[str]:
     return out
 
 
+def used_memory(r: redis.Redis) -> int:
+    """``used_memory`` once the keys deleted before (UNLINK, or DEL with lazy free) are
+    freed: a background free still under way would be taken off the next delta."""
+    for _ in range(600):
+        info = r.info("memory")
+        if not int(info.get("lazyfree_pending_objects", 0)):
+            return int(info["used_memory"])
+        time.sleep(0.05)
+    return int(r.info("memory")["used_memory"])
+
+
 def memory_usage(r: redis.Redis, pattern: str) -> int:
     total = 0
     for key in r.scan_iter(match=pattern, count=1000):
@@ -69,7 +81,7 @@ def run_scrapy_redis(r: redis.Redis, urls: list[str]) -> dict:
     key = "bench-sr:dupefilter"
     r.delete(key)
     df = RFPDupeFilter(r, key)
-    m0 = int(r.info("memory")["used_memory"])
+    m0 = used_memory(r)
     seen = 0
     spent = 0.0
     for i in range(0, len(urls), CHUNK):
@@ -78,7 +90,7 @@ def run_scrapy_redis(r: redis.Redis, urls: list[str]) -> dict:
         for req in requests:
             seen += df.request_seen(req)
         spent += time.perf_counter() - t
-    used = int(r.info("memory")["used_memory"]) - m0
+    used = used_memory(r) - m0
     distinct = r.scard(key)
     usage = memory_usage(r, key)
     r.delete(key)
@@ -89,7 +101,7 @@ def run_scrapy_redis(r: redis.Redis, urls: list[str]) -> dict:
 def run_dedupnet(store: Store, urls: list[str], batch: int) -> dict:
     store.delete_prefix()
     r = store.redis
-    m0 = int(r.info("memory")["used_memory"])
+    m0 = used_memory(r)
     gate = URLGate()
     seen = 0
     spent = 0.0
@@ -108,7 +120,7 @@ def run_dedupnet(store: Store, urls: list[str], batch: int) -> dict:
             present = asked.flags(store.execute(b))
             seen += int(present.sum()) + (len(fps) - len(uniq))
         spent += time.perf_counter() - t
-    used = int(r.info("memory")["used_memory"]) - m0
+    used = used_memory(r) - m0
     distinct = store.fp_count(POOL)
     usage = memory_usage(r, f"{key}:*")
     encodings = {r.object("encoding", k).decode() for k in list(r.scan_iter(match=f"{key}:*", count=1000))[:50]}
