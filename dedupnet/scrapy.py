@@ -478,34 +478,41 @@ class Scheduler:
 
     # -- tasks ---------------------------------------------------------------------------------
     def _take(self) -> int:
-        """Read tasks from task_pool into the local queue (one or two round trips)."""
+        """Read tasks from task_pool into the local queue: first this consumer's pending
+        entries not leased here (after a restart; and every ``PENDING_RESCAN`` s, for a
+        reply lost with a connection), page by page, then new entries."""
         count = min(self.take_batch, self.max_leased - len(self.book))
         if count <= 0:
             return 0
-        start = self._cursor if self._cursor is not None else b">"
         if self._cursor is None and time.monotonic() >= self._rescan_at:
-            start = b"0"  # look for entries delivered to us whose reply never reached us
+            self._cursor = b"0"
+        # Finished but not acknowledged yet: still pending, and not to be fetched again.
+        unwritten = {lease.eid for lease in self._done}
+        fresh: list[Lease] = []
+        resumed = 0
         try:
-            entries, last = self._read(count, start)
-            if start != b">":
-                if entries:
-                    self._cursor = last  # page on through our pending entries
-                else:  # none (left): new entries now
-                    self._cursor, self._rescan_at = None, time.monotonic() + PENDING_RESCAN
-                    start = b">"
-                    entries, last = self._read(count, start)
+            while not fresh:
+                start = self._cursor if self._cursor is not None else b">"
+                entries, last = self._read(count, start)
+                if start != b">":
+                    if entries:
+                        self._cursor = last  # page on through our pending entries
+                    else:  # none (left): new entries now
+                        self._cursor, self._rescan_at = None, time.monotonic() + PENDING_RESCAN
+                        continue
+                for eid, url in entries:
+                    lease = None if eid in unwritten else self.book.taken(eid, url)
+                    if lease is not None:
+                        fresh.append(lease)
+                        resumed += start != b">"
+                if start == b">":
+                    break
         except (RedisError, DedupnetError, OSError) as e:
             log.warning("dedupnet: reading task_pool failed: %s (tried again later)", e)
-            return 0
-        fresh = []
-        for eid, url in entries:
-            lease = self.book.taken(eid, url)
-            if lease is not None:
-                fresh.append(lease)
-        if start != b">" and fresh:
+        if resumed:
             log.info("dedupnet: %d tasks delivered to %s before and not finished are fetched again",
-                     len(fresh), self.consumer)
-            self.stats.inc_value("dedupnet/tasks_resumed", len(fresh))
+                     resumed, self.consumer)
+            self.stats.inc_value("dedupnet/tasks_resumed", resumed)
         if not fresh:
             return 0
         records = self._records_of([lease.url for lease in fresh]) if self.keep_callbacks else {}

@@ -315,3 +315,22 @@ def test_a_task_gets_back_its_callback_errback_priority_and_kwargs(redis_url, st
         assert store.fp_contains("finish_URL", fingerprint_many(list(got))).all()
     finally:
         sched.store.close()
+
+
+def test_a_finished_task_not_yet_written_is_not_taken_again(redis_url, store):
+    """A look through the consumer's pending entries (a restart, a lost reply) must not
+    re-lease a task that is finished but not acknowledged yet: it would be fetched twice."""
+    sched, spider, stats = _scheduler(redis_url, store.prefix, DEDUPNET_TAKE_BATCH=1)
+    try:
+        store.stream_add("task_pool", ["http://a.example/1", "http://a.example/2"])
+        first = sched.next_request()
+        sched.book.released(set())
+        sched._done += sched.book.finished()  # done with it; the flush has not run yet
+        sched._cursor = b"0"  # the next read looks through our pending entries
+        second = sched.next_request()
+        assert second is not None and second.url != first.url
+        assert sched.next_request() is None
+        sched._flush()
+        assert store.stream_len("task_pool") == 1  # the second one, still leased
+    finally:
+        sched.store.close()
