@@ -169,7 +169,7 @@ def main() -> None:
               f"{dn['bytes_info']:.1f} | {dn['bytes_usage']:.1f} |")
     for name, value, dn, sr in rows:
         print(f"[{name}] dedupnet / scrapy-redis: {dn['rate'] / sr['rate']:.0f}x the rate, "
-              f"{sr['bytes_info'] / dn['bytes_info']:.1f}x less memory per URL")
+              f"{sr['bytes_usage'] / dn['bytes_usage']:.1f}x less memory per URL (MEMORY USAGE)")
 
 
 if __name__ == "__main__":
