@@ -90,7 +90,7 @@ from scrapy.exceptions import DontCloseSpider, NotConfigured
 from twisted.internet import task
 
 from dedupnet.errors import BadURL, DedupnetError
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
 from dedupnet.urls import fingerprint, fingerprint_many, normalize
 
 __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
@@ -330,7 +330,10 @@ class Scheduler:
     def from_crawler(cls, crawler):
         s = crawler.settings
         url, prefix, bits = _redis_settings(s)
-        store = Store(url, prefix, bucket_bits=bits)
+        # Calls block the reactor: short timeouts and few retries (what is not written
+        # stays in memory and goes at the next tick).
+        store = Store(url, prefix, bucket_bits=bits, retry=RetryPolicy(attempts=3, max_delay=0.5),
+                      socket_timeout=s.getfloat("DEDUPNET_SOCKET_TIMEOUT", 5.0))
         consumer = s.get("DEDUPNET_CONSUMER") or s.get("DEDUPNET_HOST_IP") or f"scrapy-{socket.gethostname()}"
         concurrency = s.getint("CONCURRENT_REQUESTS", 16)
         return cls(

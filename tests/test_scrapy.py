@@ -334,3 +334,22 @@ def test_a_finished_task_not_yet_written_is_not_taken_again(redis_url, store):
         assert store.stream_len("task_pool") == 1  # the second one, still leased
     finally:
         sched.store.close()
+
+
+def test_what_cannot_be_written_is_kept_and_written_when_redis_is_back(redis_url, store, caplog):
+    from dedupnet.store import RetryPolicy
+
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    reachable = sched.store
+    sched.store = Store("redis://127.0.0.1:1/0", store.prefix, retry=RetryPolicy(attempts=1))  # nobody there
+    try:
+        sched.enqueue_request(Request("http://a.example/"))
+        sched._try_flush()
+        assert sched._links == ["http://a.example/"]
+        assert "failed" in caplog.text and "kept, tried again" in caplog.text
+        sched.store.close()
+        sched.store = reachable
+        sched._try_flush()
+        assert _stream(store, "URL_pool") == ["http://a.example/"] and sched._links == []
+    finally:
+        reachable.close()
