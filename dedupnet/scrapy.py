@@ -1,0 +1,683 @@
+"""A Scrapy spider as the crawler of a dedupnet local host (issue #11).
+
+Two lines of ``settings.py`` (and where the host's Redis is)::
+
+    SCHEDULER = "dedupnet.scrapy.Scheduler"
+    DUPEFILTER_CLASS = "dedupnet.scrapy.DupeFilter"
+    DEDUPNET_REDIS_URL = "redis://localhost:6379/0"   # or DEDUPNET_DATA_DIR = "dedupnet-data/host-10.0.0.5"
+    DEDUPNET_PREFIX = "dedupnet:host:10.0.0.5"        # or DEDUPNET_HOST_IP = "10.0.0.5"
+
+Next to the spider runs the host's protocol daemon without its own crawler
+(``dedupnet local --no-crawl ...``, config ``crawl = false``). The spider takes the
+place of ``local_host/crawler.py`` on the host's pools (paper §1.1):
+
+* a request the spider yields is a *discovered URL*: normalised by the host's rules
+  (:class:`dedupnet.urls.URLGate`) and appended to ``URL_pool`` (batched: one
+  pipelined ``XADD`` per batch). The host daemon's walker de-dups it host-locally
+  (§2.2), its center LAN-wide (§2.3) and across networks (§2.4); a URL new
+  everywhere comes back, as a task in the ``task_pool`` of one host of the system;
+* :meth:`Scheduler.next_request` hands the spider the tasks of its host's
+  ``task_pool``, read with ``XREADGROUP`` in the consumer group ``crawl`` (the one
+  dedupnet's own crawler uses). A task read is *leased*: it stays in the stream, pending
+  for this consumer, until it is finished;
+* a task is finished — its URL (and each redirect hop) added to ``finish_URL``, its
+  entry acknowledged and deleted — only once Scrapy is done with it: the response
+  went through the spider callback and every request and item the callback produced
+  was handed on (items through the item pipelines), or the final failure went
+  through the errback (after retries; robots.txt refusals, ``IgnoreRequest`` and
+  ``HttpError`` included). That is the moment the engine takes the request out of its
+  in-progress set (``engine._slot.inprogress``; Scrapy 2.11+), which the scheduler
+  looks at on every ``next_request`` and every ``DEDUPNET_FLUSH_INTERVAL``. Scrapy has
+  no signal for it: ``response_received`` comes before the callback ran, so a spider
+  killed after it would lose the page's links.
+  Links and finished tasks go in one ``MULTI/EXEC``: the links a callback yielded are
+  in ``URL_pool`` no later than its task leaves ``task_pool``. A spider killed at any
+  point loses nothing: on start it takes its own pending entries first (the same
+  ``DEDUPNET_CONSUMER`` must be used across restarts) and fetches again the pages that
+  were in progress (at least once, as docs/DECISIONS.md says for the crawler).
+
+Requests that are not plain discovered GETs:
+
+* a *retry* (Scrapy's RetryMiddleware sends a copy of the request, ``dont_filter``) of
+  a task stays with its task: it is queued here, and the task finishes after it;
+* a *redirect* (RedirectMiddleware's new request, ``meta["redirect_urls"]``) of a task
+  finishes the task (the redirecting URL goes into ``finish_URL``) and its target is a
+  discovered URL like any link, into ``URL_pool``: a page reached both by a redirect and
+  by a link is fetched once in the whole system, as with dedupnet's crawler;
+* start requests (``meta["is_start_request"]``, Scrapy 2.13+) that are GETs are seeds:
+  into ``URL_pool`` even though Scrapy makes them ``dont_filter`` (``DEDUPNET_SEED_START_REQUESTS
+  = False`` fetches them here directly instead);
+* other ``dont_filter=True`` requests, non-GET requests and GETs with a body bypass
+  dedupnet: they go to an in-memory priority queue of this spider, are fetched by it,
+  and are not recorded anywhere (Scrapy's own behaviour; they are lost if the spider is
+  killed, as without ``JOBDIR``);
+* a task coming back from the protocol is a plain URL, so by default it goes to the
+  spider's ``parse``. A discovered request with another callback or an errback, a
+  non-zero priority or ``cb_kwargs`` has them kept in this host's hash
+  ``<prefix>:scrapy_requests`` (8-byte fingerprint -> JSON), and its task gets them back;
+  its ``meta`` is not kept. The hash is per host: a URL the protocol gives to another
+  host goes to that host's ``parse``.
+
+Bad URLs (not http(s), unparsable, too long) are dropped with a log line and the
+stat ``dedupnet/bad_input/<reason>``. Redis errors are retried by the store; if it
+stays away, what was to be written is kept in memory and written at the next tick,
+never dropped.
+
+The spider does not close when it runs out of tasks (more may come from the
+protocol, as with scrapy-redis): ``DEDUPNET_MAX_IDLE`` seconds (0, the default: never)
+of nothing to do close it.
+
+All Redis calls are made from the Twisted reactor's thread, synchronously, in batches:
+one round trip per batch of tasks taken and per flush, not per request.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from redis.exceptions import RedisError, ResponseError
+from scrapy import Request, signals
+from scrapy.dupefilters import BaseDupeFilter
+from scrapy.exceptions import DontCloseSpider, NotConfigured
+from twisted.internet import task
+
+from dedupnet.errors import BadURL, DedupnetError
+from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
+from dedupnet.urls import fingerprint, fingerprint_many, normalize
+
+__all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
+
+log = logging.getLogger("dedupnet.scrapy")
+
+#: Consumer group on task_pool: the same as dedupnet's crawler (local_host/crawler.py).
+GROUP = "crawl"
+#: Request meta key: the task_pool entry id (str) a request is fetched for.
+TASK_META = "dedupnet_task"
+#: Hash 8-byte fingerprint -> JSON {cb, eb, kw, p} of discovered requests with more than a URL.
+REQUESTS = "scrapy_requests"
+#: Seconds between two looks, while idle, for entries delivered to this consumer that
+#: it never received (as the crawler's PENDING_RESCAN).
+PENDING_RESCAN = 5.0
+
+
+# -- the lease book: sans-I/O ---------------------------------------------------------------
+@dataclass
+class Lease:
+    """One task taken from task_pool and not finished yet."""
+
+    eid: bytes
+    url: str  # normalised task URL
+    #: URLs fetched for it (the task URL, then each redirecting URL): all go into finish_URL.
+    chain: list[str] = field(default_factory=list)
+    #: The URL of the request of it now queued here or in the engine.
+    current: str = ""
+    #: Requests of it queued here or handed to the engine and not yet done with.
+    live: int = 0
+
+
+class TaskBook:
+    """Which tasks are leased, which requests carry them, which are finished.
+
+    Events in (:meth:`taken`, :meth:`handed`, :meth:`child`, :meth:`released`), the
+    finished leases out (:meth:`finished`). No I/O: the scheduler feeds it."""
+
+    def __init__(self) -> None:
+        self.leases: dict[bytes, Lease] = {}
+        #: id(request) -> (request, entry id) for task requests handed to the engine.
+        self.out: dict[int, tuple[Request, bytes]] = {}
+        self.done: list[Lease] = []
+
+    def __len__(self) -> int:
+        return len(self.leases)
+
+    def taken(self, eid: bytes, url: str) -> Lease | None:
+        """A task read from task_pool; None if it is leased here already (a re-delivery)."""
+        if eid in self.leases:
+            return None
+        lease = self.leases[eid] = Lease(eid, url, [url], url, live=1)
+        return lease
+
+    def lease_of(self, request: Request) -> Lease | None:
+        eid = request.meta.get(TASK_META)
+        return self.leases.get(eid.encode()) if isinstance(eid, str) else None
+
+    def handed(self, request: Request) -> None:
+        """A task request went to the engine (it is in the engine's in-progress set
+        from now until Scrapy is done with it)."""
+        lease = self.lease_of(request)
+        if lease is not None:
+            self.out[id(request)] = (request, lease.eid)
+
+    def child(self, request: Request, url: str | None) -> str:
+        """A request carrying a task's meta came back to the scheduler (``url``: its
+        normalised URL, None if bad). Returns ``"retry"`` (it belongs to the task: queue
+        it), ``"redirect"`` (the task's page was a redirect: the task is done with the
+        current URL; the target is a discovered URL) or ``"other"`` (a new request that
+        copied the meta: an ordinary discovered request)."""
+        lease = self.lease_of(request)
+        if lease is None or url is None:
+            return "other"
+        hops = request.meta.get("redirect_urls") or []
+        if url == lease.current:
+            lease.live += 1
+            return "retry"
+        if hops and _normal(hops[-1]) == lease.current:
+            return "redirect"
+        return "other"
+
+    def released(self, in_progress) -> int:
+        """Task requests the engine no longer holds are done with; returns how many."""
+        gone = [k for k, (req, _) in self.out.items() if req not in in_progress]
+        for k in gone:
+            _, eid = self.out.pop(k)
+            self._drop(eid)
+        return len(gone)
+
+    def dropped(self, request: Request) -> None:
+        """A retry of a task that was queued here and will never be fetched (the queue
+        was dropped) — the task stays pending in Redis."""
+        lease = self.lease_of(request)
+        if lease is not None:
+            self._drop(lease.eid)
+
+    def _drop(self, eid: bytes) -> None:
+        lease = self.leases.get(eid)
+        if lease is None:
+            return
+        lease.live -= 1
+        if lease.live <= 0:
+            del self.leases[eid]
+            self.done.append(lease)
+
+    def finished(self) -> list[Lease]:
+        out, self.done = self.done, []
+        return out
+
+
+def _normal(url: str) -> str | None:
+    try:
+        return normalize(url)
+    except BadURL:
+        return None
+
+
+def _redis_settings(settings) -> tuple[str, str, int]:
+    """(Redis URL, key prefix, bucket bits) of the host from Scrapy settings."""
+    url = settings.get("DEDUPNET_REDIS_URL")
+    data_dir = settings.get("DEDUPNET_DATA_DIR")
+    if not url and data_dir:
+        path = Path(data_dir) / "redis.url"
+        try:
+            url = path.read_text().strip()
+        except OSError as e:
+            raise NotConfigured(f"DEDUPNET_DATA_DIR: cannot read {path} (is `dedupnet local` running "
+                                f"with this --data-dir?): {e}") from None
+    if not url:
+        raise NotConfigured("dedupnet.scrapy needs DEDUPNET_REDIS_URL (the host daemon's --redis) "
+                            "or DEDUPNET_DATA_DIR (its --data-dir, for its embedded Redis)")
+    prefix = settings.get("DEDUPNET_PREFIX")
+    ip = settings.get("DEDUPNET_HOST_IP")
+    if not prefix and ip:
+        prefix = f"dedupnet:host:{ip}"  # the daemon's default (dedupnet/daemons.py run_local)
+    if not prefix:
+        raise NotConfigured("dedupnet.scrapy needs DEDUPNET_PREFIX (the host daemon's --prefix) "
+                            "or DEDUPNET_HOST_IP (its --ip, for the default prefix)")
+    return url, prefix, settings.getint("DEDUPNET_BUCKET_BITS", 10)
+
+
+def _build(objcls, crawler):
+    try:
+        from scrapy.utils.misc import build_from_crawler  # Scrapy 2.12+
+    except ImportError:  # pragma: no cover - Scrapy 2.11
+        from scrapy.utils.misc import create_instance
+
+        return create_instance(objcls, crawler.settings, crawler)
+    return build_from_crawler(objcls, crawler)
+
+
+# -- the dupefilter ---------------------------------------------------------------------------
+class DupeFilter(BaseDupeFilter):
+    """The host-local first layer: drops a URL this spider has pushed already in this
+    run, by dedupnet's normalisation and fingerprint (``http://A.com:80/x#y`` and
+    ``http://a.com/x`` are one URL), so ``URL_pool`` is not fed the same URL again and
+    again. The real de-dup (``finish_URL``, the LAN, other networks) is the protocol's.
+
+    In memory, bounded by ``DEDUPNET_SEEN_MAX`` fingerprints (default 1,000,000, 8 bytes
+    each plus the set's overhead): when full it starts again empty, which costs only
+    URLs pushed twice (the protocol drops them). Requests that are not GETs or have a
+    body are never "seen" (the scheduler does not ask for them)."""
+
+    def __init__(self, max_size: int = 1_000_000, debug: bool = False):
+        self.max_size = max_size
+        self.debug = debug
+        self.seen: set[int] = set()
+        self.filtered = 0
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        return cls(s.getint("DEDUPNET_SEEN_MAX", 1_000_000), s.getbool("DUPEFILTER_DEBUG"))
+
+    @classmethod
+    def from_settings(cls, settings):  # pragma: no cover - Scrapy < 2.12 path
+        return cls(settings.getint("DEDUPNET_SEEN_MAX", 1_000_000), settings.getbool("DUPEFILTER_DEBUG"))
+
+    def request_fingerprint(self, request: Request) -> int | None:
+        url = _normal(request.url)
+        return None if url is None else fingerprint(url)
+
+    def request_seen(self, request: Request) -> bool:
+        fp = self.request_fingerprint(request)
+        if fp is None:
+            return False  # the scheduler counts and drops bad URLs
+        if fp in self.seen:
+            self.filtered += 1
+            return True
+        if len(self.seen) >= self.max_size:
+            self.seen.clear()
+        self.seen.add(fp)
+        return False
+
+    def log(self, request: Request, spider) -> None:
+        if self.debug:
+            log.debug("filtered (pushed already): %s", request.url)
+
+
+# -- the scheduler ----------------------------------------------------------------------------
+class Scheduler:
+    """Scrapy scheduler on a dedupnet host's ``URL_pool`` / ``task_pool`` (module doc)."""
+
+    def __init__(self, crawler, store: Store, dupefilter, *, consumer: str, take_batch: int,
+                 max_leased: int, flush_interval: float, push_batch: int, max_idle: float,
+                 seed_start_requests: bool, keep_callbacks: bool):
+        self.crawler = crawler
+        self.stats = crawler.stats
+        self.store = store
+        self.df = dupefilter
+        self.consumer = consumer
+        self.take_batch = take_batch
+        self.max_leased = max_leased
+        self.flush_interval = flush_interval
+        self.push_batch = push_batch
+        self.max_idle = max_idle
+        self.seed_start_requests = seed_start_requests
+        self.keep_callbacks = keep_callbacks
+        self.spider = None
+        self.book = TaskBook()
+        #: Requests fetched here: retries of tasks, tasks read ahead, bypassing requests.
+        self._queue: list[tuple[int, int, Request]] = []
+        self._order = itertools.count()
+        #: Discovered URLs (normalised) and their side records, not yet in URL_pool.
+        self._links: list[str] = []
+        self._records: dict[bytes, bytes] = {}
+        #: Finished leases not yet written.
+        self._done: list[Lease] = []
+        self._cursor: bytes | None = b"0"  # our own pending entries first (a restart)
+        self._rescan_at = time.monotonic() + PENDING_RESCAN
+        self._active_at = time.monotonic()
+        self._loop: task.LoopingCall | None = None
+        self._write_failing = False
+
+    @classmethod
+    def from_crawler(cls, crawler):
+        s = crawler.settings
+        url, prefix, bits = _redis_settings(s)
+        # Calls block the reactor: short timeouts and few retries (what is not written
+        # stays in memory and goes at the next tick).
+        store = Store(url, prefix, bucket_bits=bits, retry=RetryPolicy(attempts=3, max_delay=0.5),
+                      socket_timeout=s.getfloat("DEDUPNET_SOCKET_TIMEOUT", 5.0))
+        consumer = s.get("DEDUPNET_CONSUMER") or s.get("DEDUPNET_HOST_IP") or f"scrapy-{socket.gethostname()}"
+        concurrency = s.getint("CONCURRENT_REQUESTS", 16)
+        return cls(
+            crawler, store, _build(_load(s.get("DUPEFILTER_CLASS")), crawler), consumer=consumer,
+            take_batch=s.getint("DEDUPNET_TAKE_BATCH", concurrency),
+            max_leased=s.getint("DEDUPNET_MAX_LEASED", 2 * concurrency),
+            flush_interval=s.getfloat("DEDUPNET_FLUSH_INTERVAL", 0.2),
+            push_batch=s.getint("DEDUPNET_PUSH_BATCH", 1000),
+            max_idle=s.getfloat("DEDUPNET_MAX_IDLE", 0.0),
+            seed_start_requests=s.getbool("DEDUPNET_SEED_START_REQUESTS", True),
+            keep_callbacks=s.getbool("DEDUPNET_KEEP_CALLBACKS", True),
+        )
+
+    # -- Scrapy's scheduler interface --------------------------------------------------------
+    def open(self, spider):
+        self.spider = spider
+        self.store.ensure_group(TASK_POOL, GROUP)
+        if hasattr(self.df, "open"):
+            self.df.open()
+        self.crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
+        self._loop = task.LoopingCall(self._tick)
+        self._loop.start(self.flush_interval, now=False)
+        log.info("dedupnet: spider %s is the crawler of %s (consumer %r of group %r on %s)",
+                 spider.name, self.store.prefix, self.consumer, GROUP, _safe_url(self.store.url))
+        return None
+
+    def close(self, reason: str):
+        if self._loop is not None and self._loop.running:
+            self._loop.stop()
+        self._release()
+        try:
+            self._flush()
+        except (RedisError, DedupnetError, OSError) as e:
+            log.error("dedupnet: could not write %d links and %d finished tasks at close: %s "
+                      "(the tasks stay pending and are fetched again)", len(self._links), len(self._done), e)
+        if self.book.leases:
+            log.info("dedupnet: %d tasks not finished stay pending in task_pool for the next start",
+                     len(self.book.leases))
+        bypassed = sum(1 for _, _, r in self._queue if TASK_META not in r.meta)
+        if bypassed:
+            log.warning("dedupnet: %d requests outside dedupnet (dont_filter / non-GET) were never fetched", bypassed)
+        if hasattr(self.df, "close"):
+            self.df.close(reason)
+        self.store.close()
+        return None
+
+    def has_pending_requests(self) -> bool:
+        return bool(self._queue)
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    def enqueue_request(self, request: Request) -> bool:
+        self._active_at = time.monotonic()
+        url = _normal(request.url) if request.method in ("GET", "HEAD") else None
+        if TASK_META in request.meta:
+            kind = self.book.child(request, url)
+            if kind == "retry":
+                self._push_local(request)
+                self.stats.inc_value("dedupnet/retries")
+                return True
+            if kind == "redirect":
+                # The task's URL answered with a redirect: done with it; the target is
+                # a discovered URL (the lease ends when the engine lets the redirecting
+                # request go, right after this call).
+                request.meta.pop(TASK_META, None)
+                self.stats.inc_value("dedupnet/redirects")
+                return self._discovered(request, url, redirect=True)
+            request.meta.pop(TASK_META, None)  # copied meta: not ours
+        if request.method != "GET" or request.body:
+            return self._bypass(request, "not_get")
+        if request.dont_filter and not (self.seed_start_requests and request.meta.get("is_start_request")):
+            return self._bypass(request, "dont_filter")
+        if url is None:
+            return self._bad(request)
+        return self._discovered(request, url)
+
+    def next_request(self) -> Request | None:
+        self._release()
+        if not self._queue and len(self.book) < self.max_leased:
+            self._take()
+        if not self._queue:
+            return None
+        _, _, request = heapq.heappop(self._queue)
+        self.book.handed(request)
+        self.stats.inc_value("scheduler/dequeued/dedupnet")
+        return request
+
+    # -- discovered URLs ---------------------------------------------------------------------
+    def _discovered(self, request: Request, url: str, *, redirect: bool = False) -> bool:
+        if self.df.request_seen(request):
+            self.df.log(request, self.spider)
+            self.stats.inc_value("dedupnet/filtered_local")
+            return False
+        self._links.append(url)
+        if self.keep_callbacks:
+            record = self._record(request)
+            if record is not None:
+                self._records[fingerprint_fields(fingerprint_many([url]))[0]] = record
+        self.stats.inc_value("dedupnet/pushed")
+        if len(self._links) >= self.push_batch:
+            self._try_flush()
+        return True
+
+    def _record(self, request: Request) -> bytes | None:
+        """What a task of this URL needs beyond its URL (callback, errback, cb_kwargs,
+        priority), as JSON; None when it is a plain request to ``parse``."""
+        rec: dict[str, Any] = {}
+        for key, fn in (("cb", request.callback), ("eb", request.errback)):
+            if fn is None:
+                continue
+            name = getattr(fn, "__name__", None)
+            if getattr(fn, "__self__", None) is not self.spider or not name or name.startswith("__"):
+                self.stats.inc_value("dedupnet/callback_not_kept")
+                continue
+            if not (key == "cb" and name == "parse"):
+                rec[key] = name
+        if request.cb_kwargs:
+            try:
+                orjson.dumps(request.cb_kwargs)
+                rec["kw"] = request.cb_kwargs
+            except TypeError:
+                self.stats.inc_value("dedupnet/cb_kwargs_not_kept")
+        if request.priority:
+            rec["p"] = request.priority
+        return orjson.dumps(rec) if rec else None
+
+    def _bypass(self, request: Request, why: str) -> bool:
+        self.stats.inc_value(f"dedupnet/bypassed/{why}")
+        self._push_local(request)
+        return True
+
+    def _bad(self, request: Request) -> bool:
+        try:
+            normalize(request.url)
+            reason = "unparsable"
+        except BadURL as e:
+            reason = e.reason
+        self.stats.inc_value(f"dedupnet/bad_input/{reason}")
+        log.warning("dedupnet: dropped a request with a bad URL (%s): %r", reason, request.url[:200])
+        return False
+
+    def _push_local(self, request: Request) -> None:
+        heapq.heappush(self._queue, (-request.priority, next(self._order), request))
+
+    # -- tasks ---------------------------------------------------------------------------------
+    def _take(self) -> int:
+        """Read tasks from task_pool into the local queue: first this consumer's pending
+        entries not leased here (after a restart; and every ``PENDING_RESCAN`` s, for a
+        reply lost with a connection), page by page, then new entries."""
+        count = min(self.take_batch, self.max_leased - len(self.book))
+        if count <= 0:
+            return 0
+        if self._cursor is None and time.monotonic() >= self._rescan_at:
+            self._cursor = b"0"
+        # Finished but not acknowledged yet: still pending, and not to be fetched again.
+        unwritten = {lease.eid for lease in self._done}
+        fresh: list[Lease] = []
+        resumed = 0
+        try:
+            while not fresh:
+                start = self._cursor if self._cursor is not None else b">"
+                entries, last = self._read(count, start)
+                if start != b">":
+                    if entries:
+                        self._cursor = last  # page on through our pending entries
+                    else:  # none (left): new entries now
+                        self._cursor, self._rescan_at = None, time.monotonic() + PENDING_RESCAN
+                        continue
+                for eid, url in entries:
+                    lease = None if eid in unwritten else self.book.taken(eid, url)
+                    if lease is not None:
+                        fresh.append(lease)
+                        resumed += start != b">"
+                if start == b">":
+                    break
+        except (RedisError, DedupnetError, OSError) as e:
+            log.warning("dedupnet: reading task_pool failed: %s (tried again later)", e)
+        if resumed:
+            log.info("dedupnet: %d tasks delivered to %s before and not finished are fetched again",
+                     resumed, self.consumer)
+            self.stats.inc_value("dedupnet/tasks_resumed", resumed)
+        if not fresh:
+            return 0
+        records = self._records_of([lease.url for lease in fresh]) if self.keep_callbacks else {}
+        for lease in fresh:
+            self._push_local(self._task_request(lease, records.get(lease.url)))
+        self.stats.inc_value("dedupnet/tasks_taken", len(fresh))
+        self._active_at = time.monotonic()
+        return len(fresh)
+
+    def _read(self, count: int, start: bytes) -> tuple[list[tuple[bytes, str]], bytes | None]:
+        key = self.store.key(TASK_POOL)
+        try:
+            reply = self.store.command(b"XREADGROUP", b"GROUP", GROUP, self.consumer, b"COUNT", count,
+                                       b"STREAMS", key, start)
+        except ResponseError as e:
+            if "NOGROUP" not in str(e):
+                raise
+            self.store.ensure_group(TASK_POOL, GROUP)  # task_pool was deleted: start again
+            return [], None
+        raw = reply[0][1] if reply else []
+        entries, gone, bad = [], [], []
+        for eid, fields in raw:
+            value = dict(zip(fields[0::2], fields[1::2])).get(b"u") if fields else None
+            url = _normal(value.decode("utf-8", "replace")) if value is not None else None
+            if value is None:
+                gone.append(eid)  # deleted under us, or not a task
+            elif url is None:
+                bad.append(eid)
+                self.stats.inc_value("dedupnet/bad_input/task")
+                log.warning("dedupnet: task %s has a bad URL %r: dropped", eid, value[:200])
+            else:
+                entries.append((eid, url))
+        if gone or bad:
+            self.store.stream_done(TASK_POOL, GROUP, gone + bad)
+        return entries, (raw[-1][0] if raw else None)
+
+    def _records_of(self, urls: list[str]) -> dict[str, dict]:
+        fields = fingerprint_fields(fingerprint_many(urls))
+        try:
+            values = self.store.command(b"HMGET", self.store.key(REQUESTS), *fields)
+        except (RedisError, DedupnetError, OSError) as e:
+            log.warning("dedupnet: reading callbacks failed: %s (tasks go to parse)", e)
+            return {}
+        out = {}
+        for url, value in zip(urls, values):
+            if value:
+                try:
+                    out[url] = orjson.loads(value)
+                except orjson.JSONDecodeError:
+                    self.stats.inc_value("dedupnet/bad_input/request_record")
+        return out
+
+    def _task_request(self, lease: Lease, record: dict | None) -> Request:
+        kw: dict[str, Any] = {}
+        if record:
+            for key, arg in (("cb", "callback"), ("eb", "errback")):
+                name = record.get(key)
+                if name:
+                    fn = getattr(self.spider, name, None)
+                    if callable(fn):
+                        kw[arg] = fn
+                    else:
+                        log.warning("dedupnet: spider has no method %r (task %s): default used", name, lease.url)
+            if isinstance(record.get("kw"), dict):
+                kw["cb_kwargs"] = record["kw"]
+            if isinstance(record.get("p"), int):
+                kw["priority"] = record["p"]
+        return Request(lease.url, meta={TASK_META: lease.eid.decode()}, **kw)
+
+    # -- finishing -------------------------------------------------------------------------------
+    def _engine_slot(self):
+        """The engine's slot, whose ``inprogress`` set holds each request from the moment
+        ``next_request`` hands it out until Scrapy is done with it (``_slot`` since
+        Scrapy 2.13, ``slot`` before); None while there is no engine."""
+        try:
+            engine = self.crawler.engine
+        except (AttributeError, RuntimeError):  # Scrapy 2.19: RuntimeError before the crawl starts
+            return None
+        return getattr(engine, "_slot", None) or getattr(engine, "slot", None)
+
+    def _engine_in_progress(self):
+        slot = self._engine_slot()
+        return None if slot is None else slot.inprogress
+
+    def _release(self) -> None:
+        in_progress = self._engine_in_progress()
+        if in_progress is None:
+            return
+        if self.book.released(in_progress):
+            self._active_at = time.monotonic()
+        self._done += self.book.finished()
+
+    def _tick(self) -> None:
+        """Every ``flush_interval``: finished tasks and links out; if idle, tasks in (and
+        the engine told, so it does not wait for its 5 s heartbeat)."""
+        try:
+            self._release()
+            self._try_flush()
+            if not self._queue and len(self.book) < self.max_leased and self._take():
+                slot = self._engine_slot()
+                if slot is not None:
+                    slot.nextcall.schedule()
+        except Exception:  # never let the LoopingCall die
+            log.exception("dedupnet: scheduler tick failed")
+
+    def _try_flush(self) -> None:
+        try:
+            self._flush()
+            if self._write_failing:
+                log.info("dedupnet: writing to Redis works again")
+            self._write_failing = False
+        except (RedisError, DedupnetError, OSError) as e:
+            if not self._write_failing:
+                log.error("dedupnet: writing %d links and %d finished tasks failed: %s (kept, tried again)",
+                          len(self._links), len(self._done), e)
+            self._write_failing = True
+
+    def _flush(self) -> None:
+        """One MULTI/EXEC: links into URL_pool (with their side records), finished tasks
+        into finish_URL and out of task_pool. Buffers are emptied only once it is written."""
+        if not self._links and not self._done:
+            return
+        links, records, done = self._links, self._records, self._done
+        key = self.store.key
+
+        def fill(batch: Batch) -> None:
+            url_pool = key(URL_POOL)
+            for url in links:
+                batch.add(b"XADD", url_pool, b"*", b"u", url)
+            if records:
+                batch.add(b"HSET", key(REQUESTS), *[x for kv in records.items() for x in kv])
+            if done:
+                chains = [u for lease in done for u in lease.chain]
+                batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(chains))
+                eids = [lease.eid for lease in done]
+                batch.add(b"XACK", key(TASK_POOL), GROUP, *eids)
+                batch.add(b"XDEL", key(TASK_POOL), *eids)
+                if self.keep_callbacks:
+                    batch.add(b"HDEL", key(REQUESTS), *fingerprint_fields(fingerprint_many([d.url for d in done])))
+
+        self.store.transact(fill)
+        self._links, self._records, self._done = [], {}, []
+        if done:
+            self.stats.inc_value("dedupnet/tasks_done", len(done))
+
+    def _spider_idle(self, spider) -> None:
+        """Stay open for tasks the protocol may still send, unless idle ``max_idle`` s."""
+        self._release()
+        self._try_flush()
+        busy = self.book.leases or self._links or self._done
+        if busy or not self.max_idle or time.monotonic() - self._active_at < self.max_idle:
+            raise DontCloseSpider
+        log.info("dedupnet: nothing to do for %.0f s (DEDUPNET_MAX_IDLE): closing", self.max_idle)
+
+
+def _load(path: str):
+    from scrapy.utils.misc import load_object
+
+    return load_object(path)
+
+
+def _safe_url(url: str) -> str:
+    """A Redis URL without its password, for logs."""
+    head, at, tail = url.rpartition("@")
+    return f"{head.split('://')[0]}://***@{tail}" if at else url

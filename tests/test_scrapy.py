@@ -1,0 +1,355 @@
+"""Scrapy spiders as dedupnet local hosts (issue #11): a real Scrapy crawl, in
+subprocesses, of the synthetic web, next to real ``dedupnet center`` / ``dedupnet
+local`` daemons, checked against the web's own fetch log.
+
+Layout: network 1 has a Scrapy host (127.0.1.10, ``dedupnet local --no-crawl`` + the
+example project's spider) and a host with dedupnet's own crawler (127.0.1.11);
+network 2 has a Scrapy host (127.0.2.10). Each spider binds its host's IP
+(``DOWNLOAD_BIND_ADDRESS``), so the web's log says who fetched what.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+import trio
+
+pytest.importorskip("scrapy")
+
+from scrapy import Request  # noqa: E402
+
+from dedupnet import simproc  # noqa: E402
+from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
+from dedupnet.sim import SimConfig, assign_seeds  # noqa: E402
+from dedupnet.store import Store  # noqa: E402
+from dedupnet.web import SyntheticWeb, WebSpec  # noqa: E402
+
+EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "scrapy"
+SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
+CRAWLER_HOST = "127.0.1.11"
+
+
+class Spider:
+    """One ``scrapy crawl follow`` process of the example project on a host's keys."""
+
+    def __init__(self, ip: str, redis_url: str, prefix: str, logdir: Path, extra: tuple[str, ...] = ()):
+        self.ip = ip
+        self.log_path = logdir / f"scrapy-{ip}.log"
+        self.argv = [sys.executable, "-m", "scrapy", "crawl", "follow",
+                     "-s", f"DEDUPNET_REDIS_URL={redis_url}", "-s", f"DEDUPNET_PREFIX={prefix}",
+                     "-s", f"DEDUPNET_CONSUMER={ip}", "-s", f"DOWNLOAD_BIND_ADDRESS={ip}",
+                     "-s", "LOG_LEVEL=INFO", "-s", "DEDUPNET_FLUSH_INTERVAL=0.1", *extra]
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, env: dict) -> None:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.argv, cwd=EXAMPLE, env=env, stdin=subprocess.DEVNULL,
+                                         stdout=log, stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stop(self, sig=signal.SIGTERM, timeout: float = 20.0) -> None:
+        if not self.alive():
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
+def _scrapy_host_quiet(st: dict | None) -> bool:
+    if not st:
+        return False
+    pools = st.get("pools", {})
+    return bool(st.get("connected") and not pools.get("URL_pool") and not pools.get("task_pool")
+                and not pools.get("unacked_sets") and not st.get("sets_in_flight", {}).get("unacked"))
+
+
+async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = None) -> dict:
+    """Run the layout of the module doc to quiescence; with ``kill_after``, SIGKILL the
+    first Scrapy host's spider once it has fetched that many pages and holds leased
+    tasks (pending entries of its consumer), and start it again."""
+    web = SyntheticWeb(WebSpec(pages=300, sites=6, seed=5), port=0)
+    cfg = SimConfig(networks=2, hosts=2, pages=300, sites=6, seed=5, set_size=100, set_linger=0.2,
+                    concurrency=8)
+    prefix = f"scrapytest-{os.getpid()}-{time.monotonic_ns() % 10**6}"
+    env = simproc._env()
+    async with trio.open_nursery() as nursery:
+        await nursery.start(web.serve)
+        centers, hosts = simproc._plan(cfg, redis_url, prefix, tmp_path)
+        hosts = [h for h in hosts if h.name in (*SCRAPY_HOSTS, CRAWLER_HOST)]
+        for h in hosts:
+            if h.name in SCRAPY_HOSTS:
+                h.argv.append("--no-crawl")
+        by_ip = {h.name: h for h in hosts}
+        spiders = [Spider(ip, redis_url, by_ip[ip].prefix, tmp_path) for ip in SCRAPY_HOSTS]
+        daemons = centers + hosts
+        seeds = web.seeds(3)
+        reach = web.reachable_detail(seeds)
+        killed = 0
+        server = redis.Redis.from_url(redis_url)
+        try:
+            await simproc._start(centers, hosts, tmp_path, env, 60)
+            for s in spiders:
+                s.start(env)
+            with trio.move_on_after(30):
+                while not all("is the crawler of" in s.log() for s in spiders):
+                    for s in spiders:
+                        assert s.alive(), f"spider on {s.ip} exited:\n{s.log()[-3000:]}"
+                    await trio.sleep(0.1)
+            plan = assign_seeds([h.name for h in hosts], seeds)
+            for ip, urls in plan.items():
+                await trio.to_thread.run_sync(simproc._push, redis_url, by_ip[ip].prefix, urls)
+            quiet = 0
+            with trio.move_on_after(60) as scope:
+                while quiet < 5:
+                    await trio.sleep(0.2)
+                    for s in spiders:
+                        assert s.alive(), f"spider on {s.ip} exited:\n{s.log()[-3000:]}"
+                    victim = spiders[0]
+                    if kill_after is not None and not killed and sum(
+                            victim.ip in by for by in web.answered_by.values()) >= kill_after:
+                        pending = server.xpending(f"{by_ip[victim.ip].prefix}:task_pool", GROUP)["pending"]
+                        if pending:
+                            killed = pending
+                            victim.stop(signal.SIGKILL)
+                            victim.start(env)
+                    st = await simproc._poll_all(daemons)
+                    done = all(_scrapy_host_quiet(st[ip]) for ip in SCRAPY_HOSTS) and all(
+                        simproc._quiet(d, st[d.name]) for d in daemons if d.name not in SCRAPY_HOSTS)
+                    quiet = quiet + 1 if done else 0
+            logs = "\n".join(f"--- {s.ip}\n{s.log()[-4000:]}" for s in spiders)
+            assert not scope.cancelled_caught, f"not quiescent after 60 s; {len(web.answer_counts)} of " \
+                                               f"{len(reach.fetched)} fetched\n{logs}"
+        finally:
+            for s in spiders:
+                s.stop()
+            await simproc._stop(daemons, 15)
+            for name in [d.prefix for d in daemons]:
+                store = Store(redis_url, name)
+                store.delete_prefix()
+                store.close()
+            server.close()
+            nursery.cancel_scope.cancel()
+    return {"web": web, "reach": reach, "spiders": spiders, "killed": killed}
+
+
+def _check(run: dict, *, allow_refetch_by: str | None = None) -> None:
+    web, reach = run["web"], run["reach"]
+    answered = set(web.answer_counts)
+    lost = reach.fetched - answered
+    extra = answered - reach.fetched
+    dups = {u: web.answered_by[u] for u, c in web.answer_counts.items() if c > 1}
+    if allow_refetch_by is not None:
+        # At least once: the killed spider fetches again the pages it had in progress,
+        # and nobody else fetches them.
+        dups = {u: by for u, by in dups.items() if set(by) != {allow_refetch_by}}
+    assert not lost, f"{len(lost)} lost, e.g. {sorted(lost)[:5]}"
+    assert not extra, f"{len(extra)} fetched that a correct crawl does not request: {sorted(extra)[:5]}"
+    assert not dups, f"{len(dups)} fetched twice: {list(dups.items())[:5]}"
+    by_client = collections.Counter(ip for u in answered for ip in web.answered_by[u])
+    for ip in (*SCRAPY_HOSTS, CRAWLER_HOST):
+        assert by_client[ip] > 0, f"host {ip} fetched nothing: {by_client}"
+
+
+async def test_two_scrapy_hosts_and_a_dedupnet_crawler_fetch_every_page_once(redis_url, tmp_path):
+    run = await _crawl(redis_url, tmp_path)
+    _check(run)
+    for s in run["spiders"]:
+        log = s.log()
+        assert "is the crawler of" in log
+        assert "Traceback" not in log, log[-3000:]
+
+
+async def test_a_killed_spider_loses_nothing(redis_url, tmp_path):
+    run = await _crawl(redis_url, tmp_path, kill_after=15)
+    assert run["killed"], "the spider was never seen holding a task"
+    _check(run, allow_refetch_by=SCRAPY_HOSTS[0])
+    log = run["spiders"][0].log()
+    assert log.count("Spider opened") == 2
+    # Its second life took up the tasks the first had leased and not finished.
+    assert "before and not finished are fetched again" in log, log[-3000:]
+
+
+# -- the lease book, without Scrapy's engine ---------------------------------------------------
+def _task(book: TaskBook, eid: bytes, url: str) -> Request:
+    lease = book.taken(eid, url)
+    assert lease is not None
+    return Request(url, meta={TASK_META: eid.decode()})
+
+
+def test_a_task_is_finished_only_when_its_last_request_is_done():
+    book = TaskBook()
+    req = _task(book, b"1-0", "http://a.example/")
+    book.handed(req)
+    assert book.taken(b"1-0", "http://a.example/") is None  # delivered again: not leased twice
+    retry = req.replace(dont_filter=True)
+    retry.meta["retry_times"] = 1
+    assert book.child(retry, "http://a.example/") == "retry"
+    assert book.released({retry}) == 1 and book.finished() == []  # the retry keeps the task
+    book.handed(retry)
+    assert book.released(set()) == 1
+    [lease] = book.finished()
+    assert lease.chain == ["http://a.example/"] and not book.leases
+
+
+def test_a_redirect_finishes_the_task_and_its_target_is_discovered():
+    book = TaskBook()
+    req = _task(book, b"2-0", "http://a.example/old")
+    book.handed(req)
+    hop = req.replace(url="http://a.example/new")
+    hop.meta["redirect_urls"] = ["http://a.example/old"]
+    assert book.child(hop, "http://a.example/new") == "redirect"
+    copied = Request("http://b.example/", meta=dict(req.meta))  # a spider that copies meta
+    assert book.child(copied, "http://b.example/") == "other"
+    book.released({req})
+    assert book.finished() == []  # the engine still holds the redirecting request
+    book.released(set())
+    assert [lease.eid for lease in book.finished()] == [b"2-0"]
+
+
+# -- the scheduler on a real Redis, without a running engine -----------------------------------
+class _Spider(__import__("scrapy").Spider):
+    name = "unit"
+
+    def parse(self, response):
+        return []
+
+    def parse_item(self, response, kind=None):
+        return []
+
+    def failed(self, failure):
+        return []
+
+
+def _scheduler(redis_url: str, prefix: str, **settings):
+    from scrapy.utils.test import get_crawler
+
+    from dedupnet.scrapy import Scheduler
+
+    crawler = get_crawler(_Spider, {"DEDUPNET_REDIS_URL": redis_url, "DEDUPNET_PREFIX": prefix,
+                                    "DEDUPNET_CONSUMER": "unit", "DUPEFILTER_CLASS": "dedupnet.scrapy.DupeFilter",
+                                    **settings})
+    crawler._apply_settings()
+    spider = crawler._create_spider()
+    sched = Scheduler.from_crawler(crawler)
+    sched.spider = spider
+    sched.store.ensure_group("task_pool", GROUP)
+    return sched, spider, crawler.stats
+
+
+def _stream(store: Store, pool: str) -> list[str]:
+    return [fields[b"u"].decode() for _, fields in store.redis.xrange(store.key(pool))]
+
+
+def test_discovered_requests_go_to_url_pool_normalised_once_and_bad_ones_are_counted(redis_url, store):
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    try:
+        for url in ("HTTP://A.example:80/x/./y#top", "http://a.example/x/y", "ftp://a.example/file",
+                    "http://b.example/"):
+            sched.enqueue_request(Request(url))
+        assert _stream(store, "URL_pool") == []  # batched: nothing written yet
+        sched._flush()
+        assert _stream(store, "URL_pool") == ["http://a.example/x/y", "http://b.example/"]
+        assert stats.get_value("dedupnet/pushed") == 2
+        assert stats.get_value("dedupnet/filtered_local") == 1
+        assert stats.get_value("dedupnet/bad_input/scheme") == 1
+        assert not sched.has_pending_requests()
+    finally:
+        sched.store.close()
+
+
+def test_non_get_and_dont_filter_requests_bypass_dedupnet(redis_url, store):
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    try:
+        post = Request("http://a.example/form", method="POST", body=b"q=1")
+        again = Request("http://a.example/page", dont_filter=True, priority=5)
+        seed = Request("http://a.example/seed", dont_filter=True, meta={"is_start_request": True})
+        for r in (post, again, seed):
+            assert sched.enqueue_request(r)
+        sched._flush()
+        assert _stream(store, "URL_pool") == ["http://a.example/seed"]  # a start request is a seed
+        assert sched.next_request() is again and sched.next_request() is post  # by priority
+        assert stats.get_value("dedupnet/bypassed/not_get") == 1
+        assert stats.get_value("dedupnet/bypassed/dont_filter") == 1
+    finally:
+        sched.store.close()
+
+
+def test_a_task_gets_back_its_callback_errback_priority_and_kwargs(redis_url, store):
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    try:
+        sched.enqueue_request(Request("http://a.example/item", callback=spider.parse_item, errback=spider.failed,
+                                      cb_kwargs={"kind": "book"}, priority=3))
+        sched.enqueue_request(Request("http://a.example/plain", callback=spider.parse))
+        sched._flush()
+        # The protocol admits them: they come back as plain URLs in task_pool.
+        store.stream_add("task_pool", _stream(store, "URL_pool"))
+        got = {r.url: r for r in (sched.next_request(), sched.next_request())}
+        item, plain = got["http://a.example/item"], got["http://a.example/plain"]
+        assert item.callback == spider.parse_item and item.errback == spider.failed
+        assert item.cb_kwargs == {"kind": "book"} and item.priority == 3
+        assert plain.callback is None and plain.errback is None  # parse, as Scrapy's default
+        assert {r.meta[TASK_META] for r in got.values()} and len(sched.book) == 2
+        # Done with both (the engine holds neither): finished, acknowledged, recorded.
+        sched.book.released(set())
+        sched._done += sched.book.finished()
+        sched._flush()
+        assert store.stream_len("task_pool") == 0
+        assert store.redis.hlen(store.key("scrapy_requests")) == 0
+        from dedupnet.urls import fingerprint_many
+        assert store.fp_contains("finish_URL", fingerprint_many(list(got))).all()
+    finally:
+        sched.store.close()
+
+
+def test_a_finished_task_not_yet_written_is_not_taken_again(redis_url, store):
+    """A look through the consumer's pending entries (a restart, a lost reply) must not
+    re-lease a task that is finished but not acknowledged yet: it would be fetched twice."""
+    sched, spider, stats = _scheduler(redis_url, store.prefix, DEDUPNET_TAKE_BATCH=1)
+    try:
+        store.stream_add("task_pool", ["http://a.example/1", "http://a.example/2"])
+        first = sched.next_request()
+        sched.book.released(set())
+        sched._done += sched.book.finished()  # done with it; the flush has not run yet
+        sched._cursor = b"0"  # the next read looks through our pending entries
+        second = sched.next_request()
+        assert second is not None and second.url != first.url
+        assert sched.next_request() is None
+        sched._flush()
+        assert store.stream_len("task_pool") == 1  # the second one, still leased
+    finally:
+        sched.store.close()
+
+
+def test_what_cannot_be_written_is_kept_and_written_when_redis_is_back(redis_url, store, caplog):
+    from dedupnet.store import RetryPolicy
+
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    reachable = sched.store
+    sched.store = Store("redis://127.0.0.1:1/0", store.prefix, retry=RetryPolicy(attempts=1))  # nobody there
+    try:
+        sched.enqueue_request(Request("http://a.example/"))
+        sched._try_flush()
+        assert sched._links == ["http://a.example/"]
+        assert "failed" in caplog.text and "kept, tried again" in caplog.text
+        sched.store.close()
+        sched.store = reachable
+        sched._try_flush()
+        assert _stream(store, "URL_pool") == ["http://a.example/"] and sched._links == []
+    finally:
+        reachable.close()
