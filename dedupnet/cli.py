@@ -42,6 +42,10 @@ DAEMON = [
     (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
     (("--no-compress",), dict(dest="compress", action="store_const", const=False,
                               help="never offer or accept zstd-compressed bodies (default: negotiated per connection)")),
+    (("--lan-key-file",), dict(metavar="FILE", help="LAN key file ('KEY_ID HEX_SECRET [send]' lines): every message "
+                                                    "between a center and its hosts carries an HMAC tag (re-read "
+                                                    "every second: rotate keys without a restart)")),
+    (("--key-poll-interval",), dict(type=float, metavar="S", help="seconds between two reads of the key files (default 1)")),
 ]
 
 
@@ -66,6 +70,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "other networks (§2.4), and hands admitted URLs to its hosts.")
     center.add_argument("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR",
                         help="another network's center and its LAN (repeat per peer)")
+    center.add_argument("--peer-key-file", metavar="FILE", help="key file of the peer centers (as --lan-key-file)")
+    center.add_argument("--max-connections-per-source", type=int, metavar="N",
+                        help="connections one source address may hold open (default 16)")
+    center.add_argument("--max-bytes-per-s", type=float, metavar="B",
+                        help="bytes a second read from one connection, above which it is throttled (default 32 MiB)")
+    center.add_argument("--max-messages-per-s", type=float, metavar="N",
+                        help="messages a second read from one connection, above which it is throttled (default 20000)")
 
     local = sub.add_parser("local", parents=[common, daemon], help="run a local host daemon",
                            description="A local host: de-dups its URL_pool (§2.2), answers its center's "
@@ -89,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters")
     status.add_argument("address", metavar="HOST:PORT", help="the daemon's --listen address")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument("--key-file", metavar="FILE", help="the daemon's --lan-key-file, if it has one")
 
     for name, what in (("push", "put URLs into a host's URL_pool (what a crawler does)"),
                        ("finish", "record URLs as crawled in a host's finish_URL")):
@@ -151,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             from .daemons import print_status
 
-            return print_status(endpoint(args.address), as_json=args.json)
+            return print_status(endpoint(args.address), as_json=args.json, key_file=args.key_file)
         if args.command in ("push", "finish"):
             from .daemons import push_or_finish
 

@@ -76,6 +76,19 @@ class Settings:
     #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
     #: does not offer it always gets plain JSON).
     compress: bool = True
+    #: Authenticated frames (issue #10, dedupnet/auth.py): a key file of ``KEY_ID
+    #: HEX_SECRET [send]`` lines. ``lan_key_file``: a center's hosts (and control
+    #: clients) must tag every message with it; a host tags its center connection.
+    #: ``peer_key_file``: the same between peer centers. Re-read every
+    #: ``key_poll_interval`` seconds (rotate keys without a restart).
+    lan_key_file: str | None = None
+    peer_key_file: str | None = None
+    key_poll_interval: float = 1.0
+    #: Limits against abuse (a center): connections one source address may hold open;
+    #: bytes and messages a second read from one connection (above: throttled).
+    max_connections_per_source: int = 16
+    max_bytes_per_s: float = 32 * 1024 * 1024
+    max_messages_per_s: float = 20_000
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.
@@ -104,10 +117,13 @@ class Settings:
             raise ValueError(f"partition_policy must be one of {', '.join(PARTITION_POLICIES)}, not {self.partition_policy!r}")
         if self.foreign_lookup not in (None, *FOREIGN_LOOKUPS):
             raise ValueError(f"foreign_lookup must be one of {', '.join(FOREIGN_LOOKUPS)}, not {self.foreign_lookup!r}")
+        if self.key_poll_interval <= 0:
+            raise ValueError("key_poll_interval must be positive")
         if self.set_linger < 0:
             raise ValueError("set_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
-                     "heartbeat_interval", "heartbeat_timeout"):
+                     "heartbeat_interval", "heartbeat_timeout", "max_connections_per_source", "max_bytes_per_s",
+                     "max_messages_per_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         if not 8 <= self.bucket_bits <= 24:

@@ -17,6 +17,7 @@ from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import HostPools
 
 from . import wire
+from .auth import keyring_from
 from .config import Settings, endpoint
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
@@ -66,6 +67,9 @@ def run_center(settings: Settings) -> int:
         network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
         max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
         compress=settings.compress, metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
+        lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
+        key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
+        max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -103,6 +107,7 @@ def run_local(settings: Settings) -> int:
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=endpoint(settings.metrics) if settings.metrics else None, crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
+        lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
@@ -186,11 +191,12 @@ async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> Non
 
 
 # -- dedupnet status ------------------------------------------------------------------
-async def fetch_status(address: tuple[str, int], timeout: float = 5.0) -> dict:
+async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file: str | None = None) -> dict:
     ip = source_ip_towards(address[0])
     register = Register(ip, 0, "control", f"{ip}:1")
+    keyring = keyring_from(key_file)
     with trio.fail_after(timeout):
-        async with await connect(*address, register, local_ip=ip, counters=Counters()) as conn:
+        async with await connect(*address, register, local_ip=ip, counters=Counters(), keyring=keyring) as conn:
             conn.send_nowait(wire.encode(Status(True)))
             while True:
                 reply = await conn.receive()
@@ -200,9 +206,9 @@ async def fetch_status(address: tuple[str, int], timeout: float = 5.0) -> dict:
                     raise ValueError(f"{address[0]}:{address[1]} answered {reply}")
 
 
-def print_status(address: tuple[str, int], *, as_json: bool = False) -> int:
+def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: str | None = None) -> int:
     try:
-        body = trio.run(fetch_status, address)
+        body = trio.run(fetch_status, address, 5.0, key_file)
     except (OSError, trio.TooSlowError) as e:
         print(f"dedupnet status: no answer from {address[0]}:{address[1]}: {e}")
         return 1
