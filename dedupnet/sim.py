@@ -79,6 +79,12 @@ class SimConfig:
     progress_every: float = 1.0
     #: Faults to inject (issue #9); link faults (dedupnet/relay.py) run in-process.
     faults: tuple[Fault, ...] = ()
+    #: HMAC tags on the LANs (issue #10, dedupnet/auth.py): a random key made for the
+    #: run (one key file, shared by every LAN of the simulation), or this key file.
+    lan_key: bool = False
+    lan_key_file: str | None = None
+    #: Seconds between two reads of the key file by each daemon (a rotation's pace).
+    key_poll_interval: float = 1.0
 
 
 @dataclass
@@ -137,6 +143,9 @@ class Report:
     timeline: list[dict] = field(default_factory=list)
     #: Link faults: what was scheduled, when it started and ended, what each relay did.
     links: dict = field(default_factory=dict)
+    #: Every daemon's ``bad_input`` and ``handshake_failed`` counters, summed by reason
+    #: (an attack, a key rotation gone wrong); ``rejected`` by the cores.
+    bad_input: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -289,10 +298,26 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(math.ceil(p / 100 * len(ordered))) - 1)]
 
 
-async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
-    """Run one simulation to quiescence (or ``cfg.timeout``) and report it."""
+async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=None) -> Report:
+    """Run one simulation to quiescence (or ``cfg.timeout``) and report it.
+
+    ``during``, if given, is started as ``during(system, web)`` once the crawlers run and
+    cancelled when the crawl is over (tests use it for an attacker or a key rotation)."""
     if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
         raise ValueError(faults_refused(cfg.faults))
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="dedupnet-sim-keys-") as keys:
+        key_file = cfg.lan_key_file
+        if cfg.lan_key and key_file is None and cfg.mode != "owner":
+            from .auth import new_key_line, write_key_file
+
+            key_file = f"{keys}/lan.keys"
+            write_key_file(key_file, [new_key_line(1)])
+        return await _simulate(cfg, redis_url, out=out, during=during, key_file=key_file)
+
+
+async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: str | None) -> Report:
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
     server = redis.Redis.from_url(redis_url)
     server.config_resetstat()
@@ -312,7 +337,9 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
                                      prefix=prefix, crawler=crawler, set_linger=cfg.set_linger,
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
-                                     send_delay=cfg.send_delay, **_link_relays(cfg))
+                                     send_delay=cfg.send_delay, **_link_relays(cfg),
+                                     **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
+                                        if key_file else {}))
         async with system_cm as system, trio.open_nursery() as crawling:
             links = _link_faults(cfg, system, web, seeds)
             crawlers = await _crawlers(system, crawler, crawling, cfg.mode)
@@ -325,6 +352,8 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
                 if hasattr(h, "on_found"):
                     h.on_found = observer.on_found
             meter_start = meter.seconds if meter else 0.0
+            if during is not None:
+                crawling.start_soon(during, system, web)
             plan = await _seed(system, seeds, cfg.scenario)
             t0 = time.perf_counter()
             timeline: list[dict] = []
@@ -546,6 +575,12 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         center_redis_bytes_per_url=round(center_bytes / admitted, 1) if memory and admitted else None,
         host_redis_bytes_per_url=round(host_bytes / admitted, 1) if memory and admitted else None,
     )
+    bad: Counter[str] = Counter()
+    for d in daemons:
+        for key, value in d.counters.snapshot().items():
+            if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
+                bad[key] += value
+    extra["bad_input"] = dict(bad)
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
@@ -676,7 +711,17 @@ def format_report(r: Report) -> str:
     by key family             {memory}
   pages per host              {hosts}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r)
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+
+
+def _auth_lines(r: Report) -> str:
+    """LAN keys (issue #10) and what was refused, if either applies."""
+    keyed = r.config.get("lan_key") or r.config.get("lan_key_file")
+    if not keyed and not r.bad_input:
+        return ""
+    refused = ", ".join(f"{k} {v:,}" for k, v in sorted(r.bad_input.items())) or "none"
+    return (f"\n  LAN frames                  {'HMAC-SHA256 tagged (LAN key)' if keyed else 'untagged'}"
+            f"\n  refused / throttled         {refused}")
 
 
 def _faults_lines(r: Report) -> str:
@@ -769,7 +814,12 @@ def run(args) -> int:
                      seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                      max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
                      partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
-                     send_delay=args.send_delay, faults=tuple(args.faults or ()))
+                     send_delay=args.send_delay, faults=tuple(args.faults or ()),
+                     lan_key=getattr(args, "lan_key", False))
+    if base.lan_key and args.processes:
+        print("dedupnet sim: --lan-key runs in one process only (the --processes harness does not pass key files yet)",
+              file=sys.stderr)
+        return 2
     if args.chaos is not None:
         from .chaos import run_chaos
 
@@ -872,6 +922,8 @@ def add_arguments(p) -> None:
                         "and print one table (see bench/bench_topology.py for all its options)")
     p.add_argument("--baseline-python", metavar="PYTHON",
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
+    p.add_argument("--lan-key", action="store_true",
+                   help="HMAC tags on the LANs (issue #10): a random LAN key is made for the run (in-process only)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one")

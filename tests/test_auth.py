@@ -311,3 +311,123 @@ async def test_key_files_are_polled(tmp_path, autojump_clock):
         await trio.sleep(1.0)
         assert counters.get("key_reload_failed") == 1 and ring.send_id == 2
         nursery.cancel_scope.cancel()
+
+
+# --- the whole system: an outsider on a permitted address, a key rotation mid-crawl ------
+
+from dedupnet.sim import SimConfig, simulate  # noqa: E402
+
+OUTSIDER_IN_LAN = "127.0.1.99"  # inside LAN 1 (127.0.1.0/24): its center's source check lets it in
+
+
+def small(**kw) -> SimConfig:
+    cfg = dict(networks=2, hosts=2, pages=300, sites=6, timeout=60, seeds=4)
+    cfg.update(kw)
+    return SimConfig(**cfg)
+
+
+def outsider(keys: tuple[bytes | None, ...], log: dict):
+    """An attacker on a permitted address: it registers with center 1 as a LAN host (no
+    key, or a wrong one), sends a well-formed flag=3 answer and a flag=1 set of real
+    URLs, then answers every LAN look-up it is asked with "all seen" (flag=3, every URL
+    1) and acknowledges every task without crawling it. Without keys that loses URLs;
+    with keys none of it may get through. It keeps reconnecting for the whole crawl,
+    with each of ``keys`` in turn (None: untagged; else tagged with that wrong key)."""
+
+    async def attack(system, web) -> None:
+        center = system.centers[1]
+        register = Register(OUTSIDER_IN_LAN, 1, "host", f"{OUTSIDER_IN_LAN}:1", "127.0.1.0/24")
+        urls = {web.url(i): 1 for i in range(0, 60, 3)}
+        while True:
+            try:
+                conn = await connect(*system.center_address(1), register, local_ip=OUTSIDER_IN_LAN,
+                                     counters=Counters(), compress=False)
+            except OSError:
+                await trio.sleep(0.2)
+                continue
+            key = keys[log.get("attempts", 0) % len(keys)]
+            if key is not None:
+                conn._use_keyring(Keyring.single(key))  # the attacker's own (wrong) key: tags what it sends
+            log["attempts"] = log.get("attempts", 0) + 1
+            async with conn:
+                conn.send_nowait(encode(Frame(urls, OUTSIDER_IN_LAN, 2**40 + log["attempts"], 3)))
+                conn.send_nowait(encode(Frame(dict.fromkeys(urls, 0), OUTSIDER_IN_LAN, 2**41 + log["attempts"], 1)))
+                try:
+                    while True:
+                        if OUTSIDER_IN_LAN in center.core.hosts:
+                            log["joined"] = True
+                        conn.send_urgent(encode(Heartbeat(OUTSIDER_IN_LAN, trio.current_time())))
+                        with trio.move_on_after(0.5):
+                            msg = await conn.receive()
+                            if isinstance(msg, Frame) and msg.flag == 2:
+                                log["asked"] = log.get("asked", 0) + 1
+                                conn.send_nowait(encode(Frame(dict.fromkeys(msg.URL_set, 1), OUTSIDER_IN_LAN,
+                                                              msg.number, 3)))
+                            elif type(msg).__name__ == "Task":
+                                log["tasks"] = log.get("tasks", 0) + len(msg.URLs)
+                                from dedupnet.messages import Ack
+
+                                conn.send_nowait(encode(Ack(msg.number, "stored")))
+                except ConnectionClosed:
+                    pass
+            log["closed"] = log.get("closed", 0) + 1
+            await trio.sleep(0.3)
+
+    return attack
+
+
+async def test_without_keys_an_outsider_on_a_permitted_address_loses_urls(redis_url):
+    """The attack of issue #10 works without keys (the test below can fail): the source
+    check lets an address inside the LAN register as a host, and its "seen" answers
+    drop URLs that nobody ever crawls."""
+    log: dict = {}
+    r = await simulate(small(), redis_url, out=None, during=outsider((None,), log))
+    assert log.get("asked", 0) > 0  # it was a LAN member, asked about other hosts' sets
+    assert r.lost_urls > 0
+
+
+async def test_with_a_lan_key_the_outsider_is_refused_and_nothing_is_lost(redis_url):
+    """The same attacker, untagged and with a wrong key in turn, against a keyed LAN."""
+    log: dict = {}
+    r = await simulate(small(lan_key=True), redis_url, out=None, during=outsider((None, K2), log))
+    assert not r.timed_out
+    assert r.lost_urls == 0 and r.duplicate_fetches == 0 and r.invariant_violations == 0
+    assert r.fetched_urls == r.reachable_urls
+    assert log["attempts"] >= 2 and "asked" not in log and "tasks" not in log and "joined" not in log
+    assert r.bad_input.get('bad_input{reason="bad-tag"}', 0) >= log["attempts"] - 1  # the last may be in flight
+
+
+async def test_key_rotation_during_a_crawl_loses_nothing_and_drops_no_connection(redis_url, tmp_path):
+    path = tmp_path / "lan.keys"
+    write_key_file(path, [f"1 {K1.hex()} send\n"])
+    steps: list[tuple[str, int]] = []
+
+    async def rotate(system, web) -> None:
+        daemons = [*system.centers.values(), *system.hosts.values()]
+
+        async def until(check, what: str) -> None:
+            with trio.fail_after(20):
+                while not all(check(d.lan_keyring) for d in daemons):
+                    await trio.sleep(0.05)
+            steps.append((what, sum(web.answer_counts.values())))
+            start = sum(web.answer_counts.values())
+            while sum(web.answer_counts.values()) < start + 20:  # crawl on under this step for a while
+                await trio.sleep(0.05)
+
+        await until(lambda ring: ring.send_id == 1, "key 1")
+        write_key_file(path, [f"1 {K1.hex()} send\n", f"2 {K2.hex()}\n"])
+        await until(lambda ring: ring.accepted == {1, 2}, "accept 2")
+        write_key_file(path, [f"1 {K1.hex()}\n", f"2 {K2.hex()} send\n"])
+        await until(lambda ring: ring.send_id == 2, "send 2")
+        write_key_file(path, [f"2 {K2.hex()} send\n"])
+        await until(lambda ring: ring.accepted == {2}, "drop 1")
+
+    r = await simulate(small(lan_key_file=str(path), key_poll_interval=0.2, pages=600, sites=8), redis_url,
+                       out=None, during=rotate)
+    assert [s for s, _ in steps] == ["key 1", "accept 2", "send 2", "drop 1"], "the crawl ended mid-rotation"
+    assert steps[-1][1] < r.requests  # the last step was taken while the crawl went on
+    assert not r.timed_out
+    assert r.lost_urls == 0 and r.duplicate_fetches == 0 and r.invariant_violations == 0
+    assert r.fetched_urls == r.reachable_urls
+    assert not any("bad-tag" in k or "bad-input" in k for k in r.bad_input), r.bad_input
+    assert r.config["lan_key_file"] == str(path)
