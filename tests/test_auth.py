@@ -431,3 +431,21 @@ async def test_key_rotation_during_a_crawl_loses_nothing_and_drops_no_connection
     assert r.fetched_urls == r.reachable_urls
     assert not any("bad-tag" in k or "bad-input" in k for k in r.bad_input), r.bad_input
     assert r.config["lan_key_file"] == str(path)
+
+
+def test_cli_key_flags_reach_the_settings_and_a_bad_key_file_stops_the_daemon(tmp_path, redis_url, capsys):
+    from dedupnet.cli import build_parser, main
+    from dedupnet.config import load_settings
+
+    args = build_parser().parse_args(["center", "--lan-key-file", "lan.keys", "--peer-key-file", "peers.keys",
+                                      "--key-poll-interval", "0.5", "--max-connections-per-source", "4"])
+    fields = {k: v for k, v in vars(args).items() if k in load_settings().__dataclass_fields__}
+    s = load_settings(None, **fields)
+    assert (s.lan_key_file, s.peer_key_file, s.key_poll_interval, s.max_connections_per_source) == \
+        ("lan.keys", "peers.keys", 0.5, 4)
+    bad = tmp_path / "bad.keys"
+    bad.write_text("1 nothex\n")
+    for path, what in ((tmp_path / "missing.keys", "cannot read key file"), (bad, "not hex")):
+        code = main(["center", "--network", "1", "--listen", "127.0.0.1:0", "--redis", redis_url,
+                     "--prefix", f"t-keys-{path.name}", "--lan-key-file", str(path)])
+        assert code == 2 and what in capsys.readouterr().err
