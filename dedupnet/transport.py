@@ -800,6 +800,8 @@ async def _handshake(
         return msg
     log.warning("handshake with %s failed: %s: %s", conn.peer, reason, text)
     counters.inc("handshake_failed", reason=reason)
+    if tags is not None and tags.verified:  # a keyed client reads our Error only if it is tagged
+        conn._use_keyring(tags.verified[0])
     await conn.close_with_error(reason, text)
     return None
 

@@ -449,3 +449,16 @@ def test_cli_key_flags_reach_the_settings_and_a_bad_key_file_stops_the_daemon(tm
         code = main(["center", "--network", "1", "--listen", "127.0.0.1:0", "--redis", redis_url,
                      "--prefix", f"t-keys-{path.name}", "--lan-key-file", str(path)])
         assert code == 2 and what in capsys.readouterr().err
+
+
+async def test_a_keyed_client_refused_for_another_reason_reads_why():
+    """The server's Error is tagged when the Register verified, so the client learns the reason."""
+    lan = Keyring.single(K1)
+    async with trio.open_nursery() as nursery:
+        port = await start(nursery, echo, Counters(), keyrings={"host": lan})
+        with trio.fail_after(10):
+            async with await connect(SERVER, port, reg(OUTSIDER), local_ip=HOST_IP, counters=Counters(),
+                                     keyring=Keyring.single(K1)) as conn:  # claims another IP
+                reply = await conn.receive()
+        nursery.cancel_scope.cancel()
+    assert reply.reason == "source-mismatch"
