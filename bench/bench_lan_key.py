@@ -72,12 +72,12 @@ def system(args) -> None:
         for run in range(args.runs):
             for keyed in (False, True):
                 cfg = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, seed=args.seed,
-                                lan_key=keyed)
+                                lan_key=keyed, timeout=args.timeout)
                 r = trio.run(lambda: simulate(cfg, url, out=None))
                 rows[keyed].append(r)
                 print(f"  run {run + 1} {'HMAC' if keyed else 'plain':<5} wall {r.wall_time:6.1f} s  "
                       f"bytes/URL {r.bytes_per_url:7.1f}  lost {r.lost_urls}  duplicates {r.duplicate_fetches}  "
-                      f"{'TIMED OUT' if r.timed_out else ''}", flush=True)
+                      f"{'TIMED OUT' if r.timed_out else ''}  refused/throttled: {r.bad_input or 'none'}", flush=True)
     print(f"\n{args.networks}x{args.hosts}, {args.pages:,} pages, seed {args.seed}, {args.runs} runs each (alternating)")
     print("                 wall time (s)         bytes per distinct URL   lost  duplicates")
     for keyed in (False, True):
@@ -99,6 +99,7 @@ def main() -> None:
     p.add_argument("--hosts", type=int, default=3)
     p.add_argument("--pages", type=int, default=3000)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--timeout", type=float, default=SimConfig.timeout, help="per run (default %(default)s s)")
     p.add_argument("--no-sim", action="store_true", help="the per-message figures only")
     args = p.parse_args()
     micro()

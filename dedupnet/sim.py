@@ -721,7 +721,7 @@ def _auth_lines(r: Report) -> str:
         return ""
     refused = ", ".join(f"{k} {v:,}" for k, v in sorted(r.bad_input.items())) or "none"
     return (f"\n  LAN frames                  {'HMAC-SHA256 tagged (LAN key)' if keyed else 'untagged'}"
-            f"\n  refused / throttled         {refused}")
+            f"\n  refused, throttled, rejected {refused}")
 
 
 def _faults_lines(r: Report) -> str:
