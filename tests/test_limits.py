@@ -82,8 +82,8 @@ async def test_slowloris_is_cut_at_the_handshake_deadline(autojump_clock):
         nursery.cancel_scope.cancel()
     assert [m.reason for m in replies] == ["timeout"]
     assert counters.get("handshake_failed", reason="timeout") == 1
-    assert 5 <= sent <= 8 < len(data)  # cut after ~5 of its bytes
-    assert elapsed < 10
+    assert 5 <= sent <= 10 < len(data)  # cut after ~5 of its bytes (plus the 1 s the Error lingers)
+    assert elapsed < 12
 
 
 async def test_connections_per_source_are_capped(autojump_clock):
