@@ -76,7 +76,8 @@ def system(args) -> None:
                 r = trio.run(lambda: simulate(cfg, url, out=None))
                 rows[keyed].append(r)
                 print(f"  run {run + 1} {'HMAC' if keyed else 'plain':<5} wall {r.wall_time:6.1f} s  "
-                      f"bytes/URL {r.bytes_per_url:7.1f}  lost {r.lost_urls}  duplicates {r.duplicate_fetches}  "
+                      f"bytes/URL {r.bytes_per_url:7.1f}  frames {sum(r.frames.values()):,}  center CPU "
+                      f"{r.center_cpu_s:.2f} s  lost {r.lost_urls}  duplicates {r.duplicate_fetches}  "
                       f"{'TIMED OUT' if r.timed_out else ''}  refused/throttled: {r.bad_input or 'none'}", flush=True)
     print(f"\n{args.networks}x{args.hosts}, {args.pages:,} pages, seed {args.seed}, {args.runs} runs each (alternating)")
     print("                 wall time (s)         bytes per distinct URL   lost  duplicates")
