@@ -7,8 +7,8 @@ Two parts, each against a baseline measured in the same process:
    ``wire.encode`` and a full decode of the same message.
 2. **Whole system**: ``dedupnet sim`` with and without ``--lan-key`` on the same
    workload, alternating (plain, keyed, plain, keyed, ...) so that a drift of the
-   machine hits both alike: wall time, bytes on the wire per distinct URL, lost URLs,
-   duplicate fetches.
+   machine hits both alike (ABBA order): wall time, the process's CPU time, bytes on
+   the wire per distinct URL, lost URLs, duplicate fetches.
 
 Run: ``.venv/bin/python bench/bench_lan_key.py [--runs 2] [--networks 3 --hosts 3]``.
 """
@@ -70,13 +70,15 @@ def system(args) -> None:
     rows: dict[bool, list] = {False: [], True: []}
     with EmbeddedRedis() as url:
         for run in range(args.runs):
-            for keyed in (False, True):
+            for keyed in (False, True) if run % 2 == 0 else (True, False):  # ABBA: a drift hits both alike
                 cfg = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, seed=args.seed,
                                 lan_key=keyed, timeout=args.timeout)
+                cpu = time.process_time()
                 r = trio.run(lambda: simulate(cfg, url, out=None))
+                r.process_cpu = time.process_time() - cpu  # the whole process: web, crawlers, daemons
                 rows[keyed].append(r)
                 print(f"  run {run + 1} {'HMAC' if keyed else 'plain':<5} wall {r.wall_time:6.1f} s  "
-                      f"bytes/URL {r.bytes_per_url:7.1f}  frames {sum(r.frames.values()):,}  center CPU "
+                      f"process CPU {r.process_cpu:5.1f} s  bytes/URL {r.bytes_per_url:7.1f}  frames {sum(r.frames.values()):,}  center CPU "
                       f"{r.center_cpu_s:.2f} s  lost {r.lost_urls}  duplicates {r.duplicate_fetches}  "
                       f"{'TIMED OUT' if r.timed_out else ''}  refused/throttled: {r.bad_input or 'none'}", flush=True)
     print(f"\n{args.networks}x{args.hosts}, {args.pages:,} pages, seed {args.seed}, {args.runs} runs each (alternating)")
