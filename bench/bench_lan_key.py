@@ -6,8 +6,8 @@ Two parts, each against a baseline measured in the same process:
    heartbeat and flag=1 frames of 20 and 400 URLs (plain and zstd bodies), next to
    ``wire.encode`` and a full decode of the same message.
 2. **Whole system**: ``dedupnet sim`` with and without ``--lan-key`` on the same
-   workload, alternating (plain, keyed, plain, keyed, ...) so that a drift of the
-   machine hits both alike (ABBA order): wall time, the process's CPU time, bytes on
+   workload, alternating (plain, keyed, keyed, plain, ...) so that a drift of the
+   machine hits both alike: wall time, the process's CPU time, bytes on
    the wire per distinct URL, lost URLs, duplicate fetches.
 
 Run: ``.venv/bin/python bench/bench_lan_key.py [--runs 2] [--networks 3 --hosts 3]``.
