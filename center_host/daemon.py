@@ -26,6 +26,7 @@ from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.store import Store
+from dedupnet.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
 
 from . import protocol as cp
@@ -63,6 +64,9 @@ class CenterSettings:
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
+    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
+    #: None: plain TCP, trusted by source address only (loopback simulations).
+    tls: TLSConfig | None = None
 
 
 class CenterDaemon:
@@ -85,6 +89,10 @@ class CenterDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
+        tls = settings.tls
+        self.server_tls = None if tls is None else ServerTLS(
+            server_context(tls), settings.network, ("center", "host") if tls.lan_tls else ("center",))
+        self.client_tls = None if tls is None else client_context(tls)
         #: Called with the URLs of each admission (the simulation's latency measure).
         self.on_admit: Callable[[tuple[str, ...]], None] | None = None
 
@@ -112,13 +120,20 @@ class CenterDaemon:
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.port, self._on_connection, counters=self.counters,
                     max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
-                    accept_roles=("host", "center", "control"), compress=self.settings.compress, task_status=task_status)
+                    accept_roles=("host", "center", "control"), compress=self.settings.compress, tls=self.server_tls,
+                    task_status=task_status)
 
     async def _dial(self, peer: PeerAddress) -> None:
         await connect_forever(peer.host, peer.port, self.register(), self._peer_session,
                               local_ip=self.settings.ip, counters=self.counters,
                               max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
-                              compress=self.settings.compress)
+                              compress=self.settings.compress, **self._peer_tls(peer))
+
+    def _peer_tls(self, peer: PeerAddress) -> dict:
+        """TLS to a peer: its certificate must name the network we dial (dedupnet/tls.py)."""
+        if self.client_tls is None:
+            return {}
+        return {"tls_context": self.client_tls, "expect_uri": center_uri(peer.network)}
 
     async def _peer_session(self, conn: Connection) -> None:
         reply = await conn.receive(timeout=self.settings.heartbeat_timeout)  # the peer registers back

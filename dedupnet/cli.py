@@ -42,6 +42,12 @@ DAEMON = [
     (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
     (("--no-compress",), dict(dest="compress", action="store_const", const=False,
                               help="never offer or accept zstd-compressed bodies (default: negotiated per connection)")),
+    (("--tls-cert",), dict(metavar="PEM", help="this daemon's TLS certificate (dedupnet certs makes them); "
+                                               "a center with --tls-cert/--tls-key/--tls-ca requires TLS of its peers")),
+    (("--tls-key",), dict(metavar="PEM", help="the key of --tls-cert")),
+    (("--tls-ca",), dict(metavar="PEM", help="the deployment's CA certificate: peers' certificates must be signed by it")),
+    (("--lan-tls",), dict(dest="lan_tls", action="store_const", const=True,
+                          help="TLS on the LAN too: a center requires it of its hosts; a host uses it to its center")),
 ]
 
 

@@ -76,6 +76,15 @@ class Settings:
     #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
     #: does not offer it always gets plain JSON).
     compress: bool = True
+    #: TLS (dedupnet/tls.py, docs/DECISIONS.md): this daemon's certificate and key (PEM)
+    #: and the deployment's CA. A center with all three requires TLS of its peer
+    #: centers, with client certificates naming the peer's network id.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    #: TLS on the LAN too: a center requires it of its hosts; a host speaks it to its
+    #: center (needs ``tls_ca``; ``tls_cert``/``tls_key`` optional).
+    lan_tls: bool = False
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.
