@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ip", help="the host's IP (gives the default prefix)")
         p.add_argument("--data-dir", metavar="DIR", help="the host daemon's --data-dir (finds its embedded Redis)")
 
+    certs = sub.add_parser("certs", help="make a CA and TLS certificates for a deployment's centers (and hosts)",
+                           description="Makes a small CA (reused if DIR has one) and a certificate and key per "
+                                       "network's center, naming its network id (URI dedupnet://network/N), "
+                                       "optionally per host, and prints the settings to use (docs/DECISIONS.md).")
+    from .tls import add_arguments as add_certs_arguments
+
+    add_certs_arguments(certs)
+
     # Listed here for --help; its flags are dedupnet.web's own, handed over in main().
     sub.add_parser("web", add_help=False, help="serve a synthetic web on loopback (for crawls and tests)")
 
@@ -137,6 +145,10 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return sim.run(args)
+    if args.command == "certs":
+        from .tls import certs_main
+
+        return certs_main(args)
     fields = set(Settings.__dataclass_fields__)
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     try:
