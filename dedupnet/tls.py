@@ -400,7 +400,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--days", type=int, default=825, help="validity in days (default 825)")
 
 
-def certs_main(args: argparse.Namespace, out=sys.stdout) -> int:
+def certs_main(args: argparse.Namespace, out=None) -> int:
+    out = out or sys.stdout
     made = make_certs(args.dir, args.networks, args.hosts, days=args.days)
     d = Path(args.dir)
     print(f"{'made' if made.ca_created else 'reused'} the CA: {made.ca} (its key {made.ca_key}: keep it "
