@@ -147,6 +147,8 @@ class Report:
     #: all daemons' sending sides; ``bytes_on_wire`` counts these instead of the messages
     #: they carry.
     tls_bytes_on_wire: int = 0
+    #: Of ``tls_bytes_on_wire``: the messages those records carried (the rest is TLS's own).
+    tls_payload_bytes: int = 0
     tls_handshakes: int = 0
 
     def to_json(self) -> dict:
@@ -590,6 +592,7 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         bytes_per_url=round(sum(wire_bytes(d.counters) for d in daemons) / len(expected), 1) if expected else None,
         tls_bytes_on_wire=sum(d.counters.get("tls_bytes_sent") for d in daemons),
         tls_handshakes=sum(d.counters.get("tls_handshakes") for d in daemons),
+        tls_payload_bytes=sum(d.counters.get("tls_payload_sent") for d in daemons),
         max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
         center_cpu_s=None if center_cpu is None else round(center_cpu, 3),
         center_cpu_ms_per_1k_urls=round(center_cpu * 1e6 / admitted, 1) if center_cpu is not None and admitted else None,
@@ -741,7 +744,8 @@ def _tls_text(r: Report) -> str:
     if not r.config.get("secure"):
         return ""
     return (f"\n  TLS (--secure)              {r.tls_handshakes:>10,} handshakes, {r.tls_bytes_on_wire:,} bytes of TLS "
-            f"records (TCP bytes, in the figure above){'; LAN too' if r.config.get('lan_tls') else '; centers only'}")
+            f"records (TCP bytes, in the figure above), {r.tls_bytes_on_wire - r.tls_payload_bytes:,} of them TLS's "
+            f"own{'; LAN too' if r.config.get('lan_tls') else '; centers only'}")
 
 
 def _faults_lines(r: Report) -> str:

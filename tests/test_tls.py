@@ -256,3 +256,31 @@ def test_secure_refuses_what_it_cannot_do():
         check_secure(SimConfig(secure=True, mode="owner"))
     with pytest.raises(ValueError, match="--secure"):
         check_secure(SimConfig(lan_tls=True))
+
+
+def test_processes_give_every_daemon_its_tls_flags(tmp_path):
+    """--secure with --processes: each center gets its own network's certificate, hosts
+    (with --lan-tls) the CA, and every command line parses with the real CLI."""
+    from dedupnet.simproc import _plan
+
+    cfg = SimConfig(networks=2, hosts=1, secure=True, lan_tls=True)
+    centers, hosts = _plan(cfg, "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002}, tls_dir=tmp_path / "certs")
+    for d in centers + hosts:
+        args = cli.build_parser().parse_args(d.argv[d.argv.index(d.role if d.role == "center" else "local"):])
+        assert args.tls_ca == str(tmp_path / "certs" / "ca.pem") and args.lan_tls
+        if d.role == "center":
+            assert args.tls_cert == str(tmp_path / "certs" / f"center-{d.network}.pem")
+            assert args.tls_key == str(tmp_path / "certs" / f"center-{d.network}-key.pem")
+        else:
+            assert args.tls_cert is None
+    plain, _ = _plan(SimConfig(networks=2, hosts=1), "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002})
+    assert not any(a.startswith("--tls") for d in plain for a in d.argv)
+
+
+async def test_secure_simulation_with_every_daemon_its_own_process(redis_url):
+    from dedupnet.simproc import simulate_processes
+
+    cfg = SimConfig(networks=2, hosts=1, pages=200, sites=4, timeout=90, seeds=2, secure=True)
+    r = await simulate_processes(cfg, redis_url, out=None)
+    assert not r.timed_out and r.lost_urls == 0 and r.duplicate_fetches == 0
+    assert r.tls_handshakes >= 2 and r.tls_bytes_on_wire > r.tls_payload_bytes > 0  # the WAN link, both ends
