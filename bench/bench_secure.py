@@ -56,6 +56,11 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append((r, name, report, time.perf_counter() - t))
                 print(f"  round {r} {name:<11} wall {report.wall_time:6.1f} s  bytes/URL {report.bytes_per_url:7.1f}"
                       f"  dup {report.duplicate_fetches} lost {report.lost_urls}", file=sys.stderr, flush=True)
+                if report.duplicate_fetches:  # the web answered more than the crawlers saw: a retry?
+                    print(f"    web answered {report.requests:,} requests, the crawlers saw {report.crawler_requests:,}",
+                          file=sys.stderr, flush=True)
+                for line in report.invariant_examples[:5]:  # who fetched what twice, when
+                    print(f"    {line}", file=sys.stderr, flush=True)
     head = (f"{'round':>5} {'variant':<11}{'wall s':>8}{'bytes on wire':>15}{'B/distinct URL':>16}"
             f"{'B/URL found':>13}{'messages B':>12}{'TLS bytes':>11}{'TLS own':>9}{'handshakes':>11}{'dup':>5}{'lost':>5}")
     print(f"\n{args.networks}x{args.hosts}, {args.pages:,} pages, seed {args.seed}"
