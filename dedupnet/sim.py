@@ -842,6 +842,8 @@ def run(args) -> int:
                      lan_tls=args.lan_tls)
     try:
         check_secure(base)
+        if args.compare and base.secure:
+            raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
     except ValueError as e:
         print(f"dedupnet sim: {e}", file=sys.stderr)
         return 2
