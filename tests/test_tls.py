@@ -201,7 +201,21 @@ async def test_lan_tls_refuses_a_plain_host_and_serves_tls_hosts(redis_url, cert
                           tls_context=client_context(TLSConfig(str(good / "ca.pem"), lan_tls=True)),
                           expect_uri=center_uri(2))
         assert counters.get("handshake_failed", reason="wrong-network") == 1
-        assert len(center.core.hosts) == 1
+        # Under TLS the sender is still the socket's address (gap 2): a valid certificate
+        # does not let a Register name another IP.
+        liar = Register("127.0.2.99", 2, "center", "127.0.2.99:1", lan(2))
+        replies = []
+        with trio.fail_after(10):
+            async with await connect(center_ip(1), center.port, liar, local_ip=center_ip(2), counters=Counters(),
+                                     tls_context=client_context(center_tls(good, 2)),
+                                     expect_uri=center_uri(1)) as conn:
+                assert conn.tls
+                with pytest.raises(ConnectionClosed):
+                    while True:
+                        replies.append(await conn.receive())
+        assert any(isinstance(m, Error) and m.reason == "source-mismatch" for m in replies)
+        assert center.counters.get("handshake_failed", reason="source-mismatch") == 1
+        assert len(center.core.hosts) == 1 and not center.core.peers
 
 
 async def test_tls_handshake_has_the_handshake_deadline(certs, autojump_clock, caplog):
