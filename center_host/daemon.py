@@ -27,6 +27,7 @@ from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.store import Store
+from dedupnet.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as cp
@@ -76,6 +77,9 @@ class CenterSettings:
     max_connections_per_source: int | None = 16
     max_bytes_per_s: float | None = 32 * 1024 * 1024
     max_messages_per_s: float | None = 20_000
+    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
+    #: None: plain TCP, trusted by source address only (loopback simulations).
+    tls: TLSConfig | None = None
 
 
 class CenterDaemon:
@@ -98,6 +102,10 @@ class CenterDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
+        tls = settings.tls
+        self.server_tls = None if tls is None else ServerTLS(
+            server_context(tls), settings.network, ("center", "host") if tls.lan_tls else ("center",))
+        self.client_tls = None if tls is None else client_context(tls)
         #: Called with the URLs of each admission (the simulation's latency measure).
         self.on_admit: Callable[[tuple[str, ...]], None] | None = None
         #: The LAN's and the peers' keyrings (None: not authenticated), re-read while running.
@@ -134,13 +142,21 @@ class CenterDaemon:
                     keyrings={"host": self.lan_keyring, "control": self.lan_keyring, "center": self.peer_keyring},
                     max_connections_per_source=self.settings.max_connections_per_source,
                     max_bytes_per_s=self.settings.max_bytes_per_s, max_messages_per_s=self.settings.max_messages_per_s,
+                    tls=self.server_tls,
                     task_status=task_status)
 
     async def _dial(self, peer: PeerAddress) -> None:
         await connect_forever(peer.host, peer.port, self.register(), self._peer_session,
                               local_ip=self.settings.ip, counters=self.counters,
                               max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
-                              compress=self.settings.compress, keyring=self.peer_keyring)
+                              compress=self.settings.compress, keyring=self.peer_keyring,
+                              **self._peer_tls(peer))
+
+    def _peer_tls(self, peer: PeerAddress) -> dict:
+        """TLS to a peer: its certificate must name the network we dial (dedupnet/tls.py)."""
+        if self.client_tls is None:
+            return {}
+        return {"tls_context": self.client_tls, "expect_uri": center_uri(peer.network)}
 
     async def _peer_session(self, conn: Connection) -> None:
         reply = await conn.receive(timeout=self.settings.heartbeat_timeout)  # the peer registers back

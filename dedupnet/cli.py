@@ -46,6 +46,12 @@ DAEMON = [
                                                     "between a center and its hosts carries an HMAC tag (re-read "
                                                     "every second: rotate keys without a restart)")),
     (("--key-poll-interval",), dict(type=float, metavar="S", help="seconds between two reads of the key files (default 1)")),
+    (("--tls-cert",), dict(metavar="PEM", help="this daemon's TLS certificate (dedupnet certs makes them); "
+                                               "a center with --tls-cert/--tls-key/--tls-ca requires TLS of its peers")),
+    (("--tls-key",), dict(metavar="PEM", help="the key of --tls-cert")),
+    (("--tls-ca",), dict(metavar="PEM", help="the deployment's CA certificate: peers' certificates must be signed by it")),
+    (("--lan-tls",), dict(dest="lan_tls", action="store_const", const=True,
+                          help="TLS on the LAN too: a center requires it of its hosts; a host uses it to its center")),
 ]
 
 
@@ -110,6 +116,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ip", help="the host's IP (gives the default prefix)")
         p.add_argument("--data-dir", metavar="DIR", help="the host daemon's --data-dir (finds its embedded Redis)")
 
+    certs = sub.add_parser("certs", help="make a CA and TLS certificates for a deployment's centers (and hosts)",
+                           description="Makes a small CA (reused if DIR has one) and a certificate and key per "
+                                       "network's center, naming its network id (URI dedupnet://network/N), "
+                                       "optionally per host, and prints the settings to use (docs/DECISIONS.md).")
+    from .tls import add_arguments as add_certs_arguments
+
+    add_certs_arguments(certs)
+
     # Listed here for --help; its flags are dedupnet.web's own, handed over in main().
     sub.add_parser("web", add_help=False, help="serve a synthetic web on loopback (for crawls and tests)")
 
@@ -143,6 +157,10 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return sim.run(args)
+    if args.command == "certs":
+        from .tls import certs_main
+
+        return certs_main(args)
     fields = set(Settings.__dataclass_fields__)
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     try:

@@ -89,6 +89,15 @@ class Settings:
     max_connections_per_source: int = 16
     max_bytes_per_s: float = 32 * 1024 * 1024
     max_messages_per_s: float = 20_000
+    #: TLS (dedupnet/tls.py, docs/DECISIONS.md): this daemon's certificate and key (PEM)
+    #: and the deployment's CA. A center with all three requires TLS of its peer
+    #: centers, with client certificates naming the peer's network id.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    #: TLS on the LAN too: a center requires it of its hosts; a host speaks it to its
+    #: center (needs ``tls_ca``; ``tls_cert``/``tls_key`` optional).
+    lan_tls: bool = False
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.

@@ -24,6 +24,7 @@ from .metrics import Counters
 from .netinfo import address_in, center_lan, lan_of, sole_address, source_ip_towards
 from .runtime import open_store, stop_on_signals
 from .store import Store
+from .tls import TLSConfig
 from .transport import connect
 
 log = logging.getLogger("dedupnet.daemons")
@@ -58,6 +59,11 @@ def _timing(settings: Settings) -> dict:
                 heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
+def _tls(settings: Settings, role: str) -> TLSConfig | None:
+    """The daemon's TLS files, checked now (ValueError names what is missing)."""
+    return TLSConfig.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.lan_tls, role=role)
+
+
 def run_center(settings: Settings) -> int:
     _need(settings, "network", "listen")
     listen_host, port = endpoint(settings.listen)
@@ -70,6 +76,7 @@ def run_center(settings: Settings) -> int:
         lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
         key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
         max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
+        tls=_tls(settings, "center"),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -108,6 +115,7 @@ def run_local(settings: Settings) -> int:
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=endpoint(settings.metrics) if settings.metrics else None, crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
+        tls=_tls(settings, "host"),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,

@@ -64,7 +64,8 @@ from .faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_fault, resolve, t
 from .netinfo import source_ip_towards
 from .procfaults import FaultRecord, FaultRunner, KillableRedis
 from .relay import LinkFaults, host_name, schedule_link_faults, start_link_relays, wan_name
-from .sim import Observer, Report, SimConfig, _report, assign_seeds, progress_line, redis_memory, seed_count
+from .sim import (Observer, Report, SimConfig, _report, assign_seeds, check_secure, progress_line, redis_memory,
+                  seed_count)
 from .store import Store
 from .transport import ConnectionClosed, connect
 from .web import SyntheticWeb, WebSpec
@@ -234,6 +235,7 @@ def _check(cfg: SimConfig) -> None:
     if cfg.send_delay:
         raise ValueError("--send-delay is a fault hook of the one-process simulation; run it without --processes")
     check_faults(cfg)
+    check_secure(cfg)
 
 
 #: Fault kinds ``--processes`` carries out: process faults (dedupnet/procfaults.py) and
@@ -317,11 +319,25 @@ def _center_ports(cfg: SimConfig) -> dict[int, int]:
     return {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
 
 
+def _tls_flags(cfg: SimConfig, tls_dir: Path | None, role: str, network: int) -> list[str]:
+    """``--secure``: a center's --tls-cert/--tls-key/--tls-ca (made by dedupnet certs'
+    code for the run); with ``--lan-tls`` --lan-tls on both, and the CA for hosts."""
+    if tls_dir is None:
+        return []
+    lan = ["--lan-tls"] if cfg.lan_tls else []
+    if role == "center":
+        return ["--tls-cert", str(tls_dir / f"center-{network}.pem"), "--tls-key",
+                str(tls_dir / f"center-{network}-key.pem"), "--tls-ca", str(tls_dir / "ca.pem"), *lan]
+    return [*lan, "--tls-ca", str(tls_dir / "ca.pem")] if lan else []
+
+
 def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict[int, int] | None = None,
-          via: dict[str, tuple[str, int]] | None = None) -> tuple[list[Daemon], list[Daemon]]:
+          via: dict[str, tuple[str, int]] | None = None,
+          tls_dir: Path | None = None) -> tuple[list[Daemon], list[Daemon]]:
     """Every daemon's command line. ``ports``: the centers' (drawn if None); ``via``:
     the relay address of each relayed link (``wan:A-B``, ``host:N.I``), given to the
-    daemon that dials it instead of the center it reaches."""
+    daemon that dials it instead of the center it reaches; ``tls_dir``: the run's
+    certificates (``--secure``)."""
     cli = [sys.executable, "-m", "dedupnet.cli"]
     ports = ports if ports is not None else _center_ports(cfg)
     via = via or {}
@@ -332,6 +348,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout)]
         if cfg.partition_policy:
             argv += ["--partition-policy", cfg.partition_policy]
+        argv += _tls_flags(cfg, tls_dir, "center", n)
         for m, peer_port in ports.items():
             if m != n:
                 # The lower-numbered center dials the higher one (center_host/daemon.py _dial):
@@ -355,6 +372,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                     "--log-level", "INFO"]
             if cfg.max_depth is not None:
                 argv += ["--max-depth", str(cfg.max_depth)]
+            argv += _tls_flags(cfg, tls_dir, "host", n)
             hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log"))
     return centers, hosts
 
@@ -663,7 +681,13 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
             ports = _center_ports(cfg)
             # The relays live in this process, in front of the centers, for the whole run.
             links, via = await start_link_faults(cfg, nursery, ports)
-            centers, hosts = _plan(cfg, redis_url, prefix, logdir, ports, via)
+            tls_dir = None
+            if cfg.secure:  # certificates for this run, removed with the logs
+                from .tls import make_certs
+
+                tls_dir = logdir / "certs"
+                await trio.to_thread.run_sync(lambda: make_certs(tls_dir, range(1, cfg.networks + 1), days=2))
+            centers, hosts = _plan(cfg, redis_url, prefix, logdir, ports, via, tls_dir)
             daemons = centers + hosts
             try:
                 report = await _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out,

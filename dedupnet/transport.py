@@ -106,6 +106,12 @@ Counters (in the :class:`~dedupnet.metrics.Counters` passed in)
 ``key_reloads``, ``key_reload_failed``   :func:`watch_keyrings`: key files re-read
 ``handler_error``                        server: a handler raised (logged with traceback)
 ``connected``, ``connect_failed``        client: connections made / attempts failed
+``handshake_failed{reason="tls"}``       TLS (dedupnet/tls.py): the TLS handshake failed (wrong
+                                         CA, no client certificate, not TLS), or a plain
+                                         connection for a role that must use TLS; both sides
+``handshake_failed{reason="wrong-network"}``  the peer's certificate names another network
+``tls_bytes_sent``, ``tls_bytes_received``  TCP bytes of TLS connections (records, handshakes)
+``tls_payload_sent``                     the part of ``bytes_sent`` that went inside TLS
 ``session_error``                        client: ``on_connected`` raised (logged)
 =======================================  =======================================================
 """
@@ -117,6 +123,7 @@ import dataclasses
 import ipaddress
 import logging
 import random
+import ssl
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -129,6 +136,7 @@ from .auth import Keyring
 from .errors import ProtocolError
 from .messages import COMPRESSIONS, MAX_URLS, Error, Frame, Kind, Message, Register, Welcome, normalize_ip
 from .metrics import Counters
+from .tls import ServerTLS, TLSRefused, expected_uri_problem, sniff_tls, ssl_error_text, wrap
 from .wire import (
     COMPRESS_MIN_BODY,
     DEFAULT_MAX_FRAME_SIZE,
@@ -285,11 +293,22 @@ def _sent_kinds(data: bytes) -> list[str]:
     return kinds or ["unknown"]
 
 
+def _socket_of(stream: trio.abc.Stream) -> Any:
+    """The socket under a stream: a SocketStream's own, or the one under an SSLStream
+    (its ``transport_stream``, possibly a counting wrapper with a ``socket``)."""
+    while not hasattr(stream, "socket"):
+        stream = stream.transport_stream  # AttributeError: a stream with no socket under it
+    return stream.socket
+
+
 class Connection:
     """One framed TCP connection: decoding receiver, bounded queue, writer task.
 
     Attributes:
-        stream: the :class:`trio.SocketStream`.
+        stream: the :class:`trio.SocketStream`, or a :class:`trio.SSLStream` over one
+            (dedupnet/tls.py); the peer address is always the socket's.
+        tls: whether the connection is TLS; ``peer_cert``: the peer's verified
+            certificate (:meth:`ssl.SSLSocket.getpeercert`), ``{}`` without one.
         peer_ip: the remote address, canonical text (the identity ``verify_source`` checks).
         peer: ``ip:port`` of the remote end, for log lines.
         register: the peer's :class:`Register` once the handshake accepted it (server
@@ -312,7 +331,7 @@ class Connection:
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         *,
         counters: Counters,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
@@ -332,7 +351,10 @@ class Connection:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.stream = stream
         self.counters = counters
-        address = stream.socket.getpeername()  # OSError if the peer is already gone
+        self._socket = _socket_of(stream)
+        self.tls = isinstance(stream, trio.SSLStream)
+        self.peer_cert: dict | None = stream.getpeercert() if self.tls else None
+        address = self._socket.getpeername()  # OSError if the peer is already gone
         self.peer_ip = _peer_ip(address)
         port = address[1] if isinstance(address, tuple) and len(address) > 1 else 0
         self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
@@ -422,7 +444,7 @@ class Connection:
         self._urgent = self._held = None
         self._send_ch.close()
         self._recv_ch.close()  # frees the queued bytes now
-        self.stream.socket.close()
+        self._socket.close()
 
     async def aclose(self, *, flush_timeout: float | None = None) -> None:
         """Close the connection, first letting the writer send what is queued for up to
@@ -463,7 +485,8 @@ class Connection:
                     await self.stream.send_all(data)
                     self._count_sent(data)
                 if not self._closed:
-                    await self.stream.send_eof()
+                    if hasattr(self.stream, "send_eof"):  # TLS has no half-close: read until the peer closes
+                        await self.stream.send_eof()
                     await self._linger()
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError,
                 trio.BusyResourceError, OSError):
@@ -665,6 +688,8 @@ class Connection:
         for kind in _sent_kinds(data):
             self.counters.inc("frames_sent", kind=kind)
         self.counters.inc("bytes_sent", len(data))
+        if self.tls:
+            self.counters.inc("tls_payload_sent", len(data))
         if is_compressed(data):
             self.counters.inc("compressed_sent")
 
@@ -765,6 +790,7 @@ class _HandshakeTags:
 async def _handshake(
     conn: Connection, handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...],
     keyrings: dict[str, Keyring] | None = None, tags: _HandshakeTags | None = None,
+    tls: ServerTLS | None = None,
 ) -> Register | None:
     """The peer's Register if acceptable; otherwise log, count, tell the peer, close."""
     counters = conn.counters
@@ -796,6 +822,8 @@ async def _handshake(
         counters.inc("handshake_failed", reason=reason)
         await conn.close_with_error("bad-tag", text)
         return None
+    elif tls is not None and (refused := tls.check(conn.tls, conn.peer_cert, msg.role, msg.network, msg.IP)):
+        reason, text = refused
     else:
         return msg
     log.warning("handshake with %s failed: %s: %s", conn.peer, reason, text)
@@ -806,11 +834,55 @@ async def _handshake(
     return None
 
 
+async def _accept_tls(stream: trio.SocketStream, tls: ServerTLS, counters: Counters,
+                      handshake_timeout: float) -> trio.abc.Stream | None:
+    """The stream to read from: an SSLStream after its handshake if the peer starts
+    with TLS, the stream itself if it speaks plain dedupnet (whether its role may is
+    decided at its Register); None if it failed (logged, counted, closed). Peek and
+    handshake together have ``handshake_timeout`` seconds (a slow client holds a
+    connection no longer than one that never registers)."""
+    try:
+        address = stream.socket.getpeername()
+        peer = f"{_peer_ip(address)}:{address[1]}"
+    except (OSError, IndexError, TypeError):
+        peer = "a client that left"
+    reason = text = None
+    with trio.move_on_after(handshake_timeout):
+        try:
+            is_tls = await sniff_tls(stream.socket)
+        except OSError as exc:
+            is_tls, reason, text = None, "closed", str(exc)
+        if is_tls is None:
+            reason, text = reason or "closed", text or "closed before the first byte"
+        elif not is_tls:
+            return stream
+        else:
+            ssl_stream = wrap(stream, tls.context, counters, server_side=True)
+            try:
+                await ssl_stream.do_handshake()
+                counters.inc("tls_handshakes")
+                return ssl_stream
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                reason, text = "tls", f"TLS handshake failed: {ssl_error_text(exc)}"
+    if reason is None:
+        reason, text = "timeout", f"no TLS handshake within {handshake_timeout:g} s"
+    log.warning("handshake with %s failed: %s: %s", peer, reason, text)
+    counters.inc("handshake_failed", reason=reason)
+    await trio.aclose_forcefully(stream)
+    return None
+
+
 async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Counters,
                      handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...],
-                     conn_options: dict[str, Any], keyrings: dict[str, Keyring] | None = None) -> None:
+                     conn_options: dict[str, Any], keyrings: dict[str, Keyring] | None = None,
+                     tls: ServerTLS | None = None) -> None:
     """One accepted connection: handshake, handler, close. Never raises except Cancelled."""
     try:
+        if tls is not None:
+            accepted = await _accept_tls(stream, tls, counters, handshake_timeout)
+            if accepted is None:
+                return
+            stream = accepted
         try:
             conn = Connection(stream, counters=counters, **conn_options)
         except OSError as exc:  # the peer left before we could look at it
@@ -825,7 +897,7 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Coun
             conn._decoder.verify_tag = tags
             conn._decoder.tag_len_required = None if tags.open_roles else tags.rings[0].tag_len
         async with conn:
-            register = await _handshake(conn, handshake_timeout, verify_source, accept_roles, keyrings, tags)
+            register = await _handshake(conn, handshake_timeout, verify_source, accept_roles, keyrings, tags, tls)
             if register is None:
                 return
             if keyrings:
@@ -875,6 +947,7 @@ async def serve(
     burst_bytes: float | None = None,
     max_messages_per_s: float | None = None,
     burst_messages: float | None = None,
+    tls: ServerTLS | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` and run ``await handler(conn)`` per registered connection.
@@ -890,6 +963,12 @@ async def serve(
     ConnectionClosed) the connection is closed, queued messages flushed first if it
     returned. Any other exception is logged with its traceback and counted
     (``handler_error``); it ends that connection only.
+
+    With ``tls`` (:class:`dedupnet.tls.ServerTLS`) a client that starts with a TLS
+    handshake gets one (within ``handshake_timeout``; failures are
+    ``handshake_failed{reason="tls"}``), a plain client is refused at its Register if
+    its role must use TLS, and a certificate that names another network is refused
+    (``wrong-network``): ``tls.check``.
 
     ``port`` 0 picks a free port; the bound port is reported through ``task_status``:
     ``port = await nursery.start(partial(serve, counters=c), "127.0.0.1", 0, handler)``.
@@ -932,7 +1011,7 @@ async def serve(
                 per_source[source] = per_source.get(source, 0) + 1
         try:
             await _serve_one(stream, handler, counters, handshake_timeout, verify_source, accept_roles,
-                             conn_options, keyrings)
+                             conn_options, keyrings, tls)
         finally:
             if source is not None:
                 left = per_source[source] - 1
@@ -998,8 +1077,16 @@ async def connect(
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     compress: bool = True,
     keyring: Keyring | None = None,
+    tls_context: ssl.SSLContext | None = None,
+    expect_uri: str | None = None,
 ) -> Connection:
     """Connect to ``host:port`` from ``local_ip`` (if given) and send ``register`` first.
+
+    With ``tls_context`` the connection is TLS (handshake within ``connect_timeout``),
+    and with ``expect_uri`` the server's certificate must name it (dedupnet/tls.py:
+    ``dedupnet://network/<N>``); otherwise :class:`dedupnet.tls.TLSRefused` (an
+    OSError) is raised, logged and counted (``handshake_failed{reason="tls"}`` or
+    ``"wrong-network"``).
 
     With ``compress`` the Register offers ``zstd`` (unless ``register`` already carries an
     offer; without ``compress`` any offer is removed); the server's :class:`Welcome`,
@@ -1022,6 +1109,8 @@ async def connect(
             stream = await trio.open_tcp_stream(host, port, local_address=local_ip)
     except trio.TooSlowError:
         raise TimeoutError(f"connecting to {host}:{port} took more than {connect_timeout:g} s") from None
+    if tls_context is not None:
+        stream = await _connect_tls(stream, tls_context, expect_uri, counters, connect_timeout, f"{host}:{port}")
     try:
         conn = Connection(stream, counters=counters, max_frame_size=max_frame_size, max_urls=max_urls,
                           max_queue=max_queue, send_timeout=send_timeout, close_timeout=close_timeout,
@@ -1049,6 +1138,35 @@ async def connect(
     conn.register = register
     counters.inc("connected")
     return conn
+
+
+async def _connect_tls(stream: trio.SocketStream, context: ssl.SSLContext, expect_uri: str | None,
+                       counters: Counters, timeout: float, where: str) -> trio.SSLStream:
+    """The client side of TLS: handshake under a deadline, then the server's
+    certificate must name ``expect_uri``. Raises TLSRefused / TimeoutError (closed)."""
+    ssl_stream = wrap(stream, context, counters, server_side=False)
+    try:
+        with trio.fail_after(timeout):
+            await ssl_stream.do_handshake()
+    except trio.TooSlowError:
+        await trio.aclose_forcefully(stream)
+        counters.inc("handshake_failed", reason="timeout")
+        raise TimeoutError(f"TLS handshake with {where} took more than {timeout:g} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await trio.aclose_forcefully(stream)
+        counters.inc("handshake_failed", reason="tls")
+        raise TLSRefused("tls", f"TLS handshake with {where} failed: {ssl_error_text(exc)}") from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    problem = expected_uri_problem(ssl_stream.getpeercert(), expect_uri) if expect_uri else None
+    if problem is not None:
+        log.warning("refusing %s: it should be %s, but %s", where, expect_uri, problem)
+        counters.inc("handshake_failed", reason="wrong-network")
+        await trio.aclose_forcefully(ssl_stream)
+        raise TLSRefused("wrong-network", f"{where}: {problem}")
+    counters.inc("tls_handshakes")
+    return ssl_stream
 
 
 _jitter = random.Random()

@@ -23,6 +23,7 @@ from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.numbers import host_id_from_ip
 from dedupnet.runtime import Reactor, control_session, until_stored
 from dedupnet.store import URL_POOL, Store
+from dedupnet.tls import TLSConfig, center_uri, client_context
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as hp
@@ -70,6 +71,9 @@ class LocalSettings:
     lan_key_file: str | None = None
     #: Seconds between two reads of the key file (rotation without a restart).
     key_poll_interval: float = 1.0
+    #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
+    #: host's network (dedupnet/tls.py). None or without lan_tls: plain TCP.
+    tls: TLSConfig | None = None
 
 
 class LocalDaemon:
@@ -121,10 +125,17 @@ class LocalDaemon:
                     log.info("%d seeds into URL_pool", await self.crawler.seed(s.seeds))
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
-                max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress, keyring=self.lan_keyring))
+                max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress, keyring=self.lan_keyring,
+                **self._center_tls()))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
             task_status.started(self.port)
+
+    def _center_tls(self) -> dict:
+        tls = self.settings.tls
+        if tls is None or not tls.lan_tls:
+            return {}
+        return {"tls_context": client_context(tls), "expect_uri": center_uri(self.settings.network)}
 
     async def _run_crawler(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with self.crawler_scope:
