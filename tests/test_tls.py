@@ -218,6 +218,53 @@ async def test_lan_tls_refuses_a_plain_host_and_serves_tls_hosts(redis_url, cert
         assert len(center.core.hosts) == 1 and not center.core.peers
 
 
+@pytest.mark.parametrize("case", ["tls-and-key", "tls-no-key", "tls-wrong-key", "key-no-tls"])
+async def test_one_connection_with_tls_and_hmac_keys(certs, case):
+    """Both halves of issue #10 on one connection (the merge): a center serving with
+    TLS and a keyring takes a peer that has both, and refuses one that lacks either,
+    counted by the half that caught it."""
+    from dedupnet.auth import Keyring
+    from dedupnet.messages import Heartbeat
+    from dedupnet.wire import encode
+
+    good, _ = certs
+    key, wrong = Keyring.single(bytes(range(32))), Keyring.single(bytes(range(100, 132)))
+    server_counters, seen = Counters(), []
+
+    async def handler(conn):
+        seen.append((conn.tls, conn.keyring))
+        conn.send_nowait(encode(Heartbeat(center_ip(1), 1.0)))
+        await conn.receive()  # until the client closes
+
+    register = Register(center_ip(2), 2, "center", f"{center_ip(2)}:1", lan(2))
+    use_tls = case != "key-no-tls"
+    client_key = {"tls-and-key": key, "tls-no-key": None, "tls-wrong-key": wrong, "key-no-tls": key}[case]
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(functools.partial(
+            serve, counters=server_counters, accept_roles=("center",), keyrings={"center": key},
+            tls=ServerTLS(server_context(center_tls(good, 1)), 1)), center_ip(1), 0, handler)
+        tls_options = dict(tls_context=client_context(center_tls(good, 2)), expect_uri=center_uri(1)) if use_tls else {}
+        replies = []
+        with trio.fail_after(10):
+            async with await connect(center_ip(1), port, register, local_ip=center_ip(2), counters=Counters(),
+                                     keyring=client_key, **tls_options) as conn:
+                assert conn.tls == use_tls
+                with contextlib.suppress(ConnectionClosed):
+                    replies.append(await conn.receive())
+        nursery.cancel_scope.cancel()
+    if case == "tls-and-key":
+        assert seen == [(True, key)] and isinstance(replies[0], Heartbeat)
+        assert server_counters.total("handshake_failed") == 0 and server_counters.get("tls_handshakes") == 1
+    else:
+        assert not seen
+        if case == "key-no-tls":
+            assert server_counters.get("handshake_failed", reason="tls") == 1
+            assert isinstance(replies[0], Error) and replies[0].reason == "tls"  # tagged: the client could read it
+        else:
+            assert server_counters.get("tls_handshakes") == 1
+            assert server_counters.get("bad_input", reason="bad-tag") == 1
+
+
 async def test_tls_handshake_has_the_handshake_deadline(certs, autojump_clock, caplog):
     """A client that starts a TLS record and stalls (slowloris) is dropped at the
     transport's handshake timeout, counted as a timeout."""
