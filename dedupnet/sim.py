@@ -334,7 +334,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
 def wants_lan_key(cfg: SimConfig) -> bool:
     """Whether a random LAN key is made for the run: ``--lan-key``, or ``--secure``
     (TLS between the centers and HMAC tags on the LANs); not for owner mode (no LANs)."""
-    return cfg.lan_key and cfg.mode != "owner"
+    return (cfg.lan_key or cfg.secure) and cfg.mode != "owner"
 
 
 def check_secure(cfg: SimConfig) -> None:
@@ -779,7 +779,7 @@ def format_report(r: Report) -> str:
 
 def _auth_lines(r: Report) -> str:
     """LAN keys (issue #10) and what was refused, if either applies."""
-    keyed = r.config.get("lan_key") or r.config.get("lan_key_file")
+    keyed = r.config.get("lan_key") or r.config.get("lan_key_file") or r.config.get("secure")
     if not keyed and not r.bad_input:
         return ""
     refused = ", ".join(f"{k} {v:,}" for k, v in sorted(r.bad_input.items())) or "none"
@@ -887,10 +887,6 @@ def run(args) -> int:
                      partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
                      send_delay=args.send_delay, faults=tuple(args.faults or ()),
                      lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls)
-    if base.lan_key and args.processes:
-        print("dedupnet sim: --lan-key runs in one process only (the --processes harness does not pass key files yet)",
-              file=sys.stderr)
-        return 2
     try:
         check_secure(base)
         if args.compare and base.secure:
@@ -1001,9 +997,10 @@ def add_arguments(p) -> None:
     p.add_argument("--baseline-python", metavar="PYTHON",
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
     p.add_argument("--lan-key", action="store_true",
-                   help="HMAC tags on the LANs (issue #10): a random LAN key is made for the run (in-process only)")
+                   help="HMAC tags on the LANs (issue #10): a random LAN key is made for the run")
     p.add_argument("--secure", action="store_true",
-                   help="TLS with client certificates between the centers (certificates made for the run); "
+                   help="issue #10's protections together: TLS with client certificates between the centers "
+                        "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
                         "the report counts TLS records on the wire")
     p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")

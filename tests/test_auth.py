@@ -386,10 +386,12 @@ async def test_without_keys_an_outsider_on_a_permitted_address_loses_urls(redis_
     assert r.lost_urls > 0
 
 
-async def test_with_a_lan_key_the_outsider_is_refused_and_nothing_is_lost(redis_url):
-    """The same attacker, untagged and with a wrong key in turn, against a keyed LAN."""
+@pytest.mark.parametrize("flag", ["lan_key", "secure"])
+async def test_with_a_lan_key_the_outsider_is_refused_and_nothing_is_lost(redis_url, flag):
+    """The same attacker, untagged and with a wrong key in turn, against a keyed LAN:
+    ``--lan-key``, or ``--secure`` (TLS between the centers and the LAN key too)."""
     log: dict = {}
-    r = await simulate(small(lan_key=True), redis_url, out=None, during=outsider((None, K2), log))
+    r = await simulate(small(**{flag: True}), redis_url, out=None, during=outsider((None, K2), log))
     assert not r.timed_out
     assert r.lost_urls == 0 and r.duplicate_fetches == 0 and r.invariant_violations == 0
     assert r.fetched_urls == r.reachable_urls

@@ -335,7 +335,25 @@ def test_processes_give_every_daemon_its_tls_flags(tmp_path):
         else:
             assert args.tls_cert is None
     plain, _ = _plan(SimConfig(networks=2, hosts=1), "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002})
-    assert not any(a.startswith("--tls") for d in plain for a in d.argv)
+    assert not any(a.startswith(("--tls", "--lan-key")) for d in plain for a in d.argv)
+    assert not any(d.keyring for d in plain)
+
+
+def test_processes_give_every_daemon_the_lan_key_file(tmp_path):
+    """--secure (and --lan-key) with --processes: every center and host gets the run's
+    LAN key file, and the harness tags its status requests with the same key."""
+    from dedupnet.auth import new_key_line, write_key_file
+    from dedupnet.simproc import _plan
+
+    key_file = tmp_path / "lan.keys"
+    write_key_file(key_file, [new_key_line(1)])
+    centers, hosts = _plan(SimConfig(networks=2, hosts=2, secure=True), "redis://127.0.0.1:1", "p", tmp_path,
+                           {1: 7001, 2: 7002}, tls_dir=tmp_path / "certs", key_file=key_file)
+    assert len(centers + hosts) == 6
+    for d in centers + hosts:
+        args = cli.build_parser().parse_args(d.argv[d.argv.index(d.role if d.role == "center" else "local"):])
+        assert args.lan_key_file == str(key_file)
+        assert d.keyring is not None and d.keyring.path is not None
 
 
 async def test_secure_simulation_with_every_daemon_its_own_process(redis_url):
@@ -345,3 +363,6 @@ async def test_secure_simulation_with_every_daemon_its_own_process(redis_url):
     r = await simulate_processes(cfg, redis_url, out=None)
     assert not r.timed_out and r.lost_urls == 0 and r.duplicate_fetches == 0
     assert r.tls_handshakes >= 2 and r.tls_bytes_on_wire > r.tls_payload_bytes > 0  # the WAN link, both ends
+    # The LAN key (--secure): the daemons required it of each other and of the harness's
+    # status requests, or the run would not have completed.
+    assert "HMAC-SHA256 tagged" in format_report(r)
