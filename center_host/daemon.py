@@ -22,11 +22,13 @@ import trio
 
 from dedupnet import wire
 from dedupnet.aio import AsyncStore
+from dedupnet.auth import keyring_from
 from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.store import Store
-from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
+from dedupnet.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
+from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as cp
 from .pools import WRITES, CenterPools
@@ -64,6 +66,21 @@ class CenterSettings:
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
+    #: Key files (dedupnet/auth.py, issue #10): hosts and control clients of this LAN
+    #: must tag every message with the LAN key; peer centers with the peer key. None:
+    #: that role is trusted by its source address alone, as before.
+    lan_key_file: str | None = None
+    peer_key_file: str | None = None
+    #: Seconds between two reads of the key files (rotation without a restart).
+    key_poll_interval: float = 1.0
+    #: Limits against abuse (dedupnet/transport.py): connections one source address may
+    #: hold; bytes and messages a second read from one connection (throttled above).
+    max_connections_per_source: int | None = 16
+    max_bytes_per_s: float | None = 32 * 1024 * 1024
+    max_messages_per_s: float | None = 20_000
+    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
+    #: None: plain TCP, trusted by source address only (loopback simulations).
+    tls: TLSConfig | None = None
 
 
 class CenterDaemon:
@@ -86,8 +103,15 @@ class CenterDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
+        tls = settings.tls
+        self.server_tls = None if tls is None else ServerTLS(
+            server_context(tls), settings.network, ("center", "host") if tls.lan_tls else ("center",))
+        self.client_tls = None if tls is None else client_context(tls)
         #: Called with the URLs of each admission (the simulation's latency measure).
         self.on_admit: Callable[[tuple[str, ...]], None] | None = None
+        #: The LAN's and the peers' keyrings (None: not authenticated), re-read while running.
+        self.lan_keyring = keyring_from(settings.lan_key_file)
+        self.peer_keyring = keyring_from(settings.peer_key_file)
 
     def register(self) -> Register:
         s = self.settings
@@ -106,6 +130,8 @@ class CenterDaemon:
                 if self.settings.network < peer.network:
                     nursery.start_soon(self._dial, peer)
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(watch_keyrings, [self.lan_keyring, self.peer_keyring], self.counters,
+                               self.settings.key_poll_interval)
             log.info("center of network %d listening on %s:%d (LAN %s, %d peers, %s mode)", self.settings.network,
                      self.settings.ip, self.port, self.settings.lan, len(self.settings.peers), self.settings.mode)
             task_status.started(self.port)
@@ -113,13 +139,25 @@ class CenterDaemon:
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.port, self._on_connection, counters=self.counters,
                     max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
-                    accept_roles=("host", "center", "control"), compress=self.settings.compress, task_status=task_status)
+                    accept_roles=("host", "center", "control"), compress=self.settings.compress,
+                    keyrings={"host": self.lan_keyring, "control": self.lan_keyring, "center": self.peer_keyring},
+                    max_connections_per_source=self.settings.max_connections_per_source,
+                    max_bytes_per_s=self.settings.max_bytes_per_s, max_messages_per_s=self.settings.max_messages_per_s,
+                    tls=self.server_tls,
+                    task_status=task_status)
 
     async def _dial(self, peer: PeerAddress) -> None:
         await connect_forever(peer.host, peer.port, self.register(), self._peer_session,
                               local_ip=self.settings.ip, counters=self.counters,
                               max_frame_size=self.settings.max_frame_size, max_urls=self.settings.max_urls,
-                              compress=self.settings.compress)
+                              compress=self.settings.compress, keyring=self.peer_keyring,
+                              **self._peer_tls(peer))
+
+    def _peer_tls(self, peer: PeerAddress) -> dict:
+        """TLS to a peer: its certificate must name the network we dial (dedupnet/tls.py)."""
+        if self.client_tls is None:
+            return {}
+        return {"tls_context": self.client_tls, "expect_uri": center_uri(peer.network)}
 
     async def _peer_session(self, conn: Connection) -> None:
         reply = await conn.receive(timeout=self.settings.heartbeat_timeout)  # the peer registers back

@@ -51,6 +51,16 @@ DAEMON = [
     (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
     (("--no-compress",), dict(dest="compress", action="store_const", const=False,
                               help="never offer or accept zstd-compressed bodies (default: negotiated per connection)")),
+    (("--lan-key-file",), dict(metavar="FILE", help="LAN key file ('KEY_ID HEX_SECRET [send]' lines): every message "
+                                                    "between a center and its hosts carries an HMAC tag (re-read "
+                                                    "every second: rotate keys without a restart)")),
+    (("--key-poll-interval",), dict(type=float, metavar="S", help="seconds between two reads of the key files (default 1)")),
+    (("--tls-cert",), dict(metavar="PEM", help="this daemon's TLS certificate (dedupnet certs makes them); "
+                                               "a center with --tls-cert/--tls-key/--tls-ca requires TLS of its peers")),
+    (("--tls-key",), dict(metavar="PEM", help="the key of --tls-cert")),
+    (("--tls-ca",), dict(metavar="PEM", help="the deployment's CA certificate: peers' certificates must be signed by it")),
+    (("--lan-tls",), dict(dest="lan_tls", action="store_const", const=True,
+                          help="TLS on the LAN too: a center requires it of its hosts; a host uses it to its center")),
 ]
 
 
@@ -75,6 +85,13 @@ def build_parser() -> argparse.ArgumentParser:
                                         "other networks (§2.4), and hands admitted URLs to its hosts.")
     center.add_argument("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR",
                         help="another network's center and its LAN (repeat per peer)")
+    center.add_argument("--peer-key-file", metavar="FILE", help="key file of the peer centers (as --lan-key-file)")
+    center.add_argument("--max-connections-per-source", type=int, metavar="N",
+                        help="connections one source address may hold open (default 16)")
+    center.add_argument("--max-bytes-per-s", type=float, metavar="B",
+                        help="bytes a second read from one connection, above which it is throttled (default 32 MiB)")
+    center.add_argument("--max-messages-per-s", type=float, metavar="N",
+                        help="messages a second read from one connection, above which it is throttled (default 20000)")
 
     local = sub.add_parser("local", parents=[common, daemon], help="run a local host daemon",
                            description="A local host: de-dups its URL_pool (§2.2), answers its center's "
@@ -98,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters")
     status.add_argument("address", metavar="HOST:PORT", help="the daemon's --listen address")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    status.add_argument("--key-file", metavar="FILE", help="the daemon's --lan-key-file, if it has one")
 
     for name, what in (("push", "put URLs into a host's URL_pool (what a crawler does)"),
                        ("finish", "record URLs as crawled in a host's finish_URL")):
@@ -106,6 +124,14 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--file", metavar="FILE", help="read URLs from FILE, one per line ('-' for stdin)")
         p.add_argument("--ip", help="the host's IP (gives the default prefix)")
         p.add_argument("--data-dir", metavar="DIR", help="the host daemon's --data-dir (finds its embedded Redis)")
+
+    certs = sub.add_parser("certs", help="make a CA and TLS certificates for a deployment's centers (and hosts)",
+                           description="Makes a small CA (reused if DIR has one) and a certificate and key per "
+                                       "network's center, naming its network id (URI dedupnet://network/N), "
+                                       "optionally per host, and prints the settings to use (docs/DECISIONS.md).")
+    from .tls import add_arguments as add_certs_arguments
+
+    add_certs_arguments(certs)
 
     # Listed here for --help; its flags are dedupnet.web's own, handed over in main().
     sub.add_parser("web", add_help=False, help="serve a synthetic web on loopback (for crawls and tests)")
@@ -140,6 +166,10 @@ def main(argv: list[str] | None = None) -> int:
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return sim.run(args)
+    if args.command == "certs":
+        from .tls import certs_main
+
+        return certs_main(args)
     fields = set(Settings.__dataclass_fields__)
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     try:
@@ -160,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "status":
             from .daemons import print_status
 
-            return print_status(endpoint(args.address), as_json=args.json)
+            return print_status(endpoint(args.address), as_json=args.json, key_file=args.key_file)
         if args.command in ("push", "finish"):
             from .daemons import push_or_finish
 

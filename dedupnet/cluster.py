@@ -22,6 +22,7 @@ from local_host.daemon import LocalDaemon, LocalSettings
 
 from .relay import Relay, host_name, start_link_relays, wan_name
 from .store import Store
+from .tls import TLSConfig
 
 
 def lan(network: int) -> str:
@@ -54,6 +55,19 @@ class Cluster:
     links: frozenset[str] = frozenset()
     link_seed: int = 0
     relays: dict[str, Relay] = field(default_factory=dict)
+    #: TLS (dedupnet/tls.py): a directory made by ``dedupnet certs`` (ca.pem,
+    #: center-<N>.pem, ...): centers peer over TLS; with ``lan_tls`` hosts use it too.
+    tls_dir: str | None = None
+    lan_tls: bool = False
+
+    def center_tls(self, n: int) -> TLSConfig | None:
+        if self.tls_dir is None:
+            return None
+        return TLSConfig(f"{self.tls_dir}/ca.pem", f"{self.tls_dir}/center-{n}.pem",
+                         f"{self.tls_dir}/center-{n}-key.pem", self.lan_tls)
+
+    def host_tls(self) -> TLSConfig | None:
+        return TLSConfig(f"{self.tls_dir}/ca.pem", lan_tls=True) if self.tls_dir and self.lan_tls else None
 
     def _store(self, name: str) -> Store:
         if name not in self.stores:
@@ -95,8 +109,8 @@ class Cluster:
                                else (center_ip(m), self.centers[m].port if m in self.centers else 0))
             peers.append(PeerAddress(m, host, peer_port, lan(m)))
         timing = {k: v for k, v in self.timing.items() if k in CenterSettings.__dataclass_fields__}
-        daemon = CenterDaemon(CenterSettings(n, center_ip(n), port, lan(n), peers, mode=self.mode, **timing),
-                              self._store(f"center{n}"))
+        daemon = CenterDaemon(CenterSettings(n, center_ip(n), port, lan(n), peers, mode=self.mode,
+                                             tls=self.center_tls(n), **timing), self._store(f"center{n}"))
         await self._start(f"center{n}", daemon)
         self.centers[n] = daemon
         return daemon
@@ -105,7 +119,8 @@ class Cluster:
         ip = host_ip(n, i)
         timing = {k: v for k, v in self.timing.items() if k in LocalSettings.__dataclass_fields__}
         daemon = LocalDaemon(LocalSettings(n, ip, lan(n), await self._via(host_name(n, i), n),
-                                           set_size=self.set_size, mode=self.mode, **timing), self._store(f"host:{ip}"))
+                                           set_size=self.set_size, mode=self.mode, tls=self.host_tls(), **timing),
+                             self._store(f"host:{ip}"))
         await self._start(ip, daemon)
         self.hosts[ip] = daemon
         return daemon
@@ -167,12 +182,16 @@ class Cluster:
 @asynccontextmanager
 async def open_cluster(redis_url: str, networks: int, hosts: int, *, mode: str = "exact", set_size: int = 100,
                        prefix: str = "sim", links: frozenset[str] | set[str] | tuple[str, ...] = (),
-                       link_seed: int = 0, **timing) -> AsyncIterator[Cluster]:
+                       link_seed: int = 0, tls_dir: str | None = None, lan_tls: bool = False,
+                       **timing) -> AsyncIterator[Cluster]:
     """Start centers (highest network first, so each dials peers already listening),
     then hosts; yields once all are connected; on exit stops every daemon, waits for
     them, and removes the cluster's keys. ``links`` ("wan:A-B", "host:N.I") go through
-    a fault-injecting relay each (:mod:`dedupnet.relay`), clean until told otherwise."""
-    cluster = Cluster(redis_url, prefix, mode, set_size, timing, links=frozenset(links), link_seed=link_seed)
+    a fault-injecting relay each (:mod:`dedupnet.relay`), clean until told otherwise.
+    ``tls_dir`` (certificates from :func:`dedupnet.tls.make_certs` for every network):
+    the centers peer over TLS; ``lan_tls``: hosts to their center too."""
+    cluster = Cluster(redis_url, prefix, mode, set_size, timing, links=frozenset(links), link_seed=link_seed,
+                      tls_dir=tls_dir, lan_tls=lan_tls)
     try:
         async with trio.open_nursery() as nursery:
             cluster.nursery = nursery

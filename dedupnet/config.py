@@ -87,6 +87,28 @@ class Settings:
     #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
     #: does not offer it always gets plain JSON).
     compress: bool = True
+    #: Authenticated frames (issue #10, dedupnet/auth.py): a key file of ``KEY_ID
+    #: HEX_SECRET [send]`` lines. ``lan_key_file``: a center's hosts (and control
+    #: clients) must tag every message with it; a host tags its center connection.
+    #: ``peer_key_file``: the same between peer centers. Re-read every
+    #: ``key_poll_interval`` seconds (rotate keys without a restart).
+    lan_key_file: str | None = None
+    peer_key_file: str | None = None
+    key_poll_interval: float = 1.0
+    #: Limits against abuse (a center): connections one source address may hold open;
+    #: bytes and messages a second read from one connection (above: throttled).
+    max_connections_per_source: int = 16
+    max_bytes_per_s: float = 32 * 1024 * 1024
+    max_messages_per_s: float = 20_000
+    #: TLS (dedupnet/tls.py, docs/DECISIONS.md): this daemon's certificate and key (PEM)
+    #: and the deployment's CA. A center with all three requires TLS of its peer
+    #: centers, with client certificates naming the peer's network id.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    #: TLS on the LAN too: a center requires it of its hosts; a host speaks it to its
+    #: center (needs ``tls_ca``; ``tls_cert``/``tls_key`` optional).
+    lan_tls: bool = False
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.
@@ -117,10 +139,13 @@ class Settings:
             raise ValueError(f"foreign_lookup must be one of {', '.join(FOREIGN_LOOKUPS)}, not {self.foreign_lookup!r}")
         if self.local_lookup not in (None, *LOCAL_LOOKUPS):
             raise ValueError(f"local_lookup must be one of {', '.join(LOCAL_LOOKUPS)}, not {self.local_lookup!r}")
+        if self.key_poll_interval <= 0:
+            raise ValueError("key_poll_interval must be positive")
         if self.set_linger < 0:
             raise ValueError("set_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
-                     "heartbeat_interval", "heartbeat_timeout"):
+                     "heartbeat_interval", "heartbeat_timeout", "max_connections_per_source", "max_bytes_per_s",
+                     "max_messages_per_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
         if not 8 <= self.bucket_bits <= 24:

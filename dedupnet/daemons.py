@@ -17,12 +17,14 @@ from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import HostPools
 
 from . import bloom, wire
+from .auth import keyring_from
 from .config import Settings, endpoint
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
 from .netinfo import address_in, center_lan, lan_of, sole_address, source_ip_towards
 from .runtime import open_store, stop_on_signals
 from .store import Store
+from .tls import TLSConfig
 from .transport import connect
 
 log = logging.getLogger("dedupnet.daemons")
@@ -58,6 +60,11 @@ def _timing(settings: Settings) -> dict:
                 heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
+def _tls(settings: Settings, role: str) -> TLSConfig | None:
+    """The daemon's TLS files, checked now (ValueError names what is missing)."""
+    return TLSConfig.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.lan_tls, role=role)
+
+
 def run_center(settings: Settings) -> int:
     _need(settings, "network", "listen")
     listen_host, port = endpoint(settings.listen)
@@ -67,6 +74,10 @@ def run_center(settings: Settings) -> int:
         network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
         max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
         compress=settings.compress, metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
+        lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
+        key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
+        max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
+        tls=_tls(settings, "center"),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -104,6 +115,8 @@ def run_local(settings: Settings) -> int:
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=endpoint(settings.metrics) if settings.metrics else None, crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
+        lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
+        tls=_tls(settings, "host"),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
@@ -188,11 +201,12 @@ async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> Non
 
 
 # -- dedupnet status ------------------------------------------------------------------
-async def fetch_status(address: tuple[str, int], timeout: float = 5.0) -> dict:
+async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file: str | None = None) -> dict:
     ip = source_ip_towards(address[0])
     register = Register(ip, 0, "control", f"{ip}:1")
+    keyring = keyring_from(key_file)
     with trio.fail_after(timeout):
-        async with await connect(*address, register, local_ip=ip, counters=Counters()) as conn:
+        async with await connect(*address, register, local_ip=ip, counters=Counters(), keyring=keyring) as conn:
             conn.send_nowait(wire.encode(Status(True)))
             while True:
                 reply = await conn.receive()
@@ -202,9 +216,9 @@ async def fetch_status(address: tuple[str, int], timeout: float = 5.0) -> dict:
                     raise ValueError(f"{address[0]}:{address[1]} answered {reply}")
 
 
-def print_status(address: tuple[str, int], *, as_json: bool = False) -> int:
+def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: str | None = None) -> int:
     try:
-        body = trio.run(fetch_status, address)
+        body = trio.run(fetch_status, address, 5.0, key_file)
     except (OSError, trio.TooSlowError) as e:
         print(f"dedupnet status: no answer from {address[0]}:{address[1]}: {e}")
         return 1

@@ -85,6 +85,18 @@ class SimConfig:
     finish_url_filter: str = "exact"
     bloom_capacity: int = 10_000_000
     bloom_error_rate: float = 0.001
+    #: HMAC tags on the LANs (issue #10, dedupnet/auth.py): a random key made for the
+    #: run (one key file, shared by every LAN of the simulation), or this key file.
+    lan_key: bool = False
+    lan_key_file: str | None = None
+    #: Seconds between two reads of the key file by each daemon (a rotation's pace).
+    key_poll_interval: float = 1.0
+    #: ``--secure`` (issue #10): TLS with client certificates between the centers,
+    #: certificates made for the run in a temporary directory (dedupnet/tls.py).
+    #: Also HMAC tags on the LANs, as ``lan_key`` (a random LAN key made for the run).
+    secure: bool = False
+    #: ``--lan-tls``: with ``secure``, TLS between hosts and their center too.
+    lan_tls: bool = False
 
 
 @dataclass
@@ -143,6 +155,16 @@ class Report:
     timeline: list[dict] = field(default_factory=list)
     #: Link faults: what was scheduled, when it started and ended, what each relay did.
     links: dict = field(default_factory=dict)
+    #: Every daemon's ``bad_input`` and ``handshake_failed`` counters, summed by reason
+    #: (an attack, a key rotation gone wrong); ``rejected`` by the cores.
+    bad_input: dict[str, int] = field(default_factory=dict)
+    #: TLS runs (``--secure``): TCP bytes of the TLS connections (records and handshakes),
+    #: all daemons' sending sides; ``bytes_on_wire`` counts these instead of the messages
+    #: they carry.
+    tls_bytes_on_wire: int = 0
+    #: Of ``tls_bytes_on_wire``: the messages those records carried (the rest is TLS's own).
+    tls_payload_bytes: int = 0
+    tls_handshakes: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -302,10 +324,65 @@ def percentile(values: list[float], p: float) -> float | None:
     return ordered[min(len(ordered) - 1, int(math.ceil(p / 100 * len(ordered))) - 1)]
 
 
-async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
-    """Run one simulation to quiescence (or ``cfg.timeout``) and report it."""
+async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=None) -> Report:
+    """Run one simulation to quiescence (or ``cfg.timeout``) and report it.
+
+    ``during``, if given, is started as ``during(system, web)`` once the crawlers run and
+    cancelled when the crawl is over (tests use it for an attacker or a key rotation)."""
     if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
         raise ValueError(faults_refused(cfg.faults))
+    check_secure(cfg)
+    import tempfile
+
+    with secure_certs(cfg) as tls_dir, tempfile.TemporaryDirectory(prefix="dedupnet-sim-keys-") as keys:
+        key_file = cfg.lan_key_file
+        if wants_lan_key(cfg) and key_file is None:
+            from .auth import new_key_line, write_key_file
+
+            key_file = f"{keys}/lan.keys"
+            write_key_file(key_file, [new_key_line(1)])
+        return await _simulate(cfg, redis_url, out=out, during=during, key_file=key_file, tls_dir=tls_dir)
+
+
+def wants_lan_key(cfg: SimConfig) -> bool:
+    """Whether a random LAN key is made for the run: ``--lan-key``, or ``--secure``
+    (TLS between the centers and HMAC tags on the LANs); not for owner mode (no LANs)."""
+    return (cfg.lan_key or cfg.secure) and cfg.mode != "owner"
+
+
+def check_secure(cfg: SimConfig) -> None:
+    """ValueError for what ``--secure`` cannot be combined with (both runners)."""
+    if cfg.lan_tls and not cfg.secure:
+        raise ValueError("--lan-tls goes with --secure")
+    if cfg.secure and cfg.mode == "owner":
+        raise ValueError("--secure runs the protocol's daemons (exact or paper mode); owner has no centers")
+    if cfg.secure and any(f.kind in LINK_FAULTS for f in cfg.faults):
+        raise ValueError("--secure cannot be combined with link faults: the fault relay acts on whole "
+                         "dedupnet messages, which TLS hides from it")
+
+
+def secure_certs(cfg: SimConfig):
+    """A context manager: a temporary directory with a CA and a certificate per center
+    (dedupnet/tls.py make_certs) for a ``--secure`` run, removed afterwards; None
+    (nothing made) otherwise."""
+    import contextlib
+    import tempfile
+
+    if not cfg.secure:
+        return contextlib.nullcontext(None)
+
+    @contextlib.contextmanager
+    def made():
+        from .tls import make_certs
+
+        with tempfile.TemporaryDirectory(prefix="dedupnet-sim-certs-") as d:
+            make_certs(d, range(1, cfg.networks + 1), days=2)
+            yield d
+    return made()
+
+
+async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: str | None,
+                    tls_dir: str | None) -> Report:
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
     server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
@@ -325,7 +402,10 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
                                      prefix=prefix, crawler=crawler, set_linger=cfg.set_linger,
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
-                                     send_delay=cfg.send_delay, **_link_relays(cfg))
+                                     send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
+                                     **_link_relays(cfg),
+                                     **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
+                                        if key_file else {}))
         async with system_cm as system, trio.open_nursery() as crawling:
             _attach_bloom(cfg, system)
             links = _link_faults(cfg, system, web, seeds)
@@ -339,6 +419,8 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout) -> Report:
                 if hasattr(h, "on_found"):
                     h.on_found = observer.on_found
             meter_start = meter.seconds if meter else 0.0
+            if during is not None:
+                crawling.start_soon(during, system, web)
             plan = await _seed(system, seeds, cfg.scenario)
             t0 = time.perf_counter()
             timeline: list[dict] = []
@@ -568,7 +650,10 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         seeds_per_network=seeds_per_network(plan or {}), urls_admitted=admitted,
         set_fill=round(set_urls / set_frames, 1) if set_frames else None,
         frames_per_url=round(frames_sent / found, 3) if found else None,
-        bytes_per_url=round(sum(d.counters.get("bytes_sent") for d in daemons) / len(expected), 1) if expected else None,
+        bytes_per_url=round(sum(wire_bytes(d.counters) for d in daemons) / len(expected), 1) if expected else None,
+        tls_bytes_on_wire=sum(d.counters.get("tls_bytes_sent") for d in daemons),
+        tls_handshakes=sum(d.counters.get("tls_handshakes") for d in daemons),
+        tls_payload_bytes=sum(d.counters.get("tls_payload_sent") for d in daemons),
         max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
         center_cpu_s=None if center_cpu is None else round(center_cpu, 3),
         center_cpu_ms_per_1k_urls=round(center_cpu * 1e6 / admitted, 1) if center_cpu is not None and admitted else None,
@@ -576,6 +661,12 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         center_redis_bytes_per_url=round(center_bytes / admitted, 1) if memory and admitted else None,
         host_redis_bytes_per_url=round(host_bytes / admitted, 1) if memory and admitted else None,
     )
+    bad: Counter[str] = Counter()
+    for d in daemons:
+        for key, value in d.counters.snapshot().items():
+            if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
+                bad[key] += value
+    extra["bad_input"] = dict(bad)
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
@@ -584,13 +675,20 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
         invariant_violations=len(violations), invariant_examples=violations[:20], refetched_after_kill=refetched,
         lost_urls=len(lost), lost_examples=lost[:10],
         unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
-        bytes_on_wire=sum(d.counters.get("bytes_sent") for d in daemons), redis_lookups=lookups,
+        bytes_on_wire=sum(wire_bytes(d.counters) for d in daemons), redis_lookups=lookups,
         redis_round_trips=trips, urls_found=found, urls_per_s=round(found / wall, 1) if wall else 0.0,
         pages_per_s=round(requests / wall, 1) if wall else 0.0,
         latency_p50=percentile(observer.latencies, 50), latency_p99=percentile(observer.latencies, 99),
         sets_concluded_incomplete=sum(d.counters.total("concluded_incomplete") for d in daemons),
         per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline, **extra,
     )
+
+
+def wire_bytes(counters) -> int:
+    """Bytes a daemon put on the wire: its messages' bytes (``bytes_sent``), except that
+    those sent inside TLS count as the TLS records that carried them (``tls_bytes_sent``:
+    TCP bytes under the SSLStream, handshakes included; dedupnet/tls.py CountingStream)."""
+    return counters.get("bytes_sent") - counters.get("tls_payload_sent") + counters.get("tls_bytes_sent")
 
 
 def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
@@ -701,7 +799,7 @@ def format_report(r: Report) -> str:
   requests to the web         {r.requests:>10,}   {r.pages_per_s:,.0f}/s
   links found (URL_pool)      {r.urls_found:>10,}   {r.urls_per_s:,.0f}/s
   frames sent                 {sum(r.frames.values()):>10,}   {frames}
-  bytes on the wire           {r.bytes_on_wire:>10,}   {r.bytes_on_wire / max(r.urls_found, 1):,.0f} per URL found, {_num(r.bytes_per_url, ',.0f')} per distinct URL
+  bytes on the wire           {r.bytes_on_wire:>10,}   {r.bytes_on_wire / max(r.urls_found, 1):,.0f} per URL found, {_num(r.bytes_per_url, ',.0f')} per distinct URL{_tls_text(r)}
   frames per URL found        {_num(r.frames_per_url, '>10.3f')}
   URLs per URL_set (fill)     {_num(r.set_fill, '>10.1f')}   (flag=1 frames at the centers)
   max URL_pool backlog        {r.max_url_pool:>10,}
@@ -713,7 +811,25 @@ def format_report(r: Report) -> str:
     by key family             {memory}
   pages per host              {hosts}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r)
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+
+
+def _auth_lines(r: Report) -> str:
+    """LAN keys (issue #10) and what was refused, if either applies."""
+    keyed = r.config.get("lan_key") or r.config.get("lan_key_file") or r.config.get("secure")
+    if not keyed and not r.bad_input:
+        return ""
+    refused = ", ".join(f"{k} {v:,}" for k, v in sorted(r.bad_input.items())) or "none"
+    return (f"\n  LAN frames                  {'HMAC-SHA256 tagged (LAN key)' if keyed else 'untagged'}"
+            f"\n  refused, throttled, rejected {refused}")
+
+
+def _tls_text(r: Report) -> str:
+    if not r.config.get("secure"):
+        return ""
+    return (f"\n  TLS (--secure)              {r.tls_handshakes:>10,} handshakes, {r.tls_bytes_on_wire:,} bytes of TLS "
+            f"records (TCP bytes, in the figure above), {r.tls_bytes_on_wire - r.tls_payload_bytes:,} of them TLS's "
+            f"own{'; LAN too' if r.config.get('lan_tls') else '; centers only'}")
 
 
 def _faults_lines(r: Report) -> str:
@@ -808,7 +924,15 @@ def run(args) -> int:
                      partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
                      send_delay=args.send_delay, faults=tuple(args.faults or ()),
                      finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
-                     bloom_error_rate=args.bloom_error_rate)
+                     bloom_error_rate=args.bloom_error_rate,
+                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls)
+    try:
+        check_secure(base)
+        if args.compare and base.secure:
+            raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
+    except ValueError as e:
+        print(f"dedupnet sim: {e}", file=sys.stderr)
+        return 2
     if args.chaos is not None:
         from .chaos import run_chaos
 
@@ -917,6 +1041,13 @@ def add_arguments(p) -> None:
                         "and print one table (see bench/bench_topology.py for all its options)")
     p.add_argument("--baseline-python", metavar="PYTHON",
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
+    p.add_argument("--lan-key", action="store_true",
+                   help="HMAC tags on the LANs (issue #10): a random LAN key is made for the run")
+    p.add_argument("--secure", action="store_true",
+                   help="issue #10's protections together: TLS with client certificates between the centers "
+                        "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
+                        "the report counts TLS records on the wire")
+    p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "

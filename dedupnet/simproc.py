@@ -55,6 +55,7 @@ import trio
 from local_host.pools import HostPools
 
 from . import wire
+from .auth import Keyring, keyring_from, new_key_line, write_key_file
 from .cluster import center_ip, host_ip, lan
 from .embedded import _spawn
 from .errors import DedupnetError
@@ -64,7 +65,8 @@ from .faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_fault, resolve, t
 from .netinfo import source_ip_towards
 from .procfaults import FaultRecord, FaultRunner, KillableRedis
 from .relay import LinkFaults, host_name, schedule_link_faults, start_link_relays, wan_name
-from .sim import Observer, Report, SimConfig, _report, assign_seeds, progress_line, redis_memory, seed_count
+from .sim import (Observer, Report, SimConfig, _report, assign_seeds, check_secure, progress_line, redis_memory,
+                  seed_count, wants_lan_key)
 from .store import Store
 from .transport import ConnectionClosed, connect
 from .web import SyntheticWeb, WebSpec
@@ -112,6 +114,9 @@ class Daemon:
     down: bool = False
     #: Left for good (leave-host): not part of the system any more.
     gone: bool = False
+    #: The LAN keyring (``--lan-key``, ``--secure``): the harness's status requests
+    #: are tagged with it, as ``dedupnet status --lan-key-file`` does.
+    keyring: Keyring | None = None
 
     def cpu(self) -> float:
         """CPU seconds (user + system) this life's process has used so far; 0 if gone."""
@@ -164,7 +169,8 @@ class Daemon:
             ip = source_ip_towards(self.address[0])
             register = Register(ip, 0, "control", f"{ip}:1")
             with trio.fail_after(timeout):
-                async with await connect(*self.address, register, local_ip=ip, counters=counters) as conn:
+                async with await connect(*self.address, register, local_ip=ip, counters=counters,
+                                         keyring=self.keyring) as conn:
                     conn.send_nowait(wire.encode(Status(True)))
                     while True:
                         reply = await conn.receive()
@@ -234,6 +240,7 @@ def _check(cfg: SimConfig) -> None:
     if cfg.send_delay:
         raise ValueError("--send-delay is a fault hook of the one-process simulation; run it without --processes")
     check_faults(cfg)
+    check_secure(cfg)
 
 
 #: Fault kinds ``--processes`` carries out: process faults (dedupnet/procfaults.py) and
@@ -317,11 +324,28 @@ def _center_ports(cfg: SimConfig) -> dict[int, int]:
     return {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
 
 
+def _tls_flags(cfg: SimConfig, tls_dir: Path | None, role: str, network: int) -> list[str]:
+    """``--secure``: a center's --tls-cert/--tls-key/--tls-ca (made by dedupnet certs'
+    code for the run); with ``--lan-tls`` --lan-tls on both, and the CA for hosts."""
+    if tls_dir is None:
+        return []
+    lan = ["--lan-tls"] if cfg.lan_tls else []
+    if role == "center":
+        return ["--tls-cert", str(tls_dir / f"center-{network}.pem"), "--tls-key",
+                str(tls_dir / f"center-{network}-key.pem"), "--tls-ca", str(tls_dir / "ca.pem"), *lan]
+    return [*lan, "--tls-ca", str(tls_dir / "ca.pem")] if lan else []
+
+
 def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict[int, int] | None = None,
-          via: dict[str, tuple[str, int]] | None = None) -> tuple[list[Daemon], list[Daemon]]:
+          via: dict[str, tuple[str, int]] | None = None,
+          tls_dir: Path | None = None, key_file: Path | str | None = None) -> tuple[list[Daemon], list[Daemon]]:
     """Every daemon's command line. ``ports``: the centers' (drawn if None); ``via``:
     the relay address of each relayed link (``wan:A-B``, ``host:N.I``), given to the
-    daemon that dials it instead of the center it reaches."""
+    daemon that dials it instead of the center it reaches; ``tls_dir``: the run's
+    certificates (``--secure``); ``key_file``: the LAN key file every daemon gets as
+    ``--lan-key-file`` (``--lan-key``, ``--secure``)."""
+    keyring = keyring_from(key_file)
+    keys = [] if key_file is None else ["--lan-key-file", str(key_file), "--key-poll-interval", f"{cfg.key_poll_interval:g}"]
     cli = [sys.executable, "-m", "dedupnet.cli"]
     ports = ports if ports is not None else _center_ports(cfg)
     via = via or {}
@@ -332,6 +356,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout)]
         if cfg.partition_policy:
             argv += ["--partition-policy", cfg.partition_policy]
+        argv += _tls_flags(cfg, tls_dir, "center", n) + keys
         for m, peer_port in ports.items():
             if m != n:
                 # The lower-numbered center dials the higher one (center_host/daemon.py _dial):
@@ -339,7 +364,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 host, port_m = via.get(wan_name(n, m), (center_ip(m), peer_port)) if n < m else (center_ip(m), peer_port)
                 argv += ["--peer", f"{m},{host}:{port_m},{lan(m)}"]
         centers.append(Daemon(f"center{n}", "center", n, (center_ip(n), port), f"{prefix}:center{n}", argv,
-                              logdir / f"center{n}.log"))
+                              logdir / f"center{n}.log", keyring=keyring))
     hosts = []
     for n in range(1, cfg.networks + 1):
         for i in range(cfg.hosts):
@@ -355,7 +380,9 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                     "--log-level", "INFO"]
             if cfg.max_depth is not None:
                 argv += ["--max-depth", str(cfg.max_depth)]
-            hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log"))
+            argv += _tls_flags(cfg, tls_dir, "host", n) + keys
+            hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log",
+                                keyring=keyring))
     return centers, hosts
 
 
@@ -663,7 +690,17 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
             ports = _center_ports(cfg)
             # The relays live in this process, in front of the centers, for the whole run.
             links, via = await start_link_faults(cfg, nursery, ports)
-            centers, hosts = _plan(cfg, redis_url, prefix, logdir, ports, via)
+            tls_dir = None
+            if cfg.secure:  # certificates for this run, removed with the logs
+                from .tls import make_certs
+
+                tls_dir = logdir / "certs"
+                await trio.to_thread.run_sync(lambda: make_certs(tls_dir, range(1, cfg.networks + 1), days=2))
+            key_file = cfg.lan_key_file
+            if key_file is None and wants_lan_key(cfg):  # a random LAN key for this run, removed with the logs
+                key_file = logdir / "lan.keys"
+                write_key_file(key_file, [new_key_line(1)])
+            centers, hosts = _plan(cfg, redis_url, prefix, logdir, ports, via, tls_dir, key_file)
             daemons = centers + hosts
             try:
                 report = await _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out,

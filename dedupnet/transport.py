@@ -39,6 +39,27 @@ Why it is shaped this way
   always hand the connection one encoded form (plain, or ``encode(..., compress=True)``)
   and the connection converts it for its peer, once per encoded object, so a broadcast
   is compressed once however many peers it goes to.
+* **Frames can be authenticated** (issue #10, :mod:`dedupnet.auth`). A connection
+  with a :class:`~dedupnet.auth.Keyring` tags every message it sends with the keyring's
+  sending key (after compression: the tag covers the body as sent; once per encoded
+  object and key, so a broadcast is still signed once) and its decoder rejects any
+  message without a valid tag of an accepted key *before* the body is decompressed
+  or parsed (``bad_input{reason="bad-tag"}``, connection closed). A server is given a
+  keyring per role (``keyrings``: a center's hosts and control clients use the LAN
+  key, its peer centers the peer key): the Register must verify under one of them and
+  its role must be one whose keyring verified it; from then on the connection uses
+  that keyring only. A role without a keyring is served as before (untagged).
+* **Limits against abuse** (issue #10). ``max_connections_per_source`` caps the
+  connections one source address may hold open (one more is closed at once, counted
+  ``handshake_failed{reason="too-many"}``); the handshake deadline bounds a client
+  that trickles its Register (slowloris) however slowly it sends; and each connection
+  may have token buckets on the bytes and the messages it receives
+  (``max_bytes_per_s``, ``max_messages_per_s``, each with a burst). A connection over
+  its rate is *throttled*, not closed: its reader stops reading until the bucket has
+  refilled (counted ``throttled{what}``), so TCP flow control slows the sender down and
+  a flood costs the daemon at most the configured rate. Throttling rather than closing
+  because a legitimate burst (a host catching up after a reconnect) must only be
+  delayed, never dropped; a peer that sends garbage is closed by the decoder anyway.
 * **Every wait has a deadline**: connect, handshake, each send, the writer's
   ``send_all``, the best-effort error and the flush on close. The one exception is
   :meth:`Connection.receive`, which waits as long as its caller wants (pass ``timeout=``
@@ -78,9 +99,19 @@ Counters (in the :class:`~dedupnet.metrics.Counters` passed in)
 ``send_timeout``                         send / the writer waited past ``send_timeout``
 ``connections_accepted``                 server: TCP connections accepted
 ``handshake_failed{reason}``             server: timeout, not-register, bad-role,
-                                         source-mismatch, closed, bad-input
+                                         source-mismatch, closed, bad-input,
+                                         too-many (max_connections_per_source)
+``throttled{what}``                      a receive waited for a rate limit (``bytes``,
+                                         ``messages``)
+``key_reloads``, ``key_reload_failed``   :func:`watch_keyrings`: key files re-read
 ``handler_error``                        server: a handler raised (logged with traceback)
 ``connected``, ``connect_failed``        client: connections made / attempts failed
+``handshake_failed{reason="tls"}``       TLS (dedupnet/tls.py): the TLS handshake failed (wrong
+                                         CA, no client certificate, not TLS), or a plain
+                                         connection for a role that must use TLS; both sides
+``handshake_failed{reason="wrong-network"}``  the peer's certificate names another network
+``tls_bytes_sent``, ``tls_bytes_received``  TCP bytes of TLS connections (records, handshakes)
+``tls_payload_sent``                     the part of ``bytes_sent`` that went inside TLS
 ``session_error``                        client: ``on_connected`` raised (logged)
 =======================================  =======================================================
 """
@@ -92,6 +123,7 @@ import dataclasses
 import ipaddress
 import logging
 import random
+import ssl
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -100,9 +132,11 @@ from typing import Any
 
 import trio
 
+from .auth import Keyring
 from .errors import ProtocolError
 from .messages import COMPRESSIONS, MAX_URLS, Error, Frame, Kind, Message, Register, Welcome, normalize_ip
 from .metrics import Counters
+from .tls import ServerTLS, TLSRefused, expected_uri_problem, sniff_tls, ssl_error_text, wrap
 from .wire import (
     COMPRESS_MIN_BODY,
     DEFAULT_MAX_FRAME_SIZE,
@@ -123,6 +157,8 @@ __all__ = [
     "serve",
     "connect",
     "connect_forever",
+    "TokenBucket",
+    "watch_keyrings",
 ]
 
 log = logging.getLogger("dedupnet.transport")
@@ -197,6 +233,54 @@ def _recode(data: bytes, compress: bool) -> bytes:
     return out
 
 
+_SIGNED: OrderedDict[tuple[int, int, int], tuple[bytes, Keyring, bytes]] = OrderedDict()
+
+
+def _signed(data: bytes, keyring: Keyring) -> bytes:
+    """``data`` tagged with ``keyring``'s sending key, once per object and key (a
+    broadcast signs once for all the peers of one keyring, as it compresses once)."""
+    key = (id(data), id(keyring), keyring.send_id)
+    hit = _SIGNED.get(key)
+    if hit is not None and hit[0] is data and hit[1] is keyring:
+        _SIGNED.move_to_end(key)
+        return hit[2]
+    out = keyring.sign(data)
+    _SIGNED[key] = (data, keyring, out)
+    if len(_SIGNED) > _RECODED_MAX:
+        _SIGNED.popitem(last=False)
+    return out
+
+
+class TokenBucket:
+    """A token bucket (sans-I/O: the caller passes the time): ``rate`` tokens a second
+    up to ``burst``. :meth:`take` may leave it in debt; :meth:`wait` says how long until
+    the debt is paid."""
+
+    __slots__ = ("rate", "burst", "tokens", "last")
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        if rate <= 0 or burst <= 0:
+            raise ValueError("rate and burst must be positive")
+        self.rate = rate
+        self.burst = burst
+        self.tokens = burst
+        self.last = now
+
+    def _refill(self, now: float) -> None:
+        if now > self.last:
+            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+            self.last = now
+
+    def take(self, n: float, now: float) -> None:
+        self._refill(now)
+        self.tokens -= n
+
+    def wait(self, now: float) -> float:
+        """Seconds until the bucket is out of debt (0 if it is not in debt)."""
+        self._refill(now)
+        return -self.tokens / self.rate if self.tokens < 0 else 0.0
+
+
 def _sent_kinds(data: bytes) -> list[str]:
     """The kinds of the messages in ``data`` (normally one), from their headers: byte 3 of
     each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
@@ -209,11 +293,22 @@ def _sent_kinds(data: bytes) -> list[str]:
     return kinds or ["unknown"]
 
 
+def _socket_of(stream: trio.abc.Stream) -> Any:
+    """The socket under a stream: a SocketStream's own, or the one under an SSLStream
+    (its ``transport_stream``, possibly a counting wrapper with a ``socket``)."""
+    while not hasattr(stream, "socket"):
+        stream = stream.transport_stream  # AttributeError: a stream with no socket under it
+    return stream.socket
+
+
 class Connection:
     """One framed TCP connection: decoding receiver, bounded queue, writer task.
 
     Attributes:
-        stream: the :class:`trio.SocketStream`.
+        stream: the :class:`trio.SocketStream`, or a :class:`trio.SSLStream` over one
+            (dedupnet/tls.py); the peer address is always the socket's.
+        tls: whether the connection is TLS; ``peer_cert``: the peer's verified
+            certificate (:meth:`ssl.SSLSocket.getpeercert`), ``{}`` without one.
         peer_ip: the remote address, canonical text (the identity ``verify_source`` checks).
         peer: ``ip:port`` of the remote end, for log lines.
         register: the peer's :class:`Register` once the handshake accepted it (server
@@ -226,6 +321,8 @@ class Connection:
         compression: the compression negotiated with the peer (``"zstd"``), or None:
             then only plain bodies are sent to it, and a compressed one from it is
             bad input.
+        keyring: the :class:`~dedupnet.auth.Keyring` that tags what is sent and must
+            verify what is received, or None (no authentication on this connection).
 
     Use it as an async context manager (see the module docstring); the writer runs only
     inside the ``async with`` block. Messages queued before entering are sent once the
@@ -234,7 +331,7 @@ class Connection:
 
     def __init__(
         self,
-        stream: trio.SocketStream,
+        stream: trio.abc.Stream,
         *,
         counters: Counters,
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
@@ -244,12 +341,20 @@ class Connection:
         close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
         error_timeout: float = DEFAULT_ERROR_TIMEOUT,
         compress: bool = True,
+        keyring: Keyring | None = None,
+        max_bytes_per_s: float | None = None,
+        burst_bytes: float | None = None,
+        max_messages_per_s: float | None = None,
+        burst_messages: float | None = None,
     ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
         self.stream = stream
         self.counters = counters
-        address = stream.socket.getpeername()  # OSError if the peer is already gone
+        self._socket = _socket_of(stream)
+        self.tls = isinstance(stream, trio.SSLStream)
+        self.peer_cert: dict | None = stream.getpeercert() if self.tls else None
+        address = self._socket.getpeername()  # OSError if the peer is already gone
         self.peer_ip = _peer_ip(address)
         port = address[1] if isinstance(address, tuple) and len(address) > 1 else 0
         self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
@@ -262,7 +367,15 @@ class Connection:
         self.compression: str | None = None
         self._offered = False  # client: our Register offered compression
         self._welcomed = False  # client: the server's Welcome arrived
-        self._decoder = Decoder(max_frame_size, max_urls, allow_compressed=False)
+        #: Tags what we send and is required on what we receive (None: no authentication).
+        self.keyring = keyring
+        self._decoder = Decoder(max_frame_size, max_urls, allow_compressed=False, keyring=keyring)
+        now = trio.current_time()
+        # A burst must hold at least one whole frame of the largest size, or it could never be read.
+        self._byte_bucket = None if not max_bytes_per_s else TokenBucket(
+            max_bytes_per_s, max(burst_bytes or max_bytes_per_s, HEADER_SIZE + max_frame_size + 255), now)
+        self._message_bucket = None if not max_messages_per_s else TokenBucket(
+            max_messages_per_s, max(burst_messages or max_messages_per_s, 1), now)
         self._compressed_seen = 0
         self._send_ch, self._recv_ch = trio.open_memory_channel[bytes](max_queue)
         self._urgent: bytes | None = None  # the priority lane: one slot, newest wins
@@ -331,7 +444,7 @@ class Connection:
         self._urgent = self._held = None
         self._send_ch.close()
         self._recv_ch.close()  # frees the queued bytes now
-        self.stream.socket.close()
+        self._socket.close()
 
     async def aclose(self, *, flush_timeout: float | None = None) -> None:
         """Close the connection, first letting the writer send what is queued for up to
@@ -359,7 +472,7 @@ class Connection:
             self._close_now("local")
             await trio.lowlevel.checkpoint()
             return
-        data = encode(Error(reason, message[:MAX_ERROR_MESSAGE]))
+        data = self._prepare(encode(Error(reason, message[:MAX_ERROR_MESSAGE])))
         try:
             with trio.move_on_after(self.error_timeout):
                 if self._writer_running:
@@ -372,7 +485,8 @@ class Connection:
                     await self.stream.send_all(data)
                     self._count_sent(data)
                 if not self._closed:
-                    await self.stream.send_eof()
+                    if hasattr(self.stream, "send_eof"):  # TLS has no half-close: read until the peer closes
+                        await self.stream.send_eof()
                     await self._linger()
         except (trio.WouldBlock, trio.BrokenResourceError, trio.ClosedResourceError,
                 trio.BusyResourceError, OSError):
@@ -407,9 +521,13 @@ class Connection:
     async def _receive(self) -> Message:
         decoder = self._decoder
         while True:
+            if self._byte_bucket is not None or self._message_bucket is not None:
+                await self._throttle()
             try:
                 msg = decoder.next_message()
                 if msg is not NEED_DATA:
+                    if self._message_bucket is not None:
+                        self._message_bucket.take(1, trio.current_time())
                     self._count_received(msg)
                     if type(msg) is Welcome:  # the transport's own: never handed out
                         self._on_welcome(msg)
@@ -427,10 +545,30 @@ class Connection:
                     self._close_now("eof")
                     raise ConnectionClosed(f"{self.peer} closed the connection")
                 self.counters.inc("bytes_received", len(data))
+                if self._byte_bucket is not None:
+                    self._byte_bucket.take(len(data), trio.current_time())
                 decoder.feed(data)
             except ProtocolError as exc:
                 await self._bad_input(exc)
                 raise ConnectionClosed(f"bad input from {self.peer}: {exc.reason}") from exc
+
+    async def _throttle(self) -> None:
+        """Wait while a rate limit is in debt (before decoding or reading more: a cancel
+        here loses nothing, the bytes stay in the decoder or the socket)."""
+        for what, bucket in (("bytes", self._byte_bucket), ("messages", self._message_bucket)):
+            if bucket is None:
+                continue
+            wait = bucket.wait(trio.current_time())
+            if wait > 0:
+                self.counters.inc("throttled", what=what)
+                log.debug("%s is over its %s rate: not reading for %.3f s", self.peer, what, wait)
+                await trio.sleep(wait)
+
+    def _use_keyring(self, keyring: Keyring | None) -> None:
+        """Server side, after the handshake: this connection's keyring from now on."""
+        self.keyring = keyring
+        self._decoder.verify_tag = keyring.verify if keyring is not None else None
+        self._decoder.tag_len_required = keyring.tag_len if keyring is not None else None
 
     def _negotiated(self, compression: str) -> None:
         self.compression = compression
@@ -474,8 +612,12 @@ class Connection:
     def _prepare(self, data: bytes) -> bytes:
         """The form of ``data`` this peer gets: compressed if negotiated (and the body is
         large enough), plain otherwise. Converted once per object, so a broadcast of one
-        encoded frame is compressed (or decompressed for old peers) once."""
-        return _recode(data, self.compression is not None)
+        encoded frame is compressed (or decompressed for old peers) once; then tagged
+        with this connection's keyring, if any (once per converted object and key)."""
+        data = _recode(data, self.compression is not None)
+        if self.keyring is not None:
+            data = _signed(data, self.keyring)
+        return data
 
     def send_nowait(self, data: bytes) -> bool:
         """Queue encoded bytes (one message) for the writer; never blocks.
@@ -546,6 +688,8 @@ class Connection:
         for kind in _sent_kinds(data):
             self.counters.inc("frames_sent", kind=kind)
         self.counters.inc("bytes_sent", len(data))
+        if self.tls:
+            self.counters.inc("tls_payload_sent", len(data))
         if is_compressed(data):
             self.counters.inc("compressed_sent")
 
@@ -614,8 +758,39 @@ class Connection:
 # --- server -------------------------------------------------------------------------------
 
 
+class _HandshakeTags:
+    """The decoder's tag check until the Register has said which role (and so which
+    keyring) a connection has: a tag must verify under one of the keyrings of the
+    accepted roles; an untagged Register passes only if some accepted role has no
+    keyring. :attr:`verified` holds the keyrings that verified it."""
+
+    def __init__(self, keyrings: dict[str, Keyring], accept_roles: tuple[str, ...]) -> None:
+        self.rings = list({id(k): k for role, k in keyrings.items() if role in accept_roles}.values())
+        self.open_roles = any(role not in keyrings for role in accept_roles)
+        self.verified: list[Keyring] = []
+        self.tagged = False
+
+    def __call__(self, header_and_body: bytes, tag: bytes) -> None:
+        self.verified = []
+        self.tagged = bool(tag)
+        if not tag and self.open_roles:
+            return
+        error: ProtocolError | None = None
+        for ring in self.rings:
+            try:
+                ring.verify(header_and_body, tag)
+            except ProtocolError as exc:
+                error = exc if error is None or ring.knows(tag) else error
+            else:
+                self.verified.append(ring)
+        if not self.verified:
+            raise error or ProtocolError("message without a tag, and every role here needs one", "bad-tag")
+
+
 async def _handshake(
-    conn: Connection, handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...]
+    conn: Connection, handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...],
+    keyrings: dict[str, Keyring] | None = None, tags: _HandshakeTags | None = None,
+    tls: ServerTLS | None = None,
 ) -> Register | None:
     """The peer's Register if acceptable; otherwise log, count, tell the peer, close."""
     counters = conn.counters
@@ -638,19 +813,76 @@ async def _handshake(
         reason, text = "bad-role", f"role {msg.role!r} is not accepted here (accepting {', '.join(accept_roles)})"
     elif verify_source and msg.IP != conn.peer_ip:
         reason, text = "source-mismatch", f"register IP {msg.IP} is not the connection's source address {conn.peer_ip}"
+    elif keyrings and tags is not None and msg.role in keyrings and keyrings[msg.role] not in tags.verified:
+        # Tagged with another role's key (or untagged, where another role needs no key).
+        reason = "bad-input"
+        text = f"register of role {msg.role!r} is not tagged with that role's key"
+        log.warning("bad input from %s: bad-tag: %s", conn.peer, text)
+        counters.inc("bad_input", reason="bad-tag")
+        counters.inc("handshake_failed", reason=reason)
+        await conn.close_with_error("bad-tag", text)
+        return None
+    elif tls is not None and (refused := tls.check(conn.tls, conn.peer_cert, msg.role, msg.network, msg.IP)):
+        reason, text = refused
     else:
         return msg
     log.warning("handshake with %s failed: %s: %s", conn.peer, reason, text)
     counters.inc("handshake_failed", reason=reason)
+    if tags is not None and tags.verified:  # a keyed client reads our Error only if it is tagged
+        conn._use_keyring(tags.verified[0])
     await conn.close_with_error(reason, text)
+    return None
+
+
+async def _accept_tls(stream: trio.SocketStream, tls: ServerTLS, counters: Counters,
+                      handshake_timeout: float) -> trio.abc.Stream | None:
+    """The stream to read from: an SSLStream after its handshake if the peer starts
+    with TLS, the stream itself if it speaks plain dedupnet (whether its role may is
+    decided at its Register); None if it failed (logged, counted, closed). Peek and
+    handshake together have ``handshake_timeout`` seconds (a slow client holds a
+    connection no longer than one that never registers)."""
+    try:
+        address = stream.socket.getpeername()
+        peer = f"{_peer_ip(address)}:{address[1]}"
+    except (OSError, IndexError, TypeError):
+        peer = "a client that left"
+    reason = text = None
+    with trio.move_on_after(handshake_timeout):
+        try:
+            is_tls = await sniff_tls(stream.socket)
+        except OSError as exc:
+            is_tls, reason, text = None, "closed", str(exc)
+        if is_tls is None:
+            reason, text = reason or "closed", text or "closed before the first byte"
+        elif not is_tls:
+            return stream
+        else:
+            ssl_stream = wrap(stream, tls.context, counters, server_side=True)
+            try:
+                await ssl_stream.do_handshake()
+                counters.inc("tls_handshakes")
+                return ssl_stream
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                reason, text = "tls", f"TLS handshake failed: {ssl_error_text(exc)}"
+    if reason is None:
+        reason, text = "timeout", f"no TLS handshake within {handshake_timeout:g} s"
+    log.warning("handshake with %s failed: %s: %s", peer, reason, text)
+    counters.inc("handshake_failed", reason=reason)
+    await trio.aclose_forcefully(stream)
     return None
 
 
 async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Counters,
                      handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...],
-                     conn_options: dict[str, Any]) -> None:
+                     conn_options: dict[str, Any], keyrings: dict[str, Keyring] | None = None,
+                     tls: ServerTLS | None = None) -> None:
     """One accepted connection: handshake, handler, close. Never raises except Cancelled."""
     try:
+        if tls is not None:
+            accepted = await _accept_tls(stream, tls, counters, handshake_timeout)
+            if accepted is None:
+                return
+            stream = accepted
         try:
             conn = Connection(stream, counters=counters, **conn_options)
         except OSError as exc:  # the peer left before we could look at it
@@ -659,10 +891,17 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Coun
             await trio.aclose_forcefully(stream)
             return
         counters.inc("connections_accepted")
+        tags = None
+        if keyrings:
+            tags = _HandshakeTags(keyrings, accept_roles)
+            conn._decoder.verify_tag = tags
+            conn._decoder.tag_len_required = None if tags.open_roles else tags.rings[0].tag_len
         async with conn:
-            register = await _handshake(conn, handshake_timeout, verify_source, accept_roles)
+            register = await _handshake(conn, handshake_timeout, verify_source, accept_roles, keyrings, tags, tls)
             if register is None:
                 return
+            if keyrings:
+                conn._use_keyring(keyrings.get(register.role))
             conn.register = register
             log.info("%s registered: role %s, network %d, listen %s", conn.peer, register.role,
                      register.network, register.listen)
@@ -702,6 +941,13 @@ async def serve(
     send_timeout: float = DEFAULT_SEND_TIMEOUT,
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     compress: bool = True,
+    keyrings: dict[str, Keyring] | None = None,
+    max_connections_per_source: int | None = None,
+    max_bytes_per_s: float | None = None,
+    burst_bytes: float | None = None,
+    max_messages_per_s: float | None = None,
+    burst_messages: float | None = None,
+    tls: ServerTLS | None = None,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Listen on ``host:port`` and run ``await handler(conn)`` per registered connection.
@@ -718,23 +964,99 @@ async def serve(
     returned. Any other exception is logged with its traceback and counted
     (``handler_error``); it ends that connection only.
 
+    With ``tls`` (:class:`dedupnet.tls.ServerTLS`) a client that starts with a TLS
+    handshake gets one (within ``handshake_timeout``; failures are
+    ``handshake_failed{reason="tls"}``), a plain client is refused at its Register if
+    its role must use TLS, and a certificate that names another network is refused
+    (``wrong-network``): ``tls.check``.
+
     ``port`` 0 picks a free port; the bound port is reported through ``task_status``:
     ``port = await nursery.start(partial(serve, counters=c), "127.0.0.1", 0, handler)``.
     ``host`` None listens on all addresses (IPv4 and IPv6; peers' IPv4-mapped addresses
     are reported as IPv4). Runs until cancelled.
+
+    ``keyrings`` (role -> :class:`~dedupnet.auth.Keyring`): the roles that must tag
+    every message (see the module docstring); a Register tagged with no accepted key,
+    or not with its own role's key, is ``bad_input{reason="bad-tag"}`` and refused.
+    ``max_connections_per_source``: connections one source IP may have open at once (a
+    further one is closed at once, counted ``handshake_failed{reason="too-many"}``);
+    ``max_bytes_per_s`` / ``max_messages_per_s`` (with their bursts) throttle what each
+    connection is read at (:class:`TokenBucket`). None: no limit.
     """
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     log.info("listening on %s:%d", host or "*", bound)
     conn_options = dict(max_frame_size=max_frame_size, max_urls=max_urls, max_queue=max_queue,
-                        send_timeout=send_timeout, close_timeout=close_timeout, compress=compress)
+                        send_timeout=send_timeout, close_timeout=close_timeout, compress=compress,
+                        max_bytes_per_s=max_bytes_per_s, burst_bytes=burst_bytes,
+                        max_messages_per_s=max_messages_per_s, burst_messages=burst_messages)
     accept_roles = tuple(accept_roles)
+    keyrings = {role: ring for role, ring in (keyrings or {}).items() if ring is not None} or None
+    per_source: dict[str, int] = {}
+    refused = _RefusedLog()
 
     async def on_accept(stream: trio.SocketStream) -> None:
-        await _serve_one(stream, handler, counters, handshake_timeout, verify_source, accept_roles, conn_options)
+        source = None
+        if max_connections_per_source is not None:
+            try:
+                source = _peer_ip(stream.socket.getpeername())
+            except OSError:
+                source = None
+            if source is not None and per_source.get(source, 0) >= max_connections_per_source:
+                counters.inc("handshake_failed", reason="too-many")
+                refused.note(source, max_connections_per_source)
+                await trio.aclose_forcefully(stream)
+                return
+            if source is not None:
+                per_source[source] = per_source.get(source, 0) + 1
+        try:
+            await _serve_one(stream, handler, counters, handshake_timeout, verify_source, accept_roles,
+                             conn_options, keyrings, tls)
+        finally:
+            if source is not None:
+                left = per_source[source] - 1
+                if left:
+                    per_source[source] = left
+                else:
+                    del per_source[source]
 
     task_status.started(bound)
     await trio.serve_listeners(on_accept, listeners)
+
+
+class _RefusedLog:
+    """Log refused connections at most once per 5 s (a flood must not flood the log)."""
+
+    def __init__(self) -> None:
+        self.last = -float("inf")
+        self.unlogged = 0
+
+    def note(self, source: str, cap: int) -> None:
+        self.unlogged += 1
+        now = trio.current_time()
+        if now - self.last >= 5.0:
+            log.warning("refused a connection from %s: it has %d open already (max_connections_per_source); "
+                        "%d refused since the last report", source, cap, self.unlogged)
+            self.last = now
+            self.unlogged = 0
+
+
+async def watch_keyrings(keyrings: list[Keyring | None], counters: Counters, interval: float = 1.0) -> None:
+    """Re-read the key files of ``keyrings`` every ``interval`` seconds (runs until
+    cancelled): rotation without a restart (dedupnet/auth.py). A poll rather than
+    SIGHUP: it works the same for a daemon under systemd, in a container whose key is a
+    mounted secret, and for the many daemons of one ``dedupnet sim`` process."""
+    rings = list({id(r): r for r in keyrings if r is not None and r.path is not None}.values())
+    if not rings:
+        return
+    while True:
+        await trio.sleep(interval)
+        for ring in rings:
+            errors = ring.reload_errors
+            if ring.reload():
+                counters.inc("key_reloads")
+            if ring.reload_errors != errors:
+                counters.inc("key_reload_failed")
 
 
 # --- client -------------------------------------------------------------------------------
@@ -754,8 +1076,17 @@ async def connect(
     send_timeout: float = DEFAULT_SEND_TIMEOUT,
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT,
     compress: bool = True,
+    keyring: Keyring | None = None,
+    tls_context: ssl.SSLContext | None = None,
+    expect_uri: str | None = None,
 ) -> Connection:
     """Connect to ``host:port`` from ``local_ip`` (if given) and send ``register`` first.
+
+    With ``tls_context`` the connection is TLS (handshake within ``connect_timeout``),
+    and with ``expect_uri`` the server's certificate must name it (dedupnet/tls.py:
+    ``dedupnet://network/<N>``); otherwise :class:`dedupnet.tls.TLSRefused` (an
+    OSError) is raised, logged and counted (``handshake_failed{reason="tls"}`` or
+    ``"wrong-network"``).
 
     With ``compress`` the Register offers ``zstd`` (unless ``register`` already carries an
     offer; without ``compress`` any offer is removed); the server's :class:`Welcome`,
@@ -769,22 +1100,29 @@ async def connect(
     ``connect_timeout``). A server that rejects the Register answers with an
     :class:`Error` message and closes; :meth:`Connection.receive` returns that Error and
     then raises ConnectionClosed.
+
+    With ``keyring`` every message is tagged with its sending key (the Register too)
+    and everything the server sends must carry a valid tag of an accepted key.
     """
     try:
         with trio.fail_after(connect_timeout):
             stream = await trio.open_tcp_stream(host, port, local_address=local_ip)
     except trio.TooSlowError:
         raise TimeoutError(f"connecting to {host}:{port} took more than {connect_timeout:g} s") from None
+    if tls_context is not None:
+        stream = await _connect_tls(stream, tls_context, expect_uri, counters, connect_timeout, f"{host}:{port}")
     try:
         conn = Connection(stream, counters=counters, max_frame_size=max_frame_size, max_urls=max_urls,
                           max_queue=max_queue, send_timeout=send_timeout, close_timeout=close_timeout,
-                          compress=compress)
+                          compress=compress, keyring=keyring)
         if not compress:
             register = dataclasses.replace(register, compress=None)
         elif register.compress is None:
             register = dataclasses.replace(register, compress=COMPRESSIONS)
         conn._offered = register.compress is not None
         data = encode(register)
+        if keyring is not None:
+            data = keyring.sign(data)
         with trio.fail_after(connect_timeout):
             await stream.send_all(data)
         conn._count_sent(data)
@@ -800,6 +1138,35 @@ async def connect(
     conn.register = register
     counters.inc("connected")
     return conn
+
+
+async def _connect_tls(stream: trio.SocketStream, context: ssl.SSLContext, expect_uri: str | None,
+                       counters: Counters, timeout: float, where: str) -> trio.SSLStream:
+    """The client side of TLS: handshake under a deadline, then the server's
+    certificate must name ``expect_uri``. Raises TLSRefused / TimeoutError (closed)."""
+    ssl_stream = wrap(stream, context, counters, server_side=False)
+    try:
+        with trio.fail_after(timeout):
+            await ssl_stream.do_handshake()
+    except trio.TooSlowError:
+        await trio.aclose_forcefully(stream)
+        counters.inc("handshake_failed", reason="timeout")
+        raise TimeoutError(f"TLS handshake with {where} took more than {timeout:g} s") from None
+    except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+        await trio.aclose_forcefully(stream)
+        counters.inc("handshake_failed", reason="tls")
+        raise TLSRefused("tls", f"TLS handshake with {where} failed: {ssl_error_text(exc)}") from None
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    problem = expected_uri_problem(ssl_stream.getpeercert(), expect_uri) if expect_uri else None
+    if problem is not None:
+        log.warning("refusing %s: it should be %s, but %s", where, expect_uri, problem)
+        counters.inc("handshake_failed", reason="wrong-network")
+        await trio.aclose_forcefully(ssl_stream)
+        raise TLSRefused("wrong-network", f"{where}: {problem}")
+    counters.inc("tls_handshakes")
+    return ssl_stream
 
 
 _jitter = random.Random()

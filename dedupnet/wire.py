@@ -16,14 +16,16 @@ flag bit 0 says so) and an optional authentication tag::
                               8 welcome
          4     4  body_len    uint32, big-endian: bytes of body after the header (as sent:
                               compressed if FLAG_ZSTD)
-         8     1  tag_len     bytes of authentication tag after the body (0 today;
-                              an HMAC tag later). The tag is not part of body_len.
+         8     1  tag_len     bytes of authentication tag after the body: 0 (no key),
+                              or 18 with a key (dedupnet/auth.py: a 2-byte key id and
+                              16 bytes of HMAC-SHA256). Not part of body_len.
          9     1  flags       bit 0 (FLAG_ZSTD): the body is one zstd frame that declares
                               its content size; bits 1-7 must be zero
         10     6  reserved    must be zero
         16     -  body        body_len bytes: a JSON object valid against
                               schemas/<kind>.schema.json (after decompression)
-    16+body    -  tag         tag_len bytes (computed over header and body as sent)
+    16+body    -  tag         tag_len bytes (computed over header and body as sent):
+                              key id (uint16) + HMAC-SHA256(secret, header+body)[:16]
 
 All integers are big-endian (network order). A frame's total size is
 ``16 + body_len + tag_len``; the receiver's ``max_frame_size`` limits ``body_len``
@@ -51,6 +53,10 @@ bad-version      version byte is not 1
 bad-kind         kind byte is not a known :class:`~dedupnet.messages.Kind`
 bad-header       a reserved byte is not zero, an unknown flag bit is set, or FLAG_ZSTD
                  on a decoder that does not allow compressed bodies (not negotiated)
+bad-tag          a decoder with a keyring: tag_len is not the keyring's (checked with
+                 the header, before the body is buffered), or the tag names a key id
+                 not accepted or does not verify (checked before the body is
+                 decompressed or parsed)
 too-large        body_len > max_frame_size, or a compressed body that declares (or
                  would decompress to) more than max_frame_size bytes
 bad-compression  FLAG_ZSTD body that is not exactly one valid zstd frame declaring
@@ -332,6 +338,12 @@ class Decoder:
     frame before its body is parsed (or decompressed); it raises :class:`ProtocolError` to
     reject it. The tag of the last message returned is :attr:`last_tag`.
 
+    ``keyring`` (a :class:`dedupnet.auth.Keyring`, issue #10): every message must carry
+    its tag. Sets ``verify_tag`` to ``keyring.verify`` and :attr:`tag_len_required` to
+    its tag length, which is checked as soon as the header is complete (an untagged
+    message is ``bad-tag`` before a byte of its body is buffered). Both are attributes:
+    the transport changes them once a handshake says which keyring a connection uses.
+
     ``allow_compressed`` (an attribute; the transport sets it once compression is
     negotiated): whether a FLAG_ZSTD body is accepted, else it is ``bad-header``. A
     compressed body is limited to ``max_frame_size`` both as received and decompressed.
@@ -346,8 +358,9 @@ class Decoder:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         max_urls: int = MAX_URLS,
         *,
-        verify_tag: Callable[[bytes, bytes], None] | None = None,
+        verify_tag: Callable[[bytes, bytes], object] | None = None,
         allow_compressed: bool = True,
+        keyring: object | None = None,
     ) -> None:
         if not 1 <= max_frame_size <= MAX_BODY:
             raise ValueError(f"max_frame_size must be 1..{MAX_BODY}, got {max_frame_size}")
@@ -356,6 +369,11 @@ class Decoder:
         self.max_frame_size = max_frame_size
         self.max_urls = max_urls
         self.verify_tag = verify_tag
+        #: With a keyring: the tag length every message must have (checked with the header).
+        self.tag_len_required: int | None = None
+        if keyring is not None:
+            self.verify_tag = keyring.verify  # type: ignore[attr-defined]
+            self.tag_len_required = keyring.tag_len  # type: ignore[attr-defined]
         self.allow_compressed = allow_compressed
         self.last_tag = b""
         self.messages = 0  # messages returned so far
@@ -493,6 +511,9 @@ class Decoder:
         if flags & FLAG_ZSTD and not self.allow_compressed:
             raise ProtocolError("compressed body (flag bit 0) but compression was not negotiated on this "
                                 "connection", "bad-header")
+        if self.tag_len_required is not None and tag_len != self.tag_len_required:
+            raise ProtocolError(f"{Kind(kind).name.lower()} has a tag of {tag_len} bytes, expected an HMAC tag of "
+                                f"{self.tag_len_required} (sent without this LAN's key?)", "bad-tag")
         if body_len > self.max_frame_size:
             raise ProtocolError(f"{Kind(kind).name.lower()} body of {body_len} bytes exceeds the limit of "
                                 f"{self.max_frame_size}", "too-large")
@@ -548,10 +569,10 @@ class Decoder:
 
 def decode_one(
     data: bytes, *, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, max_urls: int = MAX_URLS,
-    allow_compressed: bool = True,
+    allow_compressed: bool = True, keyring: object | None = None,
 ) -> Message:
     """Decode exactly one complete frame (for tests and conformance vectors)."""
-    decoder = Decoder(max_frame_size, max_urls, allow_compressed=allow_compressed)
+    decoder = Decoder(max_frame_size, max_urls, allow_compressed=allow_compressed, keyring=keyring)
     decoder.feed(data)
     msg = decoder.next_message()
     if msg is NEED_DATA:

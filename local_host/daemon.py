@@ -17,12 +17,14 @@ import trio
 
 from dedupnet import wire
 from dedupnet.aio import AsyncStore
+from dedupnet.auth import keyring_from
 from dedupnet.messages import Ack, Heartbeat, Register, Task
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.numbers import host_id_from_ip
 from dedupnet.runtime import Reactor, control_session, until_stored
 from dedupnet.store import URL_POOL, Store
-from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve
+from dedupnet.tls import TLSConfig, center_uri, client_context
+from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as hp
 from .crawler import Crawler, CrawlerSettings
@@ -65,6 +67,14 @@ class LocalSettings:
     #: Fault injection for tests and the simulation: every protocol message this host
     #: sends waits this long first, as from a host too busy to answer in time. 0 in use.
     send_delay: float = 0.0
+    #: The LAN key file (dedupnet/auth.py, issue #10): every message to and from the
+    #: center is tagged; also required of ``dedupnet status`` clients. None: untagged.
+    lan_key_file: str | None = None
+    #: Seconds between two reads of the key file (rotation without a restart).
+    key_poll_interval: float = 1.0
+    #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
+    #: host's network (dedupnet/tls.py). None or without lan_tls: plain TCP.
+    tls: TLSConfig | None = None
 
 
 class LocalDaemon:
@@ -89,6 +99,8 @@ class LocalDaemon:
         #: Called with the entries the walker takes from URL_pool (the simulation times
         #: discovery-to-admission latency with it).
         self.on_found: Callable[[list[tuple[bytes, str]]], None] | None = None
+        #: The LAN's keyring (None: not authenticated), re-read while running.
+        self.lan_keyring = keyring_from(settings.lan_key_file)
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await until_stored(self.store, self.counters, self.pools.setup)
@@ -107,16 +119,24 @@ class LocalDaemon:
                 await nursery.start(serve_metrics, self.counters, *s.metrics)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if self.crawler is not None:
                 await nursery.start(self._run_crawler)
                 if s.seeds:
                     log.info("%d seeds into URL_pool", await self.crawler.seed(s.seeds))
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
-                max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress))
+                max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress, keyring=self.lan_keyring,
+                **self._center_tls()))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
             task_status.started(self.port)
+
+    def _center_tls(self) -> dict:
+        tls = self.settings.tls
+        if tls is None or not tls.lan_tls:
+            return {}
+        return {"tls_context": client_context(tls), "expect_uri": center_uri(self.settings.network)}
 
     async def _run_crawler(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with self.crawler_scope:
@@ -124,7 +144,8 @@ class LocalDaemon:
 
     async def _serve_status(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.listen_port, lambda conn: control_session(conn, self.status),
-                    counters=self.counters, accept_roles=("control",), task_status=task_status)
+                    counters=self.counters, accept_roles=("control",), keyrings={"control": self.lan_keyring},
+                    task_status=task_status)
 
     async def _session(self, conn: Connection) -> None:
         self.conn = conn

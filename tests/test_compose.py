@@ -30,11 +30,16 @@ EXPECTED_SUBNETS = {"lan1": "10.1.0.0/24", "lan2": "10.2.0.0/24", WAN: "10.0.0.0
 
 # Flags of each daemon as the compose file uses them: required, and the repeatable ones.
 DAEMON_FLAGS = {
-    "center": {"required": {"--network", "--listen", "--lan", "--peer", "--metrics", "--redis", "--prefix"},
+    "center": {"required": {"--network", "--listen", "--lan", "--peer", "--metrics", "--redis", "--prefix",
+                            "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls"},
                "repeatable": {"--peer"}},
-    "local": {"required": {"--network", "--ip", "--center", "--lan", "--listen", "--redis", "--prefix"},
+    "local": {"required": {"--network", "--ip", "--center", "--lan", "--listen", "--redis", "--prefix",
+                           "--tls-ca", "--lan-tls"},
               "repeatable": set()},
 }
+#: Flags that take no value (parse_flags records them as "true").
+SWITCHES = {"--lan-tls"}
+CERTS_DIR = "/certs"
 
 
 # -- reading the file ------------------------------------------------------------------
@@ -59,6 +64,11 @@ def parse_flags(argv: list[str], repeatable: set[str]) -> dict[str, list[str]]:
         flag = rest.pop(0)
         if not re.fullmatch(r"--[a-z][a-z0-9-]*", flag):
             raise ValueError(f"expected a --flag, got {flag!r} in {argv}")
+        if flag in SWITCHES:
+            if flag in flags:
+                raise ValueError(f"{flag} given twice in {argv}")
+            flags[flag] = ["true"]
+            continue
         if not rest or rest[0].startswith("--"):
             raise ValueError(f"{flag} has no value in {argv}")
         if flag in flags and flag not in repeatable:
@@ -90,6 +100,9 @@ class Deployment:
             if argv[:1] == ["dedupnet"] and len(argv) > 1 and argv[1] in DAEMON_FLAGS:
                 self.role[name] = argv[1]
                 self.flags[name] = parse_flags(argv[2:], DAEMON_FLAGS[argv[1]]["repeatable"])
+            elif argv[:2] == ["dedupnet", "certs"]:
+                self.role[name] = "certs"
+                self.flags[name] = parse_flags(argv[2:], set())
             elif str(svc.get("image", "")).startswith(("redis", "valkey")):
                 self.role[name] = "redis"
             else:
@@ -266,6 +279,42 @@ def test_depends_on_names_existing_services(dep):
     for name, svc in dep.services.items():
         for other in svc.get("depends_on", {}):
             assert other in dep.services, f"{name} depends on unknown service {other}"
+
+
+# -- TLS (issue #10) ---------------------------------------------------------------------
+
+
+def test_a_certs_service_makes_a_certificate_for_every_center_first(dep):
+    (certs,) = dep.of_role("certs")
+    argv = argv_of(dep.services[certs])
+    args = build_parser().parse_args(argv[1:])  # the real CLI accepts it
+    assert args.dir == CERTS_DIR
+    assert set(args.networks) == {int(dep.one(c, "--network")) for c in dep.of_role("center")}
+    assert dep.services[certs].get("restart") == "no", "a one-shot job, not a daemon"
+    assert f"certs:{CERTS_DIR}" in dep.services[certs]["volumes"]
+    assert "certs" in dep.doc["volumes"]
+    for name in dep.of_role("center"):
+        assert dep.services[name]["depends_on"]["certs"]["condition"] == "service_completed_successfully", name
+
+
+def test_centers_peer_over_tls_with_their_own_network_certificate(dep):
+    for name in dep.of_role("center"):
+        n = dep.one(name, "--network")
+        assert dep.one(name, "--tls-cert") == f"{CERTS_DIR}/center-{n}.pem", name
+        assert dep.one(name, "--tls-key") == f"{CERTS_DIR}/center-{n}-key.pem", name
+        assert dep.one(name, "--tls-ca") == f"{CERTS_DIR}/ca.pem", name
+
+
+def test_every_daemon_mounts_the_certificates_read_only_and_lans_use_tls(dep):
+    for name in dep.of_role("center") + dep.of_role("local"):
+        assert f"certs:{CERTS_DIR}:ro" in dep.services[name]["volumes"], name
+        assert dep.one(name, "--lan-tls") == "true", name
+        assert dep.one(name, "--tls-ca") == f"{CERTS_DIR}/ca.pem", name
+
+
+def test_the_image_lets_the_daemons_user_own_the_certs_volume():
+    text = (COMPOSE_DIR / "Dockerfile").read_text()
+    assert "chown dedupnet /certs" in text
 
 
 # -- the image -------------------------------------------------------------------------
