@@ -114,20 +114,29 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
             plan = assign_seeds([h.name for h in hosts], seeds)
             for ip, urls in plan.items():
                 await trio.to_thread.run_sync(simproc._push, redis_url, by_ip[ip].prefix, urls)
+            victim = spiders[0]
+
+            async def kill_when_it_holds_tasks() -> None:
+                # Looked at every 20 ms, apart from the quiescence polls (which take a
+                # while): a fast spider holds its leases only for moments.
+                nonlocal killed
+                while not killed:
+                    await trio.sleep(0.02)
+                    if sum(victim.ip in by for by in web.answered_by.values()) >= kill_after:
+                        pending = server.xpending(f"{by_ip[victim.ip].prefix}:task_pool", GROUP)["pending"]
+                        if pending:
+                            killed = pending
+                            victim.stop(signal.SIGKILL)
+                            victim.start(env)
+
+            if kill_after is not None:
+                nursery.start_soon(kill_when_it_holds_tasks)
             quiet = 0
             with trio.move_on_after(60) as scope:
                 while quiet < 5:
                     await trio.sleep(0.2)
                     for s in spiders:
                         assert s.alive(), f"spider on {s.ip} exited:\n{s.log()[-3000:]}"
-                    victim = spiders[0]
-                    if kill_after is not None and not killed and sum(
-                            victim.ip in by for by in web.answered_by.values()) >= kill_after:
-                        pending = server.xpending(f"{by_ip[victim.ip].prefix}:task_pool", GROUP)["pending"]
-                        if pending:
-                            killed = pending
-                            victim.stop(signal.SIGKILL)
-                            victim.start(env)
                     st = await simproc._poll_all(daemons)
                     done = all(_scrapy_host_quiet(st[ip]) for ip in SCRAPY_HOSTS) and all(
                         simproc._quiet(d, st[d.name]) for d in daemons if d.name not in SCRAPY_HOSTS)
