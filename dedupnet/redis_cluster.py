@@ -75,6 +75,7 @@ from .store import (
     _encode_arg,
     is_cluster_url,
     pack_command,
+    read_replies,
 )
 
 log = logging.getLogger("dedupnet.redis_cluster")
@@ -712,14 +713,5 @@ class AsyncClusterStore(AsyncStore):
                 idle.pop().close()
 
 
-def _read(sock: socket.socket, replies: int) -> list:
-    reader = hiredis.Reader(replyError=ResponseError)
-    results: list = []
-    while len(results) < replies:
-        data = sock.recv(1 << 18)
-        if not data:
-            raise ConnectionError("connection closed by server")
-        reader.feed(data)
-        while (reply := reader.gets()) is not False:
-            results.append(reply)
-    return results
+#: Replies off a node's socket; a closed connection is an OSError here (the node is down).
+_read = functools.partial(read_replies, closed=ConnectionError)

@@ -113,6 +113,22 @@ MIN_BUCKET_BITS = 8
 MAX_BUCKET_BITS = 24
 
 
+def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnectionError) -> list:
+    """``replies`` replies read off a blocking socket with our own hiredis reader:
+    redis-py's per-reply path costs ~5 us a reply, and a batch has thousands. Nothing
+    is left unread on the connection; a connection the server closed raises ``closed``."""
+    reader = hiredis.Reader(replyError=ResponseError)
+    results: list = []
+    while len(results) < replies:
+        data = sock.recv(1 << 18)
+        if not data:
+            raise closed("connection closed by server")
+        reader.feed(data)
+        while (reply := reader.gets()) is not False:
+            results.append(reply)
+    return results
+
+
 def is_cluster_url(url: str | None) -> bool:
     """``redis+cluster://`` (or ``rediss+cluster://``): a Redis Cluster, see
     dedupnet/redis_cluster.py."""
@@ -360,21 +376,10 @@ class Store:
         conn = pool.get_connection()
         try:
             conn.send_packed_command([payload], check_health=False)
-            # Replies are parsed here with our own hiredis reader straight off the
-            # connection's socket: redis-py's per-reply path costs ~5 us a reply, and
-            # a batch has thousands. Nothing is left unread on the connection.
-            reader = hiredis.Reader(replyError=ResponseError)
-            results: list = []
             sock = conn._sock
             if sock is None:  # closed under us (the store is being closed): retry or give up
                 raise RedisConnectionError("connection closed")
-            while len(results) < replies:
-                data = sock.recv(1 << 18)
-                if not data:
-                    raise RedisConnectionError("connection closed by server")
-                reader.feed(data)
-                while (reply := reader.gets()) is not False:
-                    results.append(reply)
+            results = read_replies(sock, replies)
             self.round_trips += 1
             return raise_if_loading(results)
         except BaseException:
