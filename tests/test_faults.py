@@ -5,6 +5,7 @@ processes (dedupnet/simproc.py, dedupnet/procfaults.py): 0 duplicates, 0 lost, q
 import io
 import subprocess
 import sys
+import time
 
 import pytest
 from redis.exceptions import BusyLoadingError, ResponseError
@@ -159,7 +160,12 @@ async def test_fault_runner_kills_freezes_and_serialises_faults_on_one_target(au
             runner.start_due(nursery, fetched=40, total=100)  # all three are due now
             assert runner.busy and runner.active == 3
             await trio.sleep(1)
-            states.append(center.state())  # frozen: "T" (stopped)
+            # frozen: "T" (stopped). The kernel shows it once the process has taken the
+            # SIGSTOP, a moment of real time after it was sent (virtual time jumps).
+            deadline = time.monotonic() + 2.0
+            while center.state() != "T" and time.monotonic() < deadline:
+                time.sleep(0.01)
+            states.append(center.state())
             with trio.fail_after(10**6):  # virtual seconds; the waits for killed processes are real
                 while runner.busy:
                     await trio.sleep(1)
