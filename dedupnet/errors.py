@@ -32,3 +32,10 @@ class StoreUnavailable(DedupnetError):
     """Redis could not be reached after the configured retries."""
 
     reason = "store-unavailable"
+
+
+class DiscoveryError(DedupnetError):
+    """``--center auto`` chose no center: nobody answered in time, or several did
+    (dedupnet/discovery.py)."""
+
+    reason = "no-center"

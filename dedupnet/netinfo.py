@@ -46,11 +46,10 @@ def lan_of(ip: str) -> str:
     raise ValueError(f"no network interface holds {ip}")
 
 
-def interface_networks(version: int = 4) -> list[tuple[str, str, str]]:
-    """``(interface, address, CIDR)`` of every address of this machine (this network
-    namespace) of IP ``version``, loopback and link-local ones left out."""
+def _interface_addresses(version: int):
+    """``(interface, address, network, netifaces entry)`` of every address of this machine
+    (this network namespace) of IP ``version``, loopback and link-local ones left out."""
     family = netifaces.AF_INET6 if version == 6 else netifaces.AF_INET
-    found = []
     for name in netifaces.interfaces():
         for entry in netifaces.ifaddresses(name).get(family, []):
             addr, mask = entry.get("addr", "").split("%")[0], entry.get("netmask")
@@ -59,8 +58,37 @@ def interface_networks(version: int = 4) -> list[tuple[str, str, str]]:
             ip = ipaddress.ip_address(addr)
             if ip.is_loopback or ip.is_link_local:
                 continue
-            net = ipaddress.ip_network(f"{addr}/{mask.rsplit('/', 1)[-1]}", strict=False)
-            found.append((name, addr, str(net)))
+            yield name, addr, ipaddress.ip_network(f"{addr}/{mask.rsplit('/', 1)[-1]}", strict=False), entry
+
+
+def interface_networks(version: int = 4) -> list[tuple[str, str, str]]:
+    """``(interface, address, CIDR)`` of every address of this machine (this network
+    namespace) of IP ``version``, loopback and link-local ones left out."""
+    return [(name, addr, str(net)) for name, addr, net, _ in _interface_addresses(version)]
+
+
+LIMITED_BROADCAST = "255.255.255.255"
+
+
+def broadcast_targets(ip: str | None = None, lan: str | None = None) -> list[tuple[str, str, str]]:
+    """``(interface, address, broadcast address)`` of the IPv4 addresses a host looks for
+    its center from (LAN discovery, dedupnet/discovery.py): ``ip``'s only if given, else
+    those inside ``lan`` if given, else every one (loopback and link-local left out).
+
+    The broadcast address is the one the interface is configured with. An address added
+    without one (``ip addr add 10.1.0.5/24`` without ``brd +``: netifaces then reports
+    the address itself) gets the limited broadcast 255.255.255.255 instead: sent from a
+    socket bound to that address, the kernel puts it on that address's interface, where
+    a directed broadcast the interface does not know would be sent as unicast."""
+    net = None if lan is None else ipaddress.ip_network(lan, strict=False)
+    found = []
+    for name, addr, network, entry in _interface_addresses(4):
+        if (ip is not None and addr != ip) or (net is not None and ipaddress.ip_address(addr) not in net):
+            continue
+        broadcast = entry.get("broadcast")
+        if not broadcast or broadcast == addr or network.prefixlen >= 31:
+            broadcast = LIMITED_BROADCAST
+        found.append((name, addr, broadcast))
     return found
 
 
