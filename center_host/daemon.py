@@ -23,6 +23,7 @@ import trio
 from dedupnet import wire
 from dedupnet.aio import AsyncStore
 from dedupnet.auth import keyring_from
+from dedupnet.discovery import Responder, center_address, serve_discovery
 from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.runtime import Reactor, Timers, control_session, until_stored
@@ -81,6 +82,10 @@ class CenterSettings:
     #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
     #: None: plain TCP, trusted by source address only (loopback simulations).
     tls: TLSConfig | None = None
+    #: LAN discovery (dedupnet/discovery.py): answer hosts started with ``--center auto``
+    #: on this UDP port (0: any free one). None: no responder, as in-process clusters
+    #: want; ``dedupnet center`` turns it on by default (docs/DECISIONS.md).
+    discovery_port: int | None = None
 
 
 class CenterDaemon:
@@ -103,6 +108,8 @@ class CenterDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
+        #: The UDP port discovery answers on, once bound (None: off, or it could not bind).
+        self.discovery_port: int | None = None
         tls = settings.tls
         self.server_tls = None if tls is None else ServerTLS(
             server_context(tls), settings.network, ("center", "host") if tls.lan_tls else ("center",))
@@ -124,6 +131,8 @@ class CenterDaemon:
             nursery.start_soon(self.reactor.run)
             nursery.start_soon(self.timers.run)
             self.port = await nursery.start(self._serve)
+            if self.settings.discovery_port is not None:
+                self.discovery_port = await nursery.start(self._answer_discovery)
             if self.settings.metrics:
                 await nursery.start(serve_metrics, self.counters, *self.settings.metrics)
             for peer in self.settings.peers:
@@ -145,6 +154,20 @@ class CenterDaemon:
                     max_bytes_per_s=self.settings.max_bytes_per_s, max_messages_per_s=self.settings.max_messages_per_s,
                     tls=self.server_tls,
                     task_status=task_status)
+
+    async def _answer_discovery(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Tell the LAN's hosts where this center listens (paper gap 5). A center that
+        cannot (an IPv6 LAN, a port in use) logs why and serves its hosts all the same."""
+        s = self.settings
+        try:
+            responder = Responder(s.network, s.lan, center_address(s.listen_host, s.ip, s.lan, self.port),
+                                  self.lan_keyring, self.counters)
+        except ValueError as exc:
+            self.counters.inc("discovery_failed", reason="address")
+            log.error("discovery off: %s", exc)
+            task_status.started(None)
+            return
+        await serve_discovery(responder, s.discovery_port, task_status=task_status)
 
     async def _dial(self, peer: PeerAddress) -> None:
         await connect_forever(peer.host, peer.port, self.register(), self._peer_session,

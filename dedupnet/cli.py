@@ -9,6 +9,7 @@ from pathlib import Path
 
 from . import __version__
 from .config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
+from .errors import DiscoveryError
 
 NOT_YET: dict[str, str] = {}
 
@@ -59,6 +60,8 @@ DAEMON = [
                                                "a center with --tls-cert/--tls-key/--tls-ca requires TLS of its peers")),
     (("--tls-key",), dict(metavar="PEM", help="the key of --tls-cert")),
     (("--tls-ca",), dict(metavar="PEM", help="the deployment's CA certificate: peers' certificates must be signed by it")),
+    (("--discovery-port",), dict(type=int, metavar="N", help="UDP port of LAN discovery: a center answers "
+                                                             "there, a host with --center auto asks there (default 7799)")),
     (("--lan-tls",), dict(dest="lan_tls", action="store_const", const=True,
                           help="TLS on the LAN too: a center requires it of its hosts; a host uses it to its center")),
 ]
@@ -86,6 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
     center.add_argument("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR",
                         help="another network's center and its LAN (repeat per peer)")
     center.add_argument("--peer-key-file", metavar="FILE", help="key file of the peer centers (as --lan-key-file)")
+    center.add_argument("--no-discovery", dest="discovery", action="store_const", const=False,
+                        help="do not answer LAN discovery (hosts then need --center HOST:PORT)")
     center.add_argument("--max-connections-per-source", type=int, metavar="N",
                         help="connections one source address may hold open (default 16)")
     center.add_argument("--max-bytes-per-s", type=float, metavar="B",
@@ -96,7 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
     local = sub.add_parser("local", parents=[common, daemon], help="run a local host daemon",
                            description="A local host: de-dups its URL_pool (§2.2), answers its center's "
                                        "requests (§2.3) and receives tasks into its task_pool.")
-    local.add_argument("--center", metavar="HOST:PORT", help="this host's center")
+    local.add_argument("--center", metavar="HOST:PORT|auto",
+                       help="this host's center; auto: find it by a UDP broadcast on the LAN (then --network "
+                            "is optional: the center's answer gives it)")
+    local.add_argument("--discovery-address", metavar="IPV4",
+                       help="with --center auto: send the query here (default: each interface's broadcast address)")
+    local.add_argument("--discovery-timeout", type=float, metavar="S",
+                       help="with --center auto: give up after this long without an answer (default 30)")
     crawl = local.add_argument_group("crawler")
     crawl.add_argument("--no-crawl", dest="crawl", action="store_const", const=False,
                        help="run the protocol only (URLs come from `dedupnet push`)")
@@ -201,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:  # settings that only the subcommand can check
         print(f"dedupnet {args.command}: {e}", file=sys.stderr)
         return 2
+    except DiscoveryError as e:  # --center auto found no center (or several)
+        print(f"dedupnet {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 def _read_urls(args: argparse.Namespace) -> list[str]:

@@ -7,6 +7,7 @@ unknown key is an error that names it, so a typo never passes silently.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,8 +59,17 @@ class Settings:
     lan: str | None = None
     #: ``host:port`` to listen on (center: hosts and peers; host: status). Host default: ip:0.
     listen: str | None = None
-    #: ``host:port`` of this host's center.
+    #: ``host:port`` of this host's center, or ``auto``: found by LAN discovery.
     center: str | None = None
+    #: LAN discovery (paper gap 5, dedupnet/discovery.py): a center answers hosts started
+    #: with ``center = "auto"`` on UDP ``discovery_port`` unless ``discovery = false``.
+    discovery: bool = True
+    discovery_port: int = 7799
+    #: A host with ``center = "auto"``: where its queries go (default: the broadcast
+    #: address of each of its IPv4 interfaces, of ``ip`` or in ``lan`` if given), and
+    #: for how long it asks before it gives up with an error.
+    discovery_address: str | None = None
+    discovery_timeout: float = 30.0
     #: Peer networks of a center: ``"NETWORK,HOST:PORT,CIDR"`` each.
     peers: list[str] = dataclasses.field(default_factory=list)
     #: Where the embedded Redis keeps its append-only file (daemons only).
@@ -148,6 +158,15 @@ class Settings:
                      "max_messages_per_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if not 1 <= self.discovery_port <= 65535:
+            raise ValueError("discovery_port must be within 1..65535")
+        if self.discovery_timeout <= 0:
+            raise ValueError("discovery_timeout must be positive")
+        if self.discovery_address is not None:
+            try:
+                ipaddress.IPv4Address(self.discovery_address)
+            except ValueError:
+                raise ValueError(f"discovery_address must be an IPv4 address, not {self.discovery_address!r}") from None
         if not 8 <= self.bucket_bits <= 24:
             raise ValueError("bucket_bits must be within 8..24")
         if self.set_size > self.max_urls_per_set:

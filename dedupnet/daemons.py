@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import time
 from pathlib import Path
 
 import orjson
@@ -19,9 +20,11 @@ from local_host.pools import HostPools
 from . import bloom, wire
 from .auth import keyring_from
 from .config import Settings, endpoint
+from .discovery import Answer, Search, Target, find_center
+from .errors import DiscoveryError
 from .messages import Heartbeat, Register, Status
 from .metrics import Counters
-from .netinfo import address_in, center_lan, lan_of, sole_address, source_ip_towards
+from .netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
 from .runtime import open_store, stop_on_signals
 from .store import Store
 from .tls import TLSConfig
@@ -77,7 +80,7 @@ def run_center(settings: Settings) -> int:
         lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
         key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
         max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
-        tls=_tls(settings, "center"),
+        tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -105,12 +108,20 @@ def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddres
 
 
 def run_local(settings: Settings) -> int:
-    _need(settings, "network", "center")
-    center = endpoint(settings.center)
+    _need(settings, "center")
+    counters = Counters()
+    if settings.center == "auto":
+        found = discover_center(settings, counters)
+        if found is None:
+            return 0  # a signal stopped the search
+        center, network = found.endpoint, found.network
+    else:
+        _need(settings, "network")
+        center, network = endpoint(settings.center), settings.network
     ip = settings.ip or source_ip_towards(center[0])
     listen_host, port = endpoint(settings.listen) if settings.listen else (ip, 0)
     local = LocalSettings(
-        network=settings.network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
+        network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, compress=settings.compress,
@@ -122,8 +133,45 @@ def run_local(settings: Settings) -> int:
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits) as store:
         bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/bloom.py
-        trio.run(_until_signalled_leaving, LocalDaemon(local, store))
+        trio.run(_until_signalled_leaving, LocalDaemon(local, store, counters))
     return 0
+
+
+def discover_center(settings: Settings, counters: Counters) -> Answer | None:
+    """``--center auto``: the center that answers this host's LAN discovery query
+    (dedupnet/discovery.py), sent to ``discovery_address`` or to the broadcast address
+    of each of its IPv4 interfaces; None if SIGINT/SIGTERM stopped the search.
+    DiscoveryError if no center (or more than one) answers within ``discovery_timeout``."""
+    if settings.discovery_address:
+        targets = [Target(settings.discovery_address, settings.ip)]
+    else:
+        targets = [Target(broadcast, address, f" via {name} {address}")
+                   for name, address, broadcast in broadcast_targets(settings.ip, settings.lan)]
+    search = Search(settings.network, keyring_from(settings.lan_key_file), counters)
+    log.info("looking for the center%s on UDP port %d: %s", f" of network {settings.network}" if settings.network
+             else "", settings.discovery_port, ", ".join(f"{t.address}{t.via}" for t in targets) or "nowhere")
+
+    outcome: dict[str, Answer | DiscoveryError] = {}
+
+    async def search_until_signalled() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+            try:  # raised here, not through the nursery (which would wrap it in an ExceptionGroup)
+                outcome["answer"] = await find_center(search, targets, settings.discovery_port,
+                                                      settings.discovery_timeout)
+            except DiscoveryError as exc:
+                outcome["error"] = exc
+            nursery.cancel_scope.cancel()
+
+    started = time.monotonic()
+    trio.run(search_until_signalled)
+    if "error" in outcome:
+        raise outcome["error"]
+    answer = outcome.get("answer")  # none: a signal stopped the search
+    if answer is not None:
+        log.info("found the center of network %d at %s (LAN %s) in %.2f s", answer.network, answer.center,
+                 answer.lan, time.monotonic() - started)
+    return answer
 
 
 def crawler_settings(settings: Settings, ip: str) -> CrawlerSettings:
