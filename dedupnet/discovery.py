@@ -109,6 +109,8 @@ ANSWER_RATE = 200.0
 FIRST_RETRY = 0.25
 MAX_RETRY = 2.0
 SETTLE = 0.25
+#: A receive error is not about the next datagram; if it repeats, this bounds the loop.
+RECEIVE_ERROR_PAUSE = 0.01
 
 _NONCE = re.compile(r"[0-9a-f]{32}")
 _WILDCARDS = ("", "0.0.0.0", "::")
@@ -198,7 +200,7 @@ def _fields(obj: Any, what: str, required: set[str], optional: frozenset[str] = 
     if type(obj["nonce"]) is not str or not _NONCE.fullmatch(obj["nonce"]):
         raise ProtocolError(f"discovery {what}: 'nonce' must be {2 * NONCE_BYTES} lowercase hex digits", "schema")
     network = obj.get("network")
-    if network is not None and (type(network) is not int or not 1 <= network <= 65535):
+    if "network" in obj and (type(network) is not int or not 1 <= network <= 65535):  # null too
         raise ProtocolError(f"discovery {what}: 'network' must be an integer 1..65535", "schema")
     return obj
 
@@ -268,21 +270,21 @@ class Responder:
             self._log.warn(exc.reason, now, "discovery: rejected a datagram from %s: %s: %s", source, exc.reason, exc)
             return None
         if not isinstance(query, Query):
-            return self._ignore("unexpected", source, now)
+            return self._ignore("unexpected", source)
         if ipaddress.ip_address(source) not in self._net:
-            return self._ignore("not-in-lan", source, now)
+            return self._ignore("not-in-lan", source)
         if query.network not in (None, self.network):
-            return self._ignore("other-network", source, now)
+            return self._ignore("other-network", source)
         self._tokens = min(self.rate, self._tokens + (now - self._at) * self.rate)
         self._at = now
         if self._tokens < 1:
-            return self._ignore("rate", source, now)
+            return self._ignore("rate", source)
         self._tokens -= 1
         self.counters.inc("discovery_answered")
         log.info("discovery: told %s that the center of network %d is at %s", source, self.network, self.center)
         return encode(Answer(query.nonce, self.network, self.center, self.lan), self.keyring)
 
-    def _ignore(self, reason: str, source: str, now: float) -> None:
+    def _ignore(self, reason: str, source: str) -> None:
         self.counters.inc("discovery_ignored", reason=reason)
         log.debug("discovery: ignored a datagram from %s (%s)", source, reason)
 
@@ -300,9 +302,8 @@ def center_address(listen_host: str | None, ip: str, lan: str, port: int) -> str
     return f"{host}:{port}"
 
 
-async def serve_discovery(responder: Responder, port: int, *, bind: str = "0.0.0.0",
-                          task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """Answer discovery queries on UDP ``bind:port`` until cancelled; ``started`` with the
+async def serve_discovery(responder: Responder, port: int, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Answer discovery queries on UDP ``port`` until cancelled; ``started`` with the
     bound port, or None if the port cannot be bound (logged and counted
     ``discovery_failed{reason="bind"}``: a center without discovery still serves its
     hosts). It binds every address (``0.0.0.0``) because Linux delivers a broadcast only
@@ -312,23 +313,24 @@ async def serve_discovery(responder: Responder, port: int, *, bind: str = "0.0.0
     with trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            await sock.bind((bind, port))
+            await sock.bind(("0.0.0.0", port))
         except OSError as exc:
             responder.counters.inc("discovery_failed", reason="bind")
-            log.error("discovery off: cannot bind UDP %s:%d (%s); hosts need --center %s", bind, port, exc,
+            log.error("discovery off: cannot bind UDP port %d (%s); hosts need --center %s", port, exc,
                       responder.center)
             task_status.started(None)
             return
         bound = sock.getsockname()[1]
-        log.info("discovery: answering on UDP %s:%d for network %d (LAN %s): center %s%s", bind, bound,
+        log.info("discovery: answering on UDP port %d for network %d (LAN %s): center %s%s", bound,
                  responder.network, responder.lan, responder.center, ", LAN key required" if responder.keyring else "")
         task_status.started(bound)
         while True:
             try:
                 data, (source, source_port, *_) = await sock.recvfrom(MAX_DATAGRAM + 1)
-            except OSError as exc:  # e.g. ICMP errors surfacing on Linux: nothing to do with the next datagram
+            except OSError as exc:  # e.g. an ICMP error surfacing: nothing to do with the next datagram
                 responder.counters.inc("discovery_failed", reason="receive")
                 log.debug("discovery: receive failed: %s", exc)
+                await trio.sleep(RECEIVE_ERROR_PAUSE)
                 continue
             reply = responder.handle(data, source, trio.current_time())
             if reply is not None:
@@ -416,8 +418,9 @@ async def find_center(search: Search, targets: Sequence[Target], port: int, time
         while True:
             try:
                 data, (source, *_) = await sock.recvfrom(MAX_DATAGRAM + 1)
-            except OSError as exc:  # an ICMP error of an earlier send, on Linux: not an answer
+            except OSError as exc:  # an ICMP error of an earlier send: not an answer
                 log.debug("discovery: receive failed: %s", exc)
+                await trio.sleep(RECEIVE_ERROR_PAUSE)
                 continue
             if search.receive(data, source, trio.current_time()) is not None:
                 answered.set()

@@ -127,6 +127,8 @@ BAD = [
     (_query(nonce=NONCE, network=1.0), None, "schema"),
     (_query(nonce=NONCE, network=0), None, "schema"),
     (_query(nonce=NONCE, network=65536), None, "schema"),
+    (datagram(d.QUERY, orjson.dumps({"nonce": NONCE, "network": None})), None, "schema"),
+    (datagram(d.ANSWER, orjson.dumps({"nonce": NONCE, "network": None, "center": CENTER, "lan": LAN})), None, "schema"),
     (_answer(network=None), None, "schema"),
     (_answer(center="center.lan:7700"), None, "schema"),
     (_answer(center="[::1]:7700"), None, "schema"),
