@@ -20,16 +20,16 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet import wire
-from dedupnet.aio import AsyncStore
-from dedupnet.auth import keyring_from
-from dedupnet.discovery import Responder, center_address, serve_discovery
-from dedupnet.messages import Heartbeat, Register
-from dedupnet.metrics import Counters, serve_metrics
-from dedupnet.runtime import Reactor, Timers, control_session, until_stored
-from dedupnet.store import Store
-from dedupnet.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
-from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.stores import on_trio
+from dedupnet.codec import wire
+from dedupnet.codec.auth import keyring_from
+from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
+from dedupnet.codec.messages import Heartbeat, Register
+from dedupnet.adapters.metrics import Counters, serve_metrics
+from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
+from dedupnet.adapters.store import Store
+from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
+from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as cp
 from .pools import WRITES, CenterPools
@@ -67,22 +67,22 @@ class CenterSettings:
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
-    #: Key files (dedupnet/auth.py, issue #10): hosts and control clients of this LAN
+    #: Key files (dedupnet/codec/auth.py, issue #10): hosts and control clients of this LAN
     #: must tag every message with the LAN key; peer centers with the peer key. None:
     #: that role is trusted by its source address alone, as before.
     lan_key_file: str | None = None
     peer_key_file: str | None = None
     #: Seconds between two reads of the key files (rotation without a restart).
     key_poll_interval: float = 1.0
-    #: Limits against abuse (dedupnet/transport.py): connections one source address may
+    #: Limits against abuse (dedupnet/adapters/transport.py): connections one source address may
     #: hold; bytes and messages a second read from one connection (throttled above).
     max_connections_per_source: int | None = 16
     max_bytes_per_s: float | None = 32 * 1024 * 1024
     max_messages_per_s: float | None = 20_000
-    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
+    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/adapters/tls.py.
     #: None: plain TCP, trusted by source address only (loopback simulations).
     tls: TLSConfig | None = None
-    #: LAN discovery (dedupnet/discovery.py): answer hosts started with ``--center auto``
+    #: LAN discovery (dedupnet/adapters/discovery.py): answer hosts started with ``--center auto``
     #: on this UDP port (0: any free one). None: no responder, as in-process clusters
     #: want; ``dedupnet center`` turns it on by default (docs/DECISIONS.md).
     discovery_port: int | None = None
@@ -100,7 +100,7 @@ class CenterDaemon:
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store)
-        self.store = AsyncStore(store)
+        self.store = on_trio(store)
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
         self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
@@ -177,7 +177,7 @@ class CenterDaemon:
                               **self._peer_tls(peer))
 
     def _peer_tls(self, peer: PeerAddress) -> dict:
-        """TLS to a peer: its certificate must name the network we dial (dedupnet/tls.py)."""
+        """TLS to a peer: its certificate must name the network we dial (dedupnet/adapters/tls.py)."""
         if self.client_tls is None:
             return {}
         return {"tls_context": self.client_tls, "expect_uri": center_uri(peer.network)}

@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 import orjson
 
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
-from dedupnet.urls import fingerprint_many
+from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
+from dedupnet.codec.urls import fingerprint_many
 
 from . import protocol as cp
 
@@ -35,7 +35,7 @@ class CenterPools:
         """Carry out the store actions among ``actions`` atomically, in order."""
         self.store.drive(self.apply_steps(actions))
 
-    # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.store.Steps)
+    # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.adapters.store.Steps)
     # the daemon drives on trio with AsyncStore.drive.
     def apply_steps(self, actions: list) -> Steps[None]:
         yield from self.store.apply_writes_steps(actions, WRITES, self._queue)

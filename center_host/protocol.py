@@ -30,11 +30,11 @@ from typing import Union
 import orjson
 import xxhash
 
-from dedupnet import wire
-from dedupnet.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
-from dedupnet.metrics import Counters
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
-from dedupnet.urls import site_of
+from dedupnet.codec import wire
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+from dedupnet.codec.urls import site_of
 
 log = logging.getLogger("dedupnet.center")
 

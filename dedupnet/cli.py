@@ -7,9 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
-from . import __version__
-from .config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
-from .errors import DiscoveryError
+from dedupnet import __version__
+from dedupnet.service.config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
+from dedupnet.codec.errors import DiscoveryError
 
 NOT_YET: dict[str, str] = {}
 
@@ -140,11 +140,11 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Makes a small CA (reused if DIR has one) and a certificate and key per "
                                        "network's center, naming its network id (URI dedupnet://network/N), "
                                        "optionally per host, and prints the settings to use (docs/DECISIONS.md).")
-    from .tls import add_arguments as add_certs_arguments
+    from dedupnet.adapters.tls import add_arguments as add_certs_arguments
 
     add_certs_arguments(certs)
 
-    # Listed here for --help; its flags are dedupnet.web's own, handed over in main().
+    # Listed here for --help; its flags are dedupnet.harness.web's own, handed over in main().
     sub.add_parser("web", add_help=False, help="serve a synthetic web on loopback (for crawls and tests)")
 
     demo = sub.add_parser("demo", parents=[common], help="run local de-dup (paper §2.2) on an embedded Redis and report")
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "with crawlers on loopback, crawls to the end and reports duplicates, "
                                      "lost URLs and costs.")
     sim.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="ERROR")
-    from .sim import add_arguments
+    from dedupnet.harness.sim import add_arguments
 
     add_arguments(sim)
 
@@ -168,17 +168,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["web"]:
-        from . import web
+        from dedupnet.harness import web
 
         return web.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "sim":  # its own flags; the daemons' settings do not apply
-        from . import sim
+        from dedupnet.harness import sim
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return sim.run(args)
     if args.command == "certs":
-        from .tls import certs_main
+        from dedupnet.adapters.tls import certs_main
 
         return certs_main(args)
     fields = set(Settings.__dataclass_fields__)
@@ -195,18 +195,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "demo":
-            from . import demo
+            from dedupnet.harness import demo
 
             return demo.run(settings, urls=args.urls, seed=args.seed)
         if args.command == "status":
-            from .daemons import print_status
+            from dedupnet.service.daemons import print_status
 
             return print_status(endpoint(args.address), as_json=args.json, key_file=args.key_file)
         if args.command in ("push", "finish"):
-            from .daemons import push_or_finish
+            from dedupnet.service.daemons import push_or_finish
 
             return push_or_finish(settings, args.command, _read_urls(args), data_dir=args.data_dir)
-        from .daemons import run_center, run_local
+        from dedupnet.service.daemons import run_center, run_local
 
         return run_center(settings) if args.command == "center" else run_local(settings)
     except ValueError as e:  # settings that only the subcommand can check

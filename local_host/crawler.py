@@ -62,12 +62,12 @@ import orjson
 import trio
 from redis.exceptions import ResponseError
 
-from dedupnet.aio import AsyncStore
-from dedupnet.errors import BadURL
-from dedupnet.metrics import Counters
-from dedupnet.runtime import until_stored
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
-from dedupnet.urls import URLGate, fingerprint_many, normalize, site_of
+from dedupnet.adapters.stores import on_trio
+from dedupnet.codec.errors import BadURL
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.runtime import until_stored
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
 
 from .fetch import ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
 
@@ -249,8 +249,8 @@ class Crawler:
         self.counters = counters
         self.consumer = consumer
         s = settings
-        self._reader = AsyncStore(store, max_threads=1)  # the blocking XREADGROUP
-        self._writer = AsyncStore(store, max_threads=8)
+        self._reader = on_trio(store, max_threads=1)  # the blocking XREADGROUP
+        self._writer = on_trio(store, max_threads=8)
         self.politeness = Politeness(s.concurrency, s.per_site_concurrency, s.per_site_delay)
         self.robots = RobotsCache(self._fetch_robots, agent=s.robots_agent, ttl=s.robots_ttl,
                                   on_rules=self._robots_rules)

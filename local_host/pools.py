@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from redis.exceptions import ResponseError
 
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
-from dedupnet.numbers import make_number
-from dedupnet.urls import URLGate, fingerprint_many
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
+from dedupnet.codec.numbers import make_number
+from dedupnet.codec.urls import URLGate, fingerprint_many
 
 from . import protocol as hp
 
@@ -38,7 +38,7 @@ class HostPools:
 
     # -- the core's actions ------------------------------------------------------------
     # Each protocol-path operation is also a sans-I/O generator (``*_steps``, see
-    # dedupnet.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
+    # dedupnet.adapters.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
     # worker thread; the plain methods drive them synchronously.
     def apply(self, actions: list) -> None:
         self.store.drive(self.apply_steps(actions))
