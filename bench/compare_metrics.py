@@ -174,9 +174,13 @@ def equivalence() -> None:
 
 # --- speed and memory -------------------------------------------------------------------
 
-def best(fn, number: int, repeat: int = 5) -> float:
-    """Seconds per call, best of ``repeat``."""
-    return min(timeit.repeat(fn, number=number, repeat=repeat)) / number
+def best(fns: dict[str, object], number: int, repeat: int) -> dict[str, float]:
+    """Seconds per call of each, best of ``repeat`` runs interleaved (load hits all alike)."""
+    out = dict.fromkeys(fns, float("inf"))
+    for _ in range(repeat):
+        for name, fn in fns.items():
+            out[name] = min(out[name], timeit.timeit(fn, number=number) / number)
+    return out
 
 
 def render_times(n: int, repeat: int) -> None:
@@ -188,9 +192,8 @@ def render_times(n: int, repeat: int) -> None:
     coll = OurCollector(ours)
     assert samples(ours.render_prometheus()) == samples(native.render().decode()) == samples(coll.render().decode())
     number = max(10, 20_000 // n)
-    t_ours = best(ours.render_prometheus, number, repeat)
-    t_native = best(native.render, number, repeat)
-    t_coll = best(coll.render, number, repeat)
+    t = best({"ours": ours.render_prometheus, "native": native.render, "collector": coll.render}, number, repeat)
+    t_ours, t_native, t_coll = t["ours"], t["native"], t["collector"]
     size = len(ours.render_prometheus())
     print(f"  {n:>5} series ({size:>6,} bytes)   ours {t_ours * 1e6:>8,.0f} µs   library native "
           f"{t_native * 1e6:>8,.0f} µs ({t_native / t_ours:.1f}x)   library over our registry "
@@ -204,13 +207,13 @@ def inc_costs(repeat: int) -> dict[str, float]:
     sent = PCounter(PREFIX + "bytes_sent", "", registry=reg)
     child = frames.labels(kind="frame", flag="1")
     n = 100_000
-    return {
-        "ours inc(name, kind=, flag=)": best(lambda: ours.inc("frames_received", kind="frame", flag="1"), n, repeat),
-        "library .labels(kind=, flag=).inc()": best(lambda: frames.labels(kind="frame", flag="1").inc(), n, repeat),
-        "library pre-bound child .inc()": best(child.inc, n, repeat),
-        "ours inc(name, 1234)": best(lambda: ours.inc("bytes_sent", 1234), n, repeat),
-        "library .inc(1234)": best(lambda: sent.inc(1234), n, repeat),
-    }
+    return best({
+        "ours inc(name, kind=, flag=)": lambda: ours.inc("frames_received", kind="frame", flag="1"),
+        "library .labels(kind=, flag=).inc()": lambda: frames.labels(kind="frame", flag="1").inc(),
+        "library pre-bound child .inc()": child.inc,
+        "ours inc(name, 1234)": lambda: ours.inc("bytes_sent", 1234),
+        "library .inc(1234)": lambda: sent.inc(1234),
+    }, n, repeat)
 
 
 def contended(repeat: int) -> tuple[float, float]:

@@ -124,18 +124,20 @@ def conformance(name: str, fn: Callable[[str], str], quiet: bool) -> dict[str, i
     return {"normalised_differ": norm_bad, "accepts_rejected": rej_bad, "not_idempotent": fixed_bad, "vectors_differ": vec_bad}
 
 
-def speed(fn: Callable[[str], object], urls: list[str], repeat: int) -> float:
-    """URLs/s of ``fn`` alone (a URL it raises on counts, as a rejection does)."""
-    best = float("inf")
+def speeds(fns: dict[str, Callable[[str], object]], urls: list[str], repeat: int) -> dict[str, float]:
+    """URLs/s of each function alone (a URL it raises on counts, as a rejection does),
+    best of ``repeat`` passes interleaved, so a change of load hits every one alike."""
+    best = dict.fromkeys(fns, float("inf"))
     for _ in range(repeat):
-        t = time.perf_counter()
-        for u in urls:
-            try:
-                fn(u)
-            except Exception:  # noqa: BLE001, S112
-                continue
-        best = min(best, time.perf_counter() - t)
-    return len(urls) / best
+        for name, fn in fns.items():
+            t = time.perf_counter()
+            for u in urls:
+                try:
+                    fn(u)
+                except Exception:  # noqa: BLE001, S112
+                    continue
+            best[name] = min(best[name], time.perf_counter() - t)
+    return {name: len(urls) / t for name, t in best.items()}
 
 
 def main() -> None:
@@ -156,16 +158,19 @@ def main() -> None:
     canon = [ours(u) for u in links]
     print(f"== the synthetic web's links: {len(links):,} URLs ({len(set(links)):,} distinct), "
           f"best of {args.repeat} passes ==")
-    rate = speed(normalize, links, args.repeat)
-    results["ours"]["urls_per_s"] = rate
+    rates = speeds({"ours": normalize, **CANDIDATES}, links, args.repeat)
+    rate = results["ours"]["urls_per_s"] = rates["ours"]
     print(f"  {'ours (dedupnet.urls)':<24} {rate:>10,.0f} URLs/s")
     for name, fn in CANDIDATES.items():
-        r = speed(fn, links, args.repeat)
+        r = rates[name]
         glued = _glue(fn)
-        differ = sum(1 for u, c in zip(links, canon) if glued(u) != c)
-        results[name].update(urls_per_s=r, web_differ=differ)
+        differ = {u: (c, g) for u, c in zip(links, canon) if (g := glued(u)) != c}
+        n_differ = sum(1 for u in links if u in differ)
+        results[name].update(urls_per_s=r, web_differ=n_differ)
         print(f"  {name:<24} {r:>10,.0f} URLs/s ({r / rate:.2f}x ours, library call alone)   "
-              f"another canonical form for {differ:,} of {len(links):,} URLs")
+              f"another canonical form for {n_differ:,} of {len(links):,} URLs")
+        for u, (c, g) in list(differ.items())[: 0 if args.quiet else 2]:
+            print(f"    {u[:70]!r}  ours {c[:70]!r}  it {g[:70]!r}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
