@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
-import subprocess
 import sys
 import threading
 import time
@@ -45,6 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dedupnet.metrics import Counters  # noqa: E402
+from import_cost import line  # noqa: E402
 from tests.test_transport import parse_prometheus, sample_counters  # noqa: E402
 
 PREFIX = "dedupnet_"
@@ -243,13 +243,6 @@ def contended(repeat: int) -> tuple[float, float]:
     return a, b
 
 
-def import_time(stmt: str, tries: int) -> float:
-    code = f"import time, trio; t = time.perf_counter(); {stmt}; print(time.perf_counter() - t)"
-    times = [float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True,
-                                  cwd=Path(__file__).resolve().parent.parent).stdout) for _ in range(tries)]
-    return min(times)
-
-
 def memory(n: int) -> tuple[int, int]:
     shapes = series(n)
     tracemalloc.start()
@@ -287,11 +280,8 @@ def main() -> None:
     print(f"  two threads at once, labelled: ours {a * 1e9:,.0f} ns, library {b * 1e9:,.0f} ns per inc")
 
     tries = 1 if args.quick else args.imports
-    base = import_time("pass", tries)
-    ours_t = import_time("import dedupnet.metrics", tries)
-    lib_t = import_time("import prometheus_client", tries)
     print(f"== import on top of trio (best of {tries} fresh interpreters) ==")
-    print(f"  dedupnet.metrics {max(ours_t - base, 0) * 1e3:.1f} ms   prometheus_client {max(lib_t - base, 0) * 1e3:.1f} ms")
+    print("  " + line(["dedupnet.metrics", "prometheus_client"], tries))
 
     a, b = memory(1000)
     print("== memory of 1,000 series (tracemalloc) ==")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import io
-import subprocess
 import sys
 import time
 from importlib.metadata import version
@@ -31,6 +30,7 @@ from rich.progress import BarColumn, Progress, TextColumn  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from dedupnet.sim import progress_line  # noqa: E402
+from import_cost import line  # noqa: E402
 
 TOTAL = 3_000  # pages of the default synthetic web
 
@@ -83,12 +83,6 @@ def describe(text: str) -> str:
     return f"{lines:>3} lines {len(text.encode()):>7,} bytes  {'+'.join(flags) or 'plain text':<10}"
 
 
-def import_time(module: str, tries: int) -> float:
-    code = f"import time, trio; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
-    return min(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
-               for _ in range(tries))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--samples", type=int, default=60)
@@ -106,10 +100,8 @@ def main() -> None:
         print(f"  {name:<13} pipe: {describe(pipe.getvalue())}  terminal: {describe(tty.getvalue())}  "
               f"{per_update * 1e6:>6,.0f} µs/update")
         print(f"  {'':<13} last line in the pipe: {last[:110]!r}")
-    base = import_time("sys", args.imports)
     print(f"== import on top of trio (best of {args.imports}) ==")
-    print("  " + "   ".join(f"{m} {max(import_time(m, args.imports) - base, 0) * 1e3:.1f} ms"
-                            for m in ("tqdm", "rich.progress")))
+    print("  " + line(["tqdm", "rich.progress"], args.imports))
 
 
 if __name__ == "__main__":

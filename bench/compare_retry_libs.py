@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import subprocess
 import sys
 import timeit
 import types
@@ -44,6 +43,7 @@ import tenacity  # noqa: E402
 
 from dedupnet.errors import StoreUnavailable  # noqa: E402
 from dedupnet.store import RetryPolicy, Store  # noqa: E402
+from import_cost import line  # noqa: E402
 
 POLICY = RetryPolicy()  # 6 attempts, 0.05 s doubling, capped at 2 s
 logging.getLogger("dedupnet.store").setLevel(logging.ERROR)  # the retry warnings
@@ -146,12 +146,6 @@ def async_per_call(wrap: Callable | None, number: int, repeat: int) -> float:
     return trio.run(main)  # trio's clock: real monotonic time here
 
 
-def import_time(module: str, tries: int) -> float:
-    code = f"import time, trio; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
-    return min(float(subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout)
-               for _ in range(tries))
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeat", type=int, default=5)
@@ -174,23 +168,23 @@ def main() -> None:
     print(f"== cost of a call that succeeds at once (best of {repeat}) ==")
     def ok():
         return 1
-    sync = {"ours": per_call(lambda: ours_sync(ok), number, repeat)}
-    for name, wrap in LIBS.items():
-        wrapped = wrap(ok)
-        sync[name] = per_call(wrapped, number, repeat)
-    bare = per_call(ok, number, repeat)
-    asy = {"ours": async_per_call(None, number, repeat)}
-    for name, wrap in LIBS.items():
-        if "does not run" not in on_mock_clock(wrap, 2):  # backoff's async path only fails once it waits
-            asy[name] = async_per_call(wrap, number, repeat)
+    sync_fns = {"ours": lambda: ours_sync(ok), "bare": ok, **{name: wrap(ok) for name, wrap in LIBS.items()}}
+    on_trio = [None, *(w for w in LIBS.values() if "does not run" not in on_mock_clock(w, 2))]
+    sync: dict = dict.fromkeys(sync_fns, float("inf"))
+    asy: dict = dict.fromkeys([n for n, w in [("ours", None), *LIBS.items()] if w in on_trio], float("inf"))
+    for _ in range(repeat):  # interleaved, so a change of load hits every way alike
+        for name, fn in sync_fns.items():
+            sync[name] = min(sync[name], per_call(fn, number, 1))
+        for name in asy:
+            asy[name] = min(asy[name], async_per_call(LIBS.get(name), number, 1))
+    bare = sync["bare"]
     for name in ["ours", *LIBS]:
         a = f"{asy[name] * 1e6:6.2f} µs" if name in asy else "   n/a   "
         print(f"  {name:<9} sync {(sync[name] - bare) * 1e6:6.2f} µs   trio {a}")
 
     tries = 1 if args.quick else 5
-    base = import_time("sys", tries)
     print(f"== import on top of trio (best of {tries}) ==")
-    print("  " + "   ".join(f"{m} {max(import_time(m, tries) - base, 0) * 1e3:.1f} ms" for m in LIBS))
+    print("  " + line(list(LIBS), tries))
 
 
 if __name__ == "__main__":
