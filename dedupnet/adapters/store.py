@@ -25,6 +25,13 @@ exponential back-off, then surfaces as :class:`~dedupnet.codec.errors.StoreUnava
 Every batch is safe to resend (set adds/removes are idempotent; a stream entry
 added twice is a duplicate URL, which de-dup removes).
 
+The packing is ours, not redis-py's ``pipeline()``, because that packs every command and
+converts every reply in Python, and for a batch of fingerprints that costs far more than
+Redis spends on it (about half our client CPU, ``bench/bench_roundtrip.py``). The same
+commands through it (same grouping, hiredis parser; ``tests/test_bench_resp.py`` checks
+they are the same) cost the client 4.0-4.4× the CPU of a 400-URL look-up (3,379-5,445 vs
+783-1,238 µs) and 2.5-3.7× for 10,000 URLs (``bench/bench_resp.py``, docs/DECISIONS.md).
+
 Operations are written sans-I/O (:data:`Steps`: a generator yields each batch and
 receives its replies), so the same code runs synchronously (:meth:`Store.drive`) and
 on trio sockets (``dedupnet.adapters.aio.AsyncStore.drive``, no worker thread). Measured
