@@ -19,9 +19,10 @@ from dedupnet import wire
 from dedupnet.aio import AsyncStore
 from dedupnet.auth import keyring_from
 from dedupnet.messages import Ack, Heartbeat, Register, Task
-from dedupnet.metrics import Counters, serve_metrics
+from dedupnet.metrics import Counters
 from dedupnet.numbers import host_id_from_ip
 from dedupnet.runtime import Reactor, control_session, until_stored
+from dedupnet.status_page import serve_status
 from dedupnet.store import URL_POOL, Store
 from dedupnet.tls import TLSConfig, center_uri, client_context
 from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -89,6 +90,7 @@ class LocalDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
         self.port = settings.listen_port
+        self.http_port: int | None = None  # the bound port of settings.metrics (--http), once serving
         self.crawler = Crawler(store, settings.crawler, self.counters, consumer=settings.ip) if settings.crawler else None
         self.crawler_scope = trio.CancelScope()
         self._pushed = trio.Event()  # the crawler put links into URL_pool
@@ -115,8 +117,8 @@ class LocalDaemon:
             nursery.start_soon(self.reactor.run)
             self.port = await nursery.start(self._serve_status)
             register = Register(s.ip, s.network, "host", f"{s.ip}:{self.port}", s.lan)
-            if s.metrics:
-                await nursery.start(serve_metrics, self.counters, *s.metrics)
+            if s.metrics:  # --http: /metrics, the status page and /status.json (dedupnet/status_page.py)
+                self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
