@@ -211,7 +211,8 @@ def center_detail(daemon: Any) -> dict:
         tasks[task_parts(key)[1]] += len(urls)  # "" = admitted while no host was there
 
     s = daemon.settings
-    silent = {str(m): now - t for m, t in daemon.last_seen.items()}
+    # max: the daemon moves last_seen forward over its own pauses (CenterDaemon._heartbeats).
+    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items()}
     waiting = core.waiting_for()
     addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else p.host for p in s.peers}  # 0: it dials us
     names = set(silent) | set(addresses) | set(waiting) | {h for h in tasks if h}
