@@ -225,3 +225,14 @@ def test_http_flag_and_its_old_name_metrics():
     assert http_endpoint(settings()) is None
     with pytest.raises(ValueError, match="old name of --http"):
         http_endpoint(settings("--http", "127.0.0.1:1", "--metrics", "127.0.0.1:2"))
+
+
+def test_sim_http_flag(capsys):
+    """``dedupnet sim --http PORT`` (loopback) or ``HOST:PORT``; refused with --processes,
+    whose centers are processes of their own, before anything starts."""
+    from dedupnet.cli import build_parser, main
+
+    assert build_parser().parse_args(["sim", "--http", "8080"]).http == ("127.0.0.1", 8080)
+    assert build_parser().parse_args(["sim", "--http", "0.0.0.0:8080"]).http == ("0.0.0.0", 8080)
+    assert main(["sim", "--http", "8080", "--processes"]) == 2
+    assert "dedupnet center --http" in capsys.readouterr().err
