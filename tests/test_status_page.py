@@ -174,11 +174,10 @@ def field(html: str, name: str) -> str:
     return m.group(1)
 
 
+@pytest.mark.skipif(find_browser() is None, reason="no Chromium or Chrome found (make test installs Debian's "
+                    "chromium when it runs as root; or set DEDUPNET_TEST_BROWSER)")
 async def test_page_in_a_headless_browser_shows_members_and_figures(redis_url, tmp_path):
     browser = find_browser()
-    if browser is None:
-        pytest.skip("no Chromium or Chrome found (make test installs Debian's chromium when run as root; "
-                    "or set DEDUPNET_TEST_BROWSER)")
     async with open_cluster(redis_url, 2, 2, set_size=50, set_linger=0.05, prefix=f"page{random.random()}",
                             metrics=HTTP) as system:
         h = system.hosts["127.0.1.10"]
