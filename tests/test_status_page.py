@@ -24,9 +24,9 @@ def site_urls(tag, n):
     return [f"http://site{i % 5}.example/{tag}/{i}" for i in range(n)]
 
 
-async def get_json(port: int, path: str = "/status.json") -> dict:
+async def get_json(port: int) -> dict:
     async with httpx.AsyncClient(timeout=5) as client:
-        r = await client.get(f"http://127.0.0.1:{port}{path}")
+        r = await client.get(f"http://127.0.0.1:{port}/status.json")
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     assert r.headers["cache-control"] == "no-store"
     return r.json()
