@@ -25,7 +25,8 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.codec.messages import Frame, Heartbeat
-from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.harness.report import SimConfig
+from dedupnet.harness.sim import simulate
 
 
 def per_op(fn, n: int, repeats: int = 5) -> float:

@@ -26,7 +26,8 @@ import trio
 
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.harness.faults import LINK_FAULTS, Fault
-from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.harness.report import SimConfig
+from dedupnet.harness.sim import simulate
 from dedupnet.harness.simproc import simulate_processes
 
 

@@ -18,7 +18,7 @@ import redis
 import trio
 
 from dedupnet.harness.cluster import open_cluster
-from dedupnet.harness.sim import redis_memory
+from dedupnet.harness.report import redis_memory
 from dedupnet.adapters.embedded import EmbeddedRedis
 
 

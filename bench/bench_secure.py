@@ -24,7 +24,8 @@ import time
 import trio
 
 from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.harness.report import SimConfig
+from dedupnet.harness.sim import simulate
 
 VARIANTS = {"plain": {}, "secure": {"secure": True}, "secure+lan": {"secure": True, "lan_tls": True}}
 

@@ -1,6 +1,6 @@
 """Compare: the simulation's progress line vs tqdm and rich, for issue #12.
 
-``dedupnet sim`` prints one plain line a second (``dedupnet.harness.sim.progress_line``):
+``dedupnet sim`` prints one plain line a second (``dedupnet.harness.report.progress_line``):
 time, pages fetched and their rate, ``URL_pool``, ``task_pool``, sets in flight,
 duplicates. The same 60 samples (a one-minute run) are written here by our line, by a
 ``tqdm`` bar with those fields as its postfix, and by a ``rich`` progress bar with them
@@ -29,7 +29,7 @@ from rich.console import Console  # noqa: E402
 from rich.progress import BarColumn, Progress, TextColumn  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from dedupnet.harness.sim import progress_line  # noqa: E402
+from dedupnet.harness.report import progress_line  # noqa: E402
 from import_cost import line  # noqa: E402
 
 TOTAL = 3_000  # pages of the default synthetic web

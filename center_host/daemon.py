@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -30,7 +31,7 @@ from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_st
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
-from dedupnet.adapters.status_page import center_detail, serve_status
+from dedupnet.adapters.status_page import AGE_BUCKETS, OLDEST_SETS, member_order, serve_status
 
 from . import protocol as cp
 from .pools import WRITES, CenterPools
@@ -312,3 +313,57 @@ class CenterDaemon:
 
     async def _control_session(self, conn: Connection) -> None:
         await control_session(conn, self.status)
+
+
+def center_detail(daemon: "CenterDaemon") -> dict:
+    """What ``CenterDaemon.status()`` adds for the page and ``dedupnet status --json``:
+    each member's liveness (paper gap 3: a member silent for ``heartbeat_timeout``
+    leaves), sets in flight by stage and age (§2.3, §2.4), the oldest of them one by
+    one, and ``task_URL`` per host (gap 8). Ages count from when this center stored the
+    set (``CenterDaemon.set_since``); a set resumed after a restart, from the restart."""
+    now = trio.current_time()
+    core, since = daemon.core, daemon.set_since
+    for number in [n for n in since if n not in core.sets]:
+        del since[number]  # concluded by a path that did not pass _execute (never expected)
+    for number in core.sets:
+        since.setdefault(number, now)
+
+    stages: dict[str, dict] = {}
+    for rec in core.sets.values():
+        age = now - since[rec.number]
+        st = stages.setdefault(rec.stage.value, {"count": 0, "urls": 0, "oldest": 0.0,
+                                                 "ages": {label: 0 for _, label in AGE_BUCKETS}})
+        st["count"] += 1
+        st["urls"] += len(rec.frame.URL_set)
+        st["oldest"] = round(max(st["oldest"], age), 3)
+        st["ages"][next(label for bound, label in AGE_BUCKETS if age < bound)] += 1
+    oldest = sorted(core.sets.values(), key=lambda r: (since[r.number], r.number))[:OLDEST_SETS]
+
+    tasks: Counter[str] = Counter()
+    for key, urls in core.tasks.items():
+        tasks[cp.task_parts(key)[1]] += len(urls)  # "" = admitted while no host was there
+
+    s = daemon.settings
+    # max: the daemon moves last_seen forward over its own pauses (CenterDaemon._heartbeats).
+    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items()}
+    waiting = core.waiting_for()
+    addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else p.host for p in s.peers}  # 0: it dials us
+    names = set(silent) | set(addresses) | set(waiting) | {h for h in tasks if h}
+    liveness = []
+    for name in sorted(names, key=lambda n: (n.startswith("net:"), member_order(n))):
+        quiet = silent.get(name)
+        state = "down" if quiet is None else "live" if quiet <= 2 * s.heartbeat_interval else "late"
+        liveness.append({"member": name, "kind": "peer" if name.startswith("net:") else "host",
+                         "address": addresses.get(name, name), "state": state,
+                         "silent": None if quiet is None else round(quiet, 3),
+                         "waiting_sets": waiting.get(name, 0), "task_urls": tasks.get(name, 0)})
+    return {
+        "heartbeat": {"interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout},
+        "liveness": liveness,
+        "sets": dict(sorted(stages.items())),
+        "oldest_sets": [{"number": r.number, "stage": r.stage.value, "origin": r.origin,
+                         "age": round(now - since[r.number], 3), "urls": len(r.frame.URL_set),
+                         "awaiting": sorted(r.awaiting), "attempts": r.attempts} for r in oldest],
+        "task_URL_per_host": dict(sorted(tasks.items())),
+        "frames_held": len(core.waiting),
+    }

@@ -1,8 +1,11 @@
 """dedupnet: a Redis-based URL de-duplication protocol gateway for distributed crawlers.
 
-The protocol is the paper's (see docs/PROTOCOL.md, which cites its § numbers).
-This package holds what local hosts and center hosts share: the frame and wire
-format, URL fingerprints, the Redis store, the embedded Redis, config and the CLI.
+The protocol is the paper's (see docs/PROTOCOL.md, which cites its § numbers). The
+package is in layers, and imports only go down (docs/ARCHITECTURE.md): ``codec`` (the
+frame and the rules both roles share), ``adapters`` (Redis, TCP/TLS, the reactor, the
+embedded server, metrics), then the roles (the top-level ``local_host`` and
+``center_host`` packages), ``service`` (config and daemons), ``harness`` (simulations,
+synthetic web, baselines), and the front ends ``cli`` and ``scrapy``.
 """
 
 __version__ = "0.1.0"

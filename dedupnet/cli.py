@@ -158,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "with crawlers on loopback, crawls to the end and reports duplicates, "
                                      "lost URLs and costs.")
     sim.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="ERROR")
-    from dedupnet.harness.sim import add_arguments
+    from dedupnet.harness.simcli import add_arguments
 
     add_arguments(sim)
 
@@ -175,10 +175,10 @@ def main(argv: list[str] | None = None) -> int:
         return web.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "sim":  # its own flags; the daemons' settings do not apply
-        from dedupnet.harness import sim
+        from dedupnet.harness import simcli
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        return sim.run(args)
+        return simcli.run(args)
     if args.command == "certs":
         from dedupnet.adapters.tls import certs_main
 

@@ -317,7 +317,9 @@ async def test_key_files_are_polled(tmp_path, autojump_clock):
 
 # --- the whole system: an outsider on a permitted address, a key rotation mid-crawl ------
 
-from dedupnet.harness.sim import SimConfig, simulate  # noqa: E402
+from dedupnet.harness.report import SimConfig  # noqa: E402
+
+from dedupnet.harness.sim import simulate
 
 OUTSIDER_IN_LAN = "127.0.1.99"  # inside LAN 1 (127.0.1.0/24): its center's source check lets it in
 

@@ -14,7 +14,8 @@ import trio
 
 from dedupnet.adapters.bloom import BloomSpec, attach, spec_from
 from dedupnet.service.config import Settings
-from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.harness.report import SimConfig
+from dedupnet.harness.sim import simulate
 from dedupnet.adapters.store import FINISH_URL
 from local_host.pools import HostPools
 

@@ -14,7 +14,8 @@ import trio
 
 from dedupnet.codec.messages import Frame, Heartbeat, Register
 from dedupnet.adapters.metrics import Counters
-from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.harness.report import SimConfig
+from dedupnet.harness.sim import simulate
 from dedupnet.adapters.transport import Connection, TokenBucket, connect, serve
 from dedupnet.codec.wire import Decoder, encode
 

@@ -223,7 +223,8 @@ def test_async_store_on_the_cluster(cstore):
 
 
 def test_protocol_end_to_end_on_the_cluster(cluster):
-    from dedupnet.harness.sim import SimConfig, simulate
+    from dedupnet.harness.report import SimConfig
+    from dedupnet.harness.sim import simulate
 
     cfg = SimConfig(networks=2, hosts=2, pages=300, sites=10, timeout=60)
     r = trio.run(functools.partial(simulate, cfg, cluster.url, out=None))
@@ -236,7 +237,8 @@ def test_a_killed_master(cluster, caplog):
     crawl finishes once the node is back (restarted on its AOF and nodes.conf), and no
     URL was lost or fetched twice. A store call with nothing left to retry says what
     failed; what was written before the kill is all there after it."""
-    from dedupnet.harness.sim import SimConfig, simulate
+    from dedupnet.harness.report import SimConfig
+    from dedupnet.harness.sim import simulate
 
     s = store_for(cluster.url, "killed", retry=RetryPolicy(attempts=2, first_delay=0.01))
     before = fps(3000, seed=5)

@@ -28,7 +28,7 @@ from scrapy import Request  # noqa: E402
 
 from dedupnet.harness import simproc  # noqa: E402
 from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
-from dedupnet.harness.sim import SimConfig, assign_seeds  # noqa: E402
+from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.adapters.store import Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 

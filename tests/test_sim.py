@@ -6,7 +6,9 @@ import sys
 
 import pytest
 
-from dedupnet.harness.sim import SimConfig, format_comparison, format_report, simulate
+from dedupnet.harness.report import SimConfig, format_comparison, format_report
+
+from dedupnet.harness.sim import simulate
 
 
 def small(**kw):

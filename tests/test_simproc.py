@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from dedupnet.harness import simproc
-from dedupnet.harness.sim import SimConfig
+from dedupnet.harness.report import SimConfig
 from dedupnet.harness.simproc import simulate_processes
 from dedupnet.harness.web import SyntheticWeb
 

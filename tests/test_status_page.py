@@ -14,7 +14,8 @@ import pytest
 import trio
 
 from dedupnet.harness.cluster import open_cluster
-from dedupnet.adapters.status_page import SimStatus, by_label, key_family, serve_sim_status
+from dedupnet.adapters.status_page import by_label, key_family
+from dedupnet.harness.simpage import SimStatus, serve_sim_status
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 HTTP = ("127.0.0.1", 0)

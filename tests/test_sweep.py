@@ -14,7 +14,7 @@ from dedupnet.harness import simproc
 
 from dedupnet.harness import sweep
 from dedupnet.harness.cluster import host_ip
-from dedupnet.harness.sim import SimConfig, assign_seeds, seed_count, seeds_per_network
+from dedupnet.harness.report import SimConfig, assign_seeds, seed_count, seeds_per_network
 from dedupnet.adapters.store import Store
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 from local_host.pools import HostPools

@@ -14,7 +14,8 @@ from dedupnet import cli
 from dedupnet.harness.cluster import center_ip, lan, open_cluster
 from dedupnet.codec.messages import Error, Register
 from dedupnet.adapters.metrics import Counters
-from dedupnet.harness.sim import SimConfig, format_report, simulate
+from dedupnet.harness.report import SimConfig, format_report
+from dedupnet.harness.sim import simulate
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import (
     ServerTLS, TLSConfig, TLSRefused, center_uri, client_context, host_uri, make_certs, server_context,
@@ -309,7 +310,7 @@ async def test_secure_simulation_crawls_everything_once_over_tls(redis_url):
 
 def test_secure_refuses_what_it_cannot_do():
     from dedupnet.harness.faults import Fault
-    from dedupnet.harness.sim import check_secure
+    from dedupnet.harness.report import check_secure
 
     with pytest.raises(ValueError, match="link faults"):
         check_secure(SimConfig(secure=True, faults=(Fault("partition"),)))

@@ -6,13 +6,13 @@ same server as ``/metrics``).
 build step), which polls ``GET /status.json`` every two seconds and redraws itself.
 The JSON is the daemon's own ``status()`` body (what ``dedupnet status --json``
 prints: pools, members, sets in flight, counters, and for a center the detail of
-:func:`center_detail`), plus what only a page needs: admitted URLs a second over the
+:func:`center_host.daemon.center_detail`), plus what only a page needs: admitted URLs a second over the
 last 10 s, duplicates dropped by stage, Redis memory per key family (refreshed every
 10 s: a SCAN is not free) and the process's recent warnings and errors. Its fields are
 documented in docs/STATUS.md.
 
 ``dedupnet sim --http PORT`` serves the same page for a whole one-process simulation
-(:class:`SimStatus`): every network's center on one page, and the hosts.
+(dedupnet/harness/simpage.py): every network's center on one page, and the hosts.
 
 Why polling rather than server-sent events: the endpoint is a one-request-per-connection
 responder with deadlines on everything (dedupnet/adapters/metrics.py); a poll every 2 s costs a
@@ -37,8 +37,7 @@ from dedupnet.adapters.metrics import Counters, Route, serve_http
 
 log = logging.getLogger("dedupnet.adapters.status_page")
 
-__all__ = ["RecentErrors", "recent_errors", "key_family", "key_memory", "center_detail", "StatusView",
-           "serve_status", "SimStatus", "serve_sim_status"]
+__all__ = ["RecentErrors", "recent_errors", "key_family", "key_memory", "StatusView", "serve_status"]
 
 #: Seconds between two polls of the page (its JavaScript reads it from the JSON).
 POLL_INTERVAL = 2.0
@@ -180,63 +179,7 @@ def by_label(snapshot: dict[str, int], name: str, label: str) -> dict[str, int]:
 
 
 # -- a center's detail (part of CenterDaemon.status()) ------------------------------------
-def center_detail(daemon: Any) -> dict:
-    """What ``CenterDaemon.status()`` adds for the page and ``dedupnet status --json``:
-    each member's liveness (paper gap 3: a member silent for ``heartbeat_timeout``
-    leaves), sets in flight by stage and age (§2.3, §2.4), the oldest of them one by
-    one, and ``task_URL`` per host (gap 8). Ages count from when this center stored the
-    set (``CenterDaemon.set_since``); a set resumed after a restart, from the restart."""
-    from center_host.protocol import task_parts
-
-    now = trio.current_time()
-    core, since = daemon.core, daemon.set_since
-    for number in [n for n in since if n not in core.sets]:
-        del since[number]  # concluded by a path that did not pass _execute (never expected)
-    for number in core.sets:
-        since.setdefault(number, now)
-
-    stages: dict[str, dict] = {}
-    for rec in core.sets.values():
-        age = now - since[rec.number]
-        st = stages.setdefault(rec.stage.value, {"count": 0, "urls": 0, "oldest": 0.0,
-                                                 "ages": {label: 0 for _, label in AGE_BUCKETS}})
-        st["count"] += 1
-        st["urls"] += len(rec.frame.URL_set)
-        st["oldest"] = round(max(st["oldest"], age), 3)
-        st["ages"][next(label for bound, label in AGE_BUCKETS if age < bound)] += 1
-    oldest = sorted(core.sets.values(), key=lambda r: (since[r.number], r.number))[:OLDEST_SETS]
-
-    tasks: Counter[str] = Counter()
-    for key, urls in core.tasks.items():
-        tasks[task_parts(key)[1]] += len(urls)  # "" = admitted while no host was there
-
-    s = daemon.settings
-    # max: the daemon moves last_seen forward over its own pauses (CenterDaemon._heartbeats).
-    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items()}
-    waiting = core.waiting_for()
-    addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else p.host for p in s.peers}  # 0: it dials us
-    names = set(silent) | set(addresses) | set(waiting) | {h for h in tasks if h}
-    liveness = []
-    for name in sorted(names, key=lambda n: (n.startswith("net:"), _sort_key(n))):
-        quiet = silent.get(name)
-        state = "down" if quiet is None else "live" if quiet <= 2 * s.heartbeat_interval else "late"
-        liveness.append({"member": name, "kind": "peer" if name.startswith("net:") else "host",
-                         "address": addresses.get(name, name), "state": state,
-                         "silent": None if quiet is None else round(quiet, 3),
-                         "waiting_sets": waiting.get(name, 0), "task_urls": tasks.get(name, 0)})
-    return {
-        "heartbeat": {"interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout},
-        "liveness": liveness,
-        "sets": dict(sorted(stages.items())),
-        "oldest_sets": [{"number": r.number, "stage": r.stage.value, "origin": r.origin,
-                         "age": round(now - since[r.number], 3), "urls": len(r.frame.URL_set),
-                         "awaiting": sorted(r.awaiting), "attempts": r.attempts} for r in oldest],
-        "task_URL_per_host": dict(sorted(tasks.items())),
-        "frames_held": len(core.waiting),
-    }
-
-
-def _sort_key(name: str) -> tuple:
+def member_order(name: str) -> tuple:
     """Members in address order: 127.0.1.9 before 127.0.1.10, net:2 before net:10."""
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.:]", name))
 
@@ -335,67 +278,3 @@ async def serve_status(counters: Counters, host: str, port: int, status: Callabl
 
 
 # -- the simulation's page -----------------------------------------------------------------
-class SimStatus:
-    """``dedupnet sim --http``: one page for the whole one-process simulation, every
-    network's center (a :class:`StatusView` each, the same JSON as a center's own page)
-    and every host, plus the crawl's progress from the synthetic web's own counts."""
-
-    def __init__(self, system: Any, web: Any, config: dict):
-        self.system, self.web, self.config = system, web, config
-        self.started = time.monotonic()
-        self.views: dict[int, tuple[Any, StatusView]] = {}
-        self.errors = recent_errors()
-        self.counters = Counters()  # the page's own endpoint: http_errors
-        self.sample()
-
-    def _view(self, n: int, center: Any) -> StatusView:
-        held = self.views.get(n)
-        if held is None or held[0] is not center:  # a restarted center is a new daemon
-            held = self.views[n] = (center, StatusView(center.status, center.counters, center.pools.store, errors=False))
-        return held[1]
-
-    def sample(self) -> None:
-        for n, center in getattr(self.system, "centers", {}).items():
-            self._view(n, center).sample()
-
-    async def run(self) -> None:
-        while True:
-            await trio.sleep(1.0)
-            self.sample()
-
-    async def snapshot(self) -> dict:
-        centers = [await self._view(n, c).snapshot() for n, c in sorted(getattr(self.system, "centers", {}).items())]
-        hosts = []
-        for ip, h in sorted(self.system.hosts.items(), key=lambda kv: _sort_key(kv[0])):
-            body = await h.status() if hasattr(h, "status") else {"ip": ip}
-            hosts.append({k: v for k, v in body.items() if k != "counters"}
-                         | {"dropped": by_label(body.get("counters", {}), "urls_dropped", "stage")})
-        fetched = sum(self.web.answer_counts.values())
-        return {
-            "role": "sim", "time": round(time.time(), 3), "poll_interval": POLL_INTERVAL, "config": self.config,
-            "elapsed": round(time.monotonic() - self.started, 1),
-            "progress": {"pages_fetched": fetched, "duplicate_fetches": self.web.duplicate_fetches(),
-                         "admitted": sum(c["admitted"]["total"] for c in centers),
-                         "admitted_per_s": round(sum(c["admitted"]["per_s"] or 0 for c in centers), 1)},
-            "centers": centers, "hosts": hosts, "recent_errors": self.errors.records(),
-        }
-
-
-def serve_sim_status(address: tuple[str, int], config: dict, out=None) -> Callable[[Any, Any], Awaitable[None]]:
-    """The ``during`` hook of :func:`dedupnet.harness.sim.simulate` that serves the simulation's
-    page on ``address`` while the crawl runs. A port already taken is said on ``out``
-    (the crawl goes on without the page)."""
-
-    async def during(system: Any, web: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        view = SimStatus(system, web, config)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(view.run)
-            try:
-                port = await nursery.start(serve_http, view.counters, *address, routes(view.snapshot))
-            except OSError as e:
-                print(f"dedupnet sim: no status page on {address[0]}:{address[1]}: {e}", file=out, flush=True)
-                nursery.cancel_scope.cancel()
-                return
-            print(f"  status page: http://{address[0]}:{port}/", file=out, flush=True)
-            task_status.started(port)
-    return during

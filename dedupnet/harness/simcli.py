@@ -1,0 +1,183 @@
+"""The ``dedupnet sim`` command: its flags, and which runner (in one process:
+dedupnet/harness/sim.py; as processes: dedupnet/harness/simproc.py; repeated under faults:
+dedupnet/harness/chaos.py; or the topology sweep) a run goes to."""
+
+from __future__ import annotations
+
+import sys
+
+import trio
+
+from center_host.protocol import PARTITION_POLICIES
+
+from dedupnet.harness.faults import FAULTS, Fault, parse_fault
+from dedupnet.harness.report import (SCENARIOS, MODES, SimConfig, check_secure, format_report, format_comparison, plot)
+from dedupnet.harness.sim import (simulate, INPROCESS_FAULTS, faults_refused, _http_arg)
+
+
+def run(args) -> int:
+    """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed),
+    or ``--chaos N`` (N random fault schedules, dedupnet/harness/chaos.py)."""
+    import contextlib
+    import dataclasses
+
+    import orjson
+
+    from dedupnet.adapters.embedded import EmbeddedRedis
+
+    if args.sweep:
+        return _sweep(args)
+
+    base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
+                     seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
+                     max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
+                     partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
+                     send_delay=args.send_delay, faults=tuple(args.faults or ()),
+                     finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
+                     bloom_error_rate=args.bloom_error_rate,
+                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls)
+    try:
+        check_secure(base)
+        if args.compare and base.secure:
+            raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
+    except ValueError as e:
+        print(f"dedupnet sim: {e}", file=sys.stderr)
+        return 2
+    if args.chaos is not None:
+        from dedupnet.harness.chaos import run_chaos
+
+        return run_chaos(base, args)
+    if args.http and args.processes:
+        print("dedupnet sim: --http serves the one-process simulation's page; with --processes every center is its "
+              "own process: give it --http there (dedupnet center --http HOST:PORT)", file=sys.stderr)
+        return 2
+    if base.faults and not args.processes and any(f.kind not in INPROCESS_FAULTS for f in base.faults):
+        print("dedupnet sim: " + faults_refused(base.faults), file=sys.stderr)
+        return 2
+    modes = MODES if args.compare else (args.mode,)
+    reports = []
+    if args.redis_cluster:
+        from dedupnet.adapters.embedded import EmbeddedCluster
+
+        server_cm = EmbeddedCluster(args.redis_cluster)
+    else:
+        server_cm = contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis()
+    with server_cm as url:
+        for mode in modes:
+            cfg = dataclasses.replace(base, mode=mode)
+            print(f"-- {cfg.networks} networks x {cfg.hosts} hosts, {mode} mode, {cfg.scenario}: crawling "
+                  f"{cfg.pages:,} pages over {cfg.sites} sites", flush=True)
+            if args.processes:
+                from dedupnet.harness.simproc import simulate_processes
+
+                try:
+                    report = trio.run(simulate_processes, cfg, url)
+                except ValueError as e:  # a mode or scenario processes mode does not run
+                    print(f"dedupnet sim: {e}", file=sys.stderr)
+                    return 2
+            else:
+                during = None
+                if args.http:  # the live status page of the whole system (dedupnet/adapters/status_page.py)
+                    from dedupnet.harness.simpage import serve_sim_status
+
+                    during = serve_sim_status(args.http, {k: getattr(cfg, k) for k in (
+                        "networks", "hosts", "pages", "sites", "mode", "scenario", "seed")})
+                report = trio.run(lambda: simulate(cfg, url, during=during))
+            reports.append(report)
+            print(format_report(report), flush=True)
+    if args.compare:
+        print("\n" + format_comparison(reports))
+    if args.json:
+        data = [r.to_json() for r in reports] if args.compare else reports[0].to_json()
+        with open(args.json, "wb") as f:
+            f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
+    if args.plot:
+        plot(reports[0], args.plot)
+    return 1 if any(r.timed_out for r in reports) else 0
+
+
+def _sweep(args) -> int:
+    """``dedupnet sim --sweep 2x2,3x3``: :mod:`dedupnet.harness.sweep` with this command's web,
+    seed and --processes (one simulation process per layout)."""
+    from dedupnet.harness import sweep
+
+    argv = ["--layouts", args.sweep, "--pages", str(args.pages), "--sites", str(args.sites), "--seed", str(args.seed),
+            "--seeds", str(args.seeds), "--mode", args.mode]
+    if args.timeout != SimConfig.timeout:
+        argv += ["--timeout", str(args.timeout)]
+    if args.processes:
+        argv.append("--processes")
+    if args.baseline_python:
+        argv += ["--baseline-python", args.baseline_python]
+    if args.json:
+        argv += ["--out", args.json]
+    return sweep.main(argv)
+
+
+def _fault_arg(spec: str) -> Fault:
+    import argparse
+
+    try:
+        return parse_fault(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
+    p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
+    p.add_argument("--pages", type=int, default=3000, help="pages of the synthetic web (default 3000)")
+    p.add_argument("--sites", type=int, default=30, help="sites of the synthetic web (default 30)")
+    p.add_argument("--mode", choices=MODES, default="exact")
+    p.add_argument("--seed", type=int, default=1, help="seeds the web and the run (default 1)")
+    p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
+    p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
+    p.add_argument("--set-size", type=int, default=SimConfig.set_size, help="URLs per URL_set (default %(default)s)")
+    p.add_argument("--set-linger", type=float, default=SimConfig.set_linger, metavar="S",
+                   help="seconds a host waits for a URL_set to fill (default %(default)s)")
+    p.add_argument("--partition-policy", choices=PARTITION_POLICIES,
+                   help="a late answer or a network that is down: wait (exact mode's default) or admit")
+    p.add_argument("--answer-timeout", type=float, default=SimConfig.answer_timeout, metavar="S",
+                   help="seconds before a set is asked again (default %(default)s)")
+    p.add_argument("--send-delay", type=float, default=0.0, metavar="S",
+                   help="fault injection: every message a host sends waits S seconds (one process only)")
+    p.add_argument("--fault", dest="faults", action="append", type=_fault_arg, metavar="SPEC",
+                   help="inject a fault (repeat for several): KIND[:at=F,for=S,target=T], e.g. kill-host, "
+                        "kill-center:at=0.3,for=5,target=center:1; kinds: " + ", ".join(FAULTS) +
+                        " (see dedupnet/harness/faults.py)")
+    p.add_argument("--chaos", type=int, metavar="N",
+                   help="run N random fault schedules (reproducible from --chaos-seed) and print one line each "
+                        "plus a summary")
+    p.add_argument("--chaos-seed", type=int, metavar="S", help="seed of the --chaos schedules (default: --seed)")
+    p.add_argument("--scenario", choices=SCENARIOS, default="default",
+                   help="concurrent: every host seeded with the same pages; churn: a host leaves and another "
+                        "joins; restart: a center is killed and restarted (both a third of the way in)")
+    p.add_argument("--timeout", type=float, default=120.0, help="give up (and say so) after this many seconds")
+    p.add_argument("--compare", action="store_true", help="run exact, paper and owner on the same seed, side by side")
+    p.add_argument("--processes", action="store_true",
+                   help="every center and host as its own OS process (dedupnet center / dedupnet local)")
+    p.add_argument("--sweep", metavar="LAYOUTS",
+                   help="run these layouts (e.g. 2x2,3x3,5x5,8x4; --networks/--hosts ignored) one after the other "
+                        "and print one table (see bench/bench_topology.py for all its options)")
+    p.add_argument("--baseline-python", metavar="PYTHON",
+                   help="with --sweep: also run each layout with another checkout's interpreter, side by side")
+    p.add_argument("--lan-key", action="store_true",
+                   help="HMAC tags on the LANs (issue #10): a random LAN key is made for the run")
+    p.add_argument("--secure", action="store_true",
+                   help="issue #10's protections together: TLS with client certificates between the centers "
+                        "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
+                        "the report counts TLS records on the wire")
+    p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
+    p.add_argument("--http", type=_http_arg, metavar="[HOST:]PORT",
+                   help="serve a live status page of the whole system (every center, the hosts) at "
+                        "http://HOST:PORT/ while it runs (HOST default 127.0.0.1; docs/STATUS.md)")
+    p.add_argument("--json", metavar="FILE", help="write the report as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
+    p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "
+                                                   "(redis+cluster://HOST:PORT: a Redis Cluster)")
+    p.add_argument("--redis-cluster", type=int, metavar="N",
+                   help="run on an embedded Redis Cluster of N masters (dedupnet/adapters/embedded.py EmbeddedCluster)")
+    p.add_argument("--finish-url-filter", choices=("exact", "bloom"), default="exact",
+                   help="the hosts' finish_URL: exact (default) or bloom; each false positive is a URL never crawled")
+    p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N")
+    p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P")

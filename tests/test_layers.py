@@ -1,0 +1,149 @@
+"""The layering rule of docs/ARCHITECTURE.md, checked on the source: imports only go down
+(front ends -> harness -> service -> roles -> adapters -> codec), the two roles do not
+import each other, and no two modules import each other, directly or round a longer
+loop. Imports inside functions count too: a late import is still a dependency."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("dedupnet", "local_host", "center_host")
+
+#: Layer of a module: the longest matching prefix wins; higher may import lower.
+LAYERS = {
+    "dedupnet.codec": 0,
+    "dedupnet.schemas": 0,
+    "dedupnet.adapters": 1,
+    "local_host": 2,
+    "center_host": 2,
+    "dedupnet.service": 3,
+    "dedupnet.harness": 4,
+    "dedupnet.cli": 5,
+    "dedupnet.scrapy": 5,
+    "dedupnet": 5,  # the package itself (its __init__ holds only the version)
+}
+
+
+def layer_of(module: str) -> int:
+    prefixes = [p for p in LAYERS if module == p or module.startswith(p + ".")]
+    if not prefixes:
+        raise AssertionError(f"{module} is in no layer: add it to docs/ARCHITECTURE.md and LAYERS")
+    return LAYERS[max(prefixes, key=len)]
+
+
+def role_of(module: str) -> str | None:
+    top = module.split(".")[0]
+    return top if top in ("local_host", "center_host") else None
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The project modules ``module`` imports (``from a import b`` counts ``a.b`` if that
+    is a module, else ``a``)."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                out.add(sub if sub in known else base)
+        elif isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+    return {m for m in out if m in known and m != module}
+
+
+def graph() -> dict[str, set[str]]:
+    found = modules()
+    return {m: imports_of(m, p, set(found)) for m, p in found.items()}
+
+
+def upward(g: dict[str, set[str]]) -> list[str]:
+    bad = []
+    for m, targets in g.items():
+        for t in sorted(targets):
+            if layer_of(t) > layer_of(m):
+                bad.append(f"{m} (layer {layer_of(m)}) imports {t} (layer {layer_of(t)})")
+            elif role_of(m) and role_of(t) and role_of(m) != role_of(t):
+                bad.append(f"{m} imports the other role's {t}")
+    return bad
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_every_module_has_a_layer_and_imports_only_go_down():
+    g = graph()
+    assert len(g) > 40 and "dedupnet.codec.wire" in g and "center_host.protocol" in g
+    assert upward(g) == []
+
+
+def test_no_two_modules_import_each_other():
+    assert cycles(graph()) == []
+
+
+def test_the_sans_io_cores_import_no_io():
+    """The protocol state machines (h11's shape) see only the codec: events in, actions
+    out. Their store key names and counters come from the adapters' pure parts."""
+    g = graph()
+    allowed = {"dedupnet.adapters.metrics", "dedupnet.adapters.store"}  # Counters; key names
+    for core in ("local_host.protocol", "center_host.protocol", "local_host.local_dedup"):
+        assert {t for t in g[core] if layer_of(t) >= 1} <= allowed | {core.rpartition(".")[0] + ".local_dedup"}, core
+
+
+def test_the_checks_fail_on_an_upward_import_and_on_a_cycle():
+    g = graph()
+    g["dedupnet.codec.wire"] = g["dedupnet.codec.wire"] | {"dedupnet.harness.sim"}
+    assert any("dedupnet.codec.wire (layer 0) imports dedupnet.harness.sim" in b for b in upward(g))
+    assert any({"dedupnet.codec.wire", "dedupnet.harness.sim"} <= set(c) for c in cycles(g))
+    g = {"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}, "a.w": set()}
+    assert cycles(g) == [["a.x", "a.y", "a.z"]]
+    g = {"local_host.daemon": {"center_host.protocol"}, "center_host.protocol": set()}
+    assert upward(g) == ["local_host.daemon imports the other role's center_host.protocol"]
