@@ -25,6 +25,7 @@ from dedupnet.aio import AsyncStore
 from dedupnet.auth import keyring_from
 from dedupnet.messages import Heartbeat, Register
 from dedupnet.metrics import Counters, serve_metrics
+from dedupnet.recrawl import RecrawlPolicy
 from dedupnet.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.store import Store
 from dedupnet.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
@@ -81,6 +82,9 @@ class CenterSettings:
     #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
     #: None: plain TCP, trusted by source address only (loopback simulations).
     tls: TLSConfig | None = None
+    #: Re-crawl by age (dedupnet/recrawl.py): admitted URLs count as seen for their age
+    #: only. None: for ever. Every center of the system must have the same policy.
+    recrawl: RecrawlPolicy | None = None
 
 
 class CenterDaemon:
@@ -91,10 +95,10 @@ class CenterDaemon:
             network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
             mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
             resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
-            foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup,
+            foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
         )
         self.core = cp.CenterProtocol(config, self.counters)
-        self.pools = CenterPools(store)
+        self.pools = CenterPools(store, settings.recrawl)
         self.store = AsyncStore(store)
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}

@@ -97,6 +97,11 @@ class SimConfig:
     secure: bool = False
     #: ``--lan-tls``: with ``secure``, TLS between hosts and their center too.
     lan_tls: bool = False
+    #: Re-crawl by age (issue #13): every daemon's ``recrawl_after``, and ``windows`` K:
+    #: the seeds are offered again K - 1 times, each once the previous window is quiescent
+    #: and older than the age (:func:`_run_windows`); every URL must be fetched K times.
+    recrawl_after: float | None = None
+    windows: int = 1
 
 
 @dataclass
@@ -165,6 +170,12 @@ class Report:
     #: Of ``tls_bytes_on_wire``: the messages those records carried (the rest is TLS's own).
     tls_payload_bytes: int = 0
     tls_handshakes: int = 0
+    #: Re-crawl windows (``recrawl_after``): each one's start, end (seconds) and requests.
+    windows: list[dict] = field(default_factory=list)
+    #: URLs of the ground truth fetched exactly K times over K windows, fewer, more.
+    window_counts: dict[str, int] = field(default_factory=dict)
+    #: The shortest time between two answered requests for one URL (None: none twice).
+    min_refetch_gap: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -332,6 +343,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
     if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
         raise ValueError(faults_refused(cfg.faults))
     check_secure(cfg)
+    check_windows(cfg)
     import tempfile
 
     with secure_certs(cfg) as tls_dir, tempfile.TemporaryDirectory(prefix="dedupnet-sim-keys-") as keys:
@@ -404,6 +416,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
                                      **_link_relays(cfg),
+                                     **({"recrawl": recrawl_policy(cfg)} if cfg.recrawl_after is not None else {}),
                                      **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
                                         if key_file else {}))
         async with system_cm as system, trio.open_nursery() as crawling:
@@ -424,11 +437,13 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             plan = await _seed(system, seeds, cfg.scenario)
             t0 = time.perf_counter()
             timeline: list[dict] = []
-            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links)
+            timed_out, windows = await _run_windows(cfg, system, crawlers, web, timeline, t0, out, meter, links,
+                                                    seeds, observer)
             wall = time.perf_counter() - t0
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
             report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
-                             center_cpu=meter.seconds - meter_start if meter else None, memory=memory)
+                             center_cpu=meter.seconds - meter_start if meter else None, memory=memory,
+                             windows=windows)
             if links is not None:
                 report.links = links.summary(t0=trio.current_time() - wall)
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
@@ -551,6 +566,56 @@ async def _pool_sizes(system) -> dict[str, int]:
     return dict(sizes)
 
 
+def recrawl_policy(cfg: SimConfig):
+    """The daemons' :class:`~dedupnet.recrawl.RecrawlPolicy` (None without ``recrawl_after``)."""
+    from .recrawl import RecrawlPolicy
+
+    return RecrawlPolicy.from_settings(cfg.recrawl_after)
+
+
+def check_windows(cfg: SimConfig) -> None:
+    """ValueError for what ``--recrawl-after``/``--windows`` cannot be combined with."""
+    if cfg.windows < 1:
+        raise ValueError("--windows must be at least 1")
+    if cfg.windows > 1 and cfg.recrawl_after is None:
+        raise ValueError("--windows needs --recrawl-after (without it nothing is ever crawled again)")
+    if cfg.recrawl_after is not None and cfg.mode == "owner":
+        raise ValueError("--recrawl-after runs the protocol's daemons (exact or paper mode); owner has no ages")
+    if cfg.windows > 1 and cfg.scenario not in ("default", "concurrent"):
+        raise ValueError(f"--windows runs the default and concurrent scenarios, not {cfg.scenario!r}")
+
+
+async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, timeline, t0, out, meter, links,
+                       seeds: list[str], observer: Observer) -> tuple[bool, list[dict]]:
+    """Window 1 is the crawl from the seeds, to quiescence. With ``recrawl_after`` A each
+    further window waits until A and one slice (dedupnet/recrawl.py: how much longer a URL
+    may still count as seen) have passed since the previous one was quiescent, so that
+    every URL admitted or crawled in it is due again, then offers the same seeds again
+    through the hosts' URL_pool (what a host's crawler does every ``recrawl_interval``
+    under a re-crawl policy) and runs to quiescence: every page must be found again and
+    fetched once more, in the whole system. Returns whether a window timed out, and the
+    windows (start and end in seconds since ``t0``, requests answered in each)."""
+    from .recrawl import SLICES
+
+    windows: list[dict] = []
+    timed_out = False
+    for k in range(cfg.windows):
+        if k:
+            wait = windows[-1]["end_wall"] + cfg.recrawl_after * (1 + 1 / SLICES) + 0.1 - time.time()
+            await trio.sleep(max(wait, 0.0))
+            observer.found.clear()
+            await _seed(system, seeds, cfg.scenario)
+        start, before = time.perf_counter() - t0, sum(web.answer_counts.values())
+        timed_out |= await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links)
+        windows.append({"window": k + 1, "start": round(start, 2), "end": round(time.perf_counter() - t0, 2),
+                        "requests": sum(web.answer_counts.values()) - before, "end_wall": time.time()})
+        if timed_out:
+            break
+    for w in windows:
+        del w["end_wall"]
+    return timed_out, windows if cfg.recrawl_after is not None else []
+
+
 async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None,
                              links=None) -> bool:
     """Sample progress until nothing is left anywhere (twice in a row) or the timeout.
@@ -612,10 +677,12 @@ async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str])
 
 def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
-            memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset()) -> Report:
+            memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset(),
+            windows: list[dict] | None = None) -> Report:
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
-    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed)
+    k = cfg.windows
+    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed, windows=k)
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
@@ -667,11 +734,18 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
             if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
                 bad[key] += value
     extra["bad_input"] = dict(bad)
+    if windows:
+        counts = [web.answer_counts.get(u, 0) for u in expected]
+        extra.update(windows=windows, min_refetch_gap=refetch_gap(web), window_counts={
+            "exactly": sum(n == k for n in counts), "fewer": sum(n < k for n in counts),
+            "more": sum(n > k for n in counts)})
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
-        requests=requests, crawler_requests=crawler_requests, duplicate_fetches=web.duplicate_fetches(),
-        harness_duplicates=finished_twice(stores, reach.disallowed) if stores else None,
+        requests=requests, crawler_requests=crawler_requests,
+        duplicate_fetches=web.duplicate_fetches() if k == 1 else sum(max(n - k, 0) for n in web.answer_counts.values()),
+        # finish_URL keeps no URL for ever under a re-crawl policy: only the web can tell then.
+        harness_duplicates=finished_twice(stores, reach.disallowed) if stores and not windows else None,
         invariant_violations=len(violations), invariant_examples=violations[:20], refetched_after_kill=refetched,
         lost_urls=len(lost), lost_examples=lost[:10],
         unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
@@ -692,7 +766,8 @@ def wire_bytes(counters) -> int:
 
 
 def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
-                    max_depth: int | None = None, *, killed: frozenset[str] = frozenset()) -> tuple[list[str], int]:
+                    max_depth: int | None = None, *, killed: frozenset[str] = frozenset(),
+                    windows: int = 1) -> tuple[list[str], int]:
     """The design guide's invariant, checked from what the web served, not from anything
     the daemons say: every URL a crawler extracted (a seed, a link of a page the web
     answered, a redirect's target) ends crawled exactly once, or, if robots.txt forbids
@@ -706,7 +781,8 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     crawler killed between the web's answer and that transaction fetches the page again
     when it restarts: at least once, never by another host. No crawler can do better:
     the request is a side effect outside its store. Who made a request is the client
-    address the web saw (the daemons' crawlers send from their host's IP)."""
+    address the web saw (the daemons' crawlers send from their host's IP). With
+    ``windows`` K (re-crawl by age, ``--windows``) "once" is K times: once in each window."""
     carriers: dict[str, list[str]] = {}
     for s in seeds:
         carriers.setdefault(normalize(s), []).append("(seed)")
@@ -736,19 +812,42 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     for url in sorted(carriers):
         n = web.answer_counts.get(url, 0)
         by = set(web.answered_by.get(url, ()))
-        if n > 1 and len(by) == 1 and by <= killed:
-            excused += n - 1
+        if n > windows and len(by) == 1 and by <= killed:
+            excused += n - windows
             continue
         if web.disallowed(url):
             if web.fetch_counts.get(url, 0):
                 out.append(f"{url}: robots.txt forbids it, fetched {web.fetch_counts[url]} time(s){seen(url)}")
         elif n == 0:
             out.append(f"{url}: extracted, never crawled (lost){seen(url)}")
-        elif n > 1:
-            out.append(f"{url}: crawled {n} times (duplicate){seen(url)}")
+        elif n > windows:
+            out.append(f"{url}: crawled {n} times (duplicate{f' over {windows} windows' if windows > 1 else ''}){seen(url)}")
+        elif n < windows:
+            out.append(f"{url}: crawled {n} of {windows} times (missed a window){seen(url)}")
     for url in sorted(set(web.answer_counts) - set(carriers)):
         out.append(f"{url}: crawled, but no fetched page or seed led to it{seen(url)}")
     return out, excused
+
+
+def refetch_gap(web: SyntheticWeb) -> float | None:
+    """The shortest time between two answered requests for one URL (the web's request
+    log; a flaky page's 503s are not answers), or None if no URL was fetched twice."""
+    origin = dict(zip(web.hosts, web.origins))
+    times: dict[str, list[float]] = {}
+    for t, host, path in web.request_log:
+        if path == "/robots.txt":
+            continue  # each crawler reads it once per site
+        try:
+            times.setdefault(normalize(origin[host] + path), []).append(t)
+        except (KeyError, ValueError, BadURL):
+            continue
+    gaps = []
+    for url, ts in times.items():
+        i = web.lookup(url)
+        if i is not None and web.flaky[i]:
+            ts = ts[web.spec.flaky_failures:]
+        gaps += [b - a for a, b in zip(ts, ts[1:])]
+    return round(min(gaps), 3) if gaps else None
 
 
 def finished_twice(stores: list, skipped: set[str]) -> int:
@@ -811,7 +910,25 @@ def format_report(r: Report) -> str:
     by key family             {memory}
   pages per host              {hosts}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _windows_lines(r) + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+
+
+def _windows_lines(r: Report) -> str:
+    """Re-crawl by age: the windows, and whether every URL was fetched once in each."""
+    if not r.windows:
+        return ""
+    c, k, n = r.config, len(r.windows), r.window_counts
+    age = c["recrawl_after"]
+    gap = "n/a" if r.min_refetch_gap is None else f"{r.min_refetch_gap:.2f} s"
+    lines = [f"  re-crawl by age             recrawl_after {age:g} s, {k} windows: fetched exactly {k} times "
+             f"{n['exactly']:,} of {r.reachable_urls:,} URLs, fewer {n['fewer']:,}, more {n['more']:,}",
+             f"  closest two fetches of a URL  {gap}   (never less than recrawl_after)"]
+    for w in r.windows:
+        long = "   longer than recrawl_after: a URL found again after its age in it is fetched again" \
+            if w["end"] - w["start"] > age else ""
+        lines.append(f"    window {w['window']:<3}               t={w['start']:.1f}-{w['end']:.1f} s   "
+                     f"{w['requests']:,} requests{long}")
+    return "".join("\n" + line for line in lines)
 
 
 def _auth_lines(r: Report) -> str:
@@ -925,9 +1042,14 @@ def run(args) -> int:
                      send_delay=args.send_delay, faults=tuple(args.faults or ()),
                      finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
                      bloom_error_rate=args.bloom_error_rate,
-                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls)
+                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
+                     recrawl_after=args.recrawl_after, windows=args.windows)
     try:
         check_secure(base)
+        check_windows(base)
+        if base.recrawl_after is not None and (args.processes or args.compare or args.chaos is not None):
+            raise ValueError("--recrawl-after runs in one process, one mode (not with --processes, --compare "
+                             "or --chaos)")
         if args.compare and base.secure:
             raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
     except ValueError as e:
@@ -1048,6 +1170,12 @@ def add_arguments(p) -> None:
                         "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
                         "the report counts TLS records on the wire")
     p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
+    p.add_argument("--recrawl-after", type=float, metavar="S",
+                   help="re-crawl by age (issue #13): every daemon's recrawl_after; with --windows K the seeds "
+                        "are offered again, each time once the last window is quiescent and S seconds old, and "
+                        "the report checks that every URL was fetched exactly K times")
+    p.add_argument("--windows", type=int, default=1, metavar="K",
+                   help="with --recrawl-after: crawl K windows (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "

@@ -8,6 +8,7 @@ from ``URL_pool`` while fewer than ``max_unacked`` frames are in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -21,6 +22,7 @@ from dedupnet.auth import keyring_from
 from dedupnet.messages import Ack, Heartbeat, Register, Task
 from dedupnet.metrics import Counters, serve_metrics
 from dedupnet.numbers import host_id_from_ip
+from dedupnet.recrawl import RecrawlPolicy
 from dedupnet.runtime import Reactor, control_session, until_stored
 from dedupnet.store import URL_POOL, Store
 from dedupnet.tls import TLSConfig, center_uri, client_context
@@ -75,6 +77,9 @@ class LocalSettings:
     #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
     #: host's network (dedupnet/tls.py). None or without lan_tls: plain TCP.
     tls: TLSConfig | None = None
+    #: Re-crawl by age (dedupnet/recrawl.py): finish_URL counts a URL as crawled for its
+    #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
+    recrawl: RecrawlPolicy | None = None
 
 
 class LocalDaemon:
@@ -84,12 +89,15 @@ class LocalDaemon:
         host_id = settings.host_id if settings.host_id is not None else host_id_from_ip(settings.ip, settings.lan)
         self.core = hp.HostProtocol(hp.HostConfig(settings.ip, settings.network, host_id, settings.set_size,
                                                   settings.mode, settings.max_unacked), self.counters)
-        self.pools = HostPools(store, exact=settings.mode == "exact")
+        self.pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl)
         self.store = AsyncStore(store)
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
         self.port = settings.listen_port
-        self.crawler = Crawler(store, settings.crawler, self.counters, consumer=settings.ip) if settings.crawler else None
+        crawler = settings.crawler
+        if crawler is not None and settings.recrawl is not None:
+            crawler = dataclasses.replace(crawler, recrawl=settings.recrawl)
+        self.crawler = Crawler(store, crawler, self.counters, consumer=settings.ip) if crawler else None
         self.crawler_scope = trio.CancelScope()
         self._pushed = trio.Event()  # the crawler put links into URL_pool
         if self.crawler is not None:
