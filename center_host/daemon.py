@@ -138,6 +138,8 @@ class CenterDaemon:
                                self.settings.key_poll_interval)
             log.info("center of network %d listening on %s:%d (LAN %s, %d peers, %s mode)", self.settings.network,
                      self.settings.ip, self.port, self.settings.lan, len(self.settings.peers), self.settings.mode)
+            if self.settings.recrawl is not None:
+                log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
             task_status.started(self.port)
 
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

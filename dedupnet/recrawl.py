@@ -115,9 +115,12 @@ class RecrawlPolicy:
         return {age: np.array(idx, dtype=np.int64) for age, idx in ages.items()}
 
     def describe(self) -> str:
-        default = "never" if self.after is None else f"{_label(self.after)} s"
-        return ", ".join([f"{g}: {'never' if a is None else _label(a) + ' s'}" for g, a in self.sites]
-                         + [f"others: {default}"])
+        """``"3600 s"``, or ``"news.*: 60 s, others: 3600 s"`` (for the daemons' logs)."""
+        def text(age: float | None) -> str:
+            return "ever" if age is None else f"{_label(age)} s"
+        if not self.sites:
+            return text(self.after)
+        return ", ".join([f"{g}: {text(a)}" for g, a in self.sites] + [f"others: {text(self.after)}"])
 
 
 class AgedSet:

@@ -138,6 +138,8 @@ class LocalDaemon:
                 **self._center_tls()))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
+            if self.settings.recrawl is not None:
+                log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
             task_status.started(self.port)
 
     def _center_tls(self) -> dict:
