@@ -9,7 +9,7 @@ pages/s for one host, the web server on the same machine — and whether the bes
 level met it.
 
 What is measured, and what is not
-    * The web server runs in a separate process (``python -m dedupnet.web``, started
+    * The web server runs in a separate process (``python -m dedupnet.harness.web``, started
       afresh for every level so that flaky pages fail again and the work is the same)
       so it does not share the crawler's GIL; its port is read from its first line of
       output. Redis is an embedded, non-persistent server (or ``--redis URL``).
@@ -51,11 +51,11 @@ from dataclasses import dataclass
 import psutil
 import trio
 
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.metrics import Counters
-from dedupnet.store import FINISH_URL, TASK_POOL, Store
-from dedupnet.urls import fingerprint_many
-from dedupnet.web import SyntheticWeb, WebSpec
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Store
+from dedupnet.codec.urls import fingerprint_many
+from dedupnet.harness.web import SyntheticWeb, WebSpec
 from local_host.crawler import FAILED, Crawler, CrawlerSettings
 
 TARGET = 200.0  # pages/s, one host (issue #4)
@@ -78,11 +78,11 @@ class Row:
 
 
 class WebProcess:
-    """``python -m dedupnet.web`` in a child process; :attr:`port` once it serves."""
+    """``python -m dedupnet.harness.web`` in a child process; :attr:`port` once it serves."""
 
     def __init__(self, pages: int, sites: int, seed: int):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dedupnet.web", "--pages", str(pages), "--sites", str(sites),
+            [sys.executable, "-m", "dedupnet.harness.web", "--pages", str(pages), "--sites", str(sites),
              "--seed", str(seed), "--port", "0", "--seeds", "0"],
             stdout=subprocess.PIPE, text=True)
         first = self.proc.stdout.readline()  # printed once every site listens

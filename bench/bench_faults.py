@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_faults.py --layout 3x3 --pages 3000 --seeds 1,2,3 --out faults.json
 
 Each row is one ``dedupnet sim --processes --fault KIND:at=AT`` run (target drawn from the
-seed, duration the kind's default: dedupnet/faults.py), one after the other, each with its
+seed, duration the kind's default: dedupnet/harness/faults.py), one after the other, each with its
 own daemons and keys on one embedded Redis (``kill-redis`` runs start their own, which
 they kill). Printed as a Markdown table: duplicate fetches (all, and those a killed host
 made again by itself), lost URLs, violations of the harness's invariant, quiescence, wall
@@ -23,10 +23,10 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dedupnet.embedded import EmbeddedRedis  # noqa: E402
-from dedupnet.faults import PROCESS_FAULTS, Fault  # noqa: E402
-from dedupnet.sim import SimConfig  # noqa: E402
-from dedupnet.simproc import simulate_processes  # noqa: E402
+from dedupnet.adapters.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness.faults import PROCESS_FAULTS, Fault  # noqa: E402
+from dedupnet.harness.sim import SimConfig  # noqa: E402
+from dedupnet.harness.simproc import simulate_processes  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

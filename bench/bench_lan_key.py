@@ -1,4 +1,4 @@
-"""Benchmark: what HMAC tags on the LANs cost (issue #10, dedupnet/auth.py).
+"""Benchmark: what HMAC tags on the LANs cost (issue #10, dedupnet/codec/auth.py).
 
 Two parts, each against a baseline measured in the same process:
 
@@ -21,11 +21,11 @@ import time
 
 import trio
 
-from dedupnet import wire
-from dedupnet.auth import Keyring
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.messages import Frame, Heartbeat
-from dedupnet.sim import SimConfig, simulate
+from dedupnet.codec import wire
+from dedupnet.codec.auth import Keyring
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.codec.messages import Frame, Heartbeat
+from dedupnet.harness.sim import SimConfig, simulate
 
 
 def per_op(fn, n: int, repeats: int = 5) -> float:

@@ -4,10 +4,10 @@
     .venv/bin/python bench/bench_link_faults.py --scenarios partition --seeds 1 --json out.json
     .venv/bin/python bench/bench_link_faults.py --processes         # every daemon its own process
 
-Every run is ``dedupnet sim`` in one process (dedupnet/sim.py ``simulate``) with one
-fault of dedupnet/relay.py (``SimConfig.faults``): when it starts and which links it
-hits come from the seed (dedupnet/relay.py ``schedule_link_faults``). With
-``--processes`` every run is ``dedupnet sim --processes`` (dedupnet/simproc.py: every
+Every run is ``dedupnet sim`` in one process (dedupnet/harness/sim.py ``simulate``) with one
+fault of dedupnet/harness/relay.py (``SimConfig.faults``): when it starts and which links it
+hits come from the seed (dedupnet/harness/relay.py ``schedule_link_faults``). With
+``--processes`` every run is ``dedupnet sim --processes`` (dedupnet/harness/simproc.py: every
 daemon its own OS process, the relays in the harness). One embedded Redis serves the
 runs one after the other. Columns: duplicate fetches and lost URLs
 (the web server's counts), whether the run reached quiescence, wall seconds from
@@ -24,10 +24,10 @@ from collections import Counter
 import orjson
 import trio
 
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.faults import LINK_FAULTS, Fault
-from dedupnet.sim import SimConfig, simulate
-from dedupnet.simproc import simulate_processes
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.harness.faults import LINK_FAULTS, Fault
+from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.harness.simproc import simulate_processes
 
 
 def relay_totals(report) -> str:

@@ -32,8 +32,8 @@ import hiredis
 import numpy as np
 from redis.exceptions import ResponseError
 
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.store import _MEMBER_DIGITS, _MEMBER_OFFSET, _MEMBER_RECORD, FINISH_URL, Store, _bulk
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.store import _MEMBER_DIGITS, _MEMBER_OFFSET, _MEMBER_RECORD, FINISH_URL, Store, _bulk
 
 LUA_ARRAY = b"""
 local out, a = {}, #KEYS

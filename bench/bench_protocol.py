@@ -17,9 +17,9 @@ import time
 import redis
 import trio
 
-from dedupnet.cluster import open_cluster
-from dedupnet.sim import redis_memory
-from dedupnet.embedded import EmbeddedRedis
+from dedupnet.harness.cluster import open_cluster
+from dedupnet.harness.sim import redis_memory
+from dedupnet.adapters.embedded import EmbeddedRedis
 
 
 async def run(url: str, args) -> None:

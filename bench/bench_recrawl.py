@@ -1,5 +1,5 @@
 """Redis bytes per URL and URLs/s of a fingerprint set with ages (re-crawl by age,
-dedupnet/recrawl.py) against the plain set, on the same embedded server, one after the
+dedupnet/adapters/recrawl.py) against the plain set, on the same embedded server, one after the
 other (issue #13 item 3).
 
 For each: N fingerprints stored in batches of B, then N look-ups of which half are
@@ -19,9 +19,9 @@ import time
 
 import numpy as np
 
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.recrawl import SLICES, AgedSet, RecrawlPolicy
-from dedupnet.store import FINISH_URL, Store
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.recrawl import SLICES, AgedSet, RecrawlPolicy
+from dedupnet.adapters.store import FINISH_URL, Store
 
 AGE = 86_400.0
 

@@ -5,7 +5,7 @@ alternating, in one process on one embedded Redis (issue #10).
 Each round runs every variant once, in the order given, on the same web and seed, so a
 change in the machine's load hits all variants alike. Bytes on the wire: what the
 daemons sent; on TLS connections the TCP bytes under the SSLStream (TLS records,
-handshakes and alerts included: dedupnet/tls.py CountingStream), on plain ones the
+handshakes and alerts included: dedupnet/adapters/tls.py CountingStream), on plain ones the
 messages' bytes (which are the TCP payload). Per distinct URL (the URLs a perfect crawl
 requests) and per URL found (links pushed into URL_pool).
 
@@ -23,8 +23,8 @@ import time
 
 import trio
 
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.sim import SimConfig, simulate
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.harness.sim import SimConfig, simulate
 
 VARIANTS = {"plain": {}, "secure": {"secure": True}, "secure+lan": {"secure": True, "lan_tls": True}}
 
@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hosts", type=int, default=3)
     p.add_argument("--pages", type=int, default=3000)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--processes", action="store_true", help="every daemon its own process (dedupnet/simproc.py)")
+    p.add_argument("--processes", action="store_true", help="every daemon its own process (dedupnet/harness/simproc.py)")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # as dedupnet sim: the crawlers' 404s are the web's, not news
     variants = args.variants.split(",")
@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 cfg = dataclasses.replace(base, **VARIANTS[name])
                 t = time.perf_counter()
                 if args.processes:
-                    from dedupnet.simproc import simulate_processes
+                    from dedupnet.harness.simproc import simulate_processes
 
                     report = trio.run(lambda: simulate_processes(cfg, url, out=None))
                 else:

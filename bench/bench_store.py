@@ -20,9 +20,9 @@ from contextlib import nullcontext
 import numpy as np
 import redis
 
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.store import FINISH_URL, Store
-from dedupnet.urls import fingerprint_many, normalize
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.store import FINISH_URL, Store
+from dedupnet.codec.urls import fingerprint_many, normalize
 
 
 def synthetic_urls(n: int, start: int = 0) -> list[str]:

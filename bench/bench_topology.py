@@ -5,12 +5,12 @@ table, optionally side by side with another checkout (``--baseline-python``).
     .venv/bin/python bench/bench_topology.py --layouts 2x2,3x3 --pages 3000 \\
         --baseline-python /work/base/.venv/bin/python --out sweep.json
 
-See dedupnet/sweep.py (``dedupnet sim --sweep LAYOUTS`` runs the same).
+See dedupnet/harness/sweep.py (``dedupnet sim --sweep LAYOUTS`` runs the same).
 """
 
 import sys
 
-from dedupnet.sweep import main
+from dedupnet.harness.sweep import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 Frames are the paper's ``<URL_set, IP, number, flag>`` with URL sets of 20, 100, 400 and
 1000 URLs, drawn from two URL populations:
 
-* ``synthetic``: pages of the simulation's synthetic web (``dedupnet/web.py``), shuffled
+* ``synthetic``: pages of the simulation's synthetic web (``dedupnet/harness/web.py``), shuffled
   so a set mixes sites as a crawler's discoveries do;
 * ``realistic``: URLs shaped like a broad crawl's (many hosts, slugs, numeric ids,
   query strings, some random tokens that do not compress).
@@ -22,9 +22,9 @@ import random
 import string
 import time
 
-from dedupnet import wire
-from dedupnet.messages import FLAG_REQUEST, Frame
-from dedupnet.web import SyntheticWeb, WebSpec
+from dedupnet.codec import wire
+from dedupnet.codec.messages import FLAG_REQUEST, Frame
+from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 SIZES = (20, 100, 400, 1000)
 WORDS = ("news world sport business tech science health travel food style culture opinion video live "
@@ -88,7 +88,7 @@ def main() -> None:
           "CPU per URL, best of 3 rounds\n")
     head = (f"{'URLs':>5} {'plain B/URL':>11} {'zstd B/URL':>10} {'ratio':>6} | {'enc plain':>9} {'enc zstd':>8} "
             f"{'dec plain':>9} {'dec zstd':>8} {'recompress':>10}  (us/URL)")
-    for name, make in (("synthetic web (dedupnet/web.py)", synthetic_urls), ("realistic crawl URLs", realistic_urls)):
+    for name, make in (("synthetic web (dedupnet/harness/web.py)", synthetic_urls), ("realistic crawl URLs", realistic_urls)):
         print(name)
         print(head)
         for n in SIZES:

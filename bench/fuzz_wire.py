@@ -1,6 +1,6 @@
 """Fuzz the wire decoder: mutated valid messages and random bytes, in random chunkings.
 
-The decoder (:class:`dedupnet.wire.Decoder`) is what every byte from the network meets
+The decoder (:class:`dedupnet.codec.wire.Decoder`) is what every byte from the network meets
 first, so it must turn *any* input into messages or a :class:`ProtocolError` — never
 another exception, never a hang, never a buffer above :attr:`Decoder.max_buffer`.
 This runs it in three configurations, round robin:
@@ -8,7 +8,7 @@ This runs it in three configurations, round robin:
 * ``plain``: compression not negotiated (``allow_compressed=False``);
 * ``compressed``: compression negotiated;
 * ``keyed``: compression negotiated and a LAN keyring (every message needs a valid HMAC
-  tag, dedupnet/auth.py); half of its mutated inputs are re-signed with the right key
+  tag, dedupnet/codec/auth.py); half of its mutated inputs are re-signed with the right key
   after mutating, so the body parser behind the tag check is fuzzed too.
 
 Inputs: a corpus of valid messages of every kind (frames of 0-400 URLs, odd URLs and
@@ -45,10 +45,10 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dedupnet import wire
-from dedupnet.auth import Keyring
-from dedupnet.errors import ProtocolError
-from dedupnet.messages import Ack, Error, Frame, Heartbeat, Kind, Register, Status, Task, Welcome
+from dedupnet.codec import wire
+from dedupnet.codec.auth import Keyring
+from dedupnet.codec.errors import ProtocolError
+from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Kind, Register, Status, Task, Welcome
 
 MODES = ("plain", "compressed", "keyed")
 MAX_FRAME = 256 * 1024  # small enough to fuzz fast, large enough for every corpus message

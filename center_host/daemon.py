@@ -20,16 +20,17 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet import wire
-from dedupnet.aio import AsyncStore
-from dedupnet.auth import keyring_from
-from dedupnet.messages import Heartbeat, Register
-from dedupnet.metrics import Counters, serve_metrics
-from dedupnet.recrawl import RecrawlPolicy
-from dedupnet.runtime import Reactor, Timers, control_session, until_stored
-from dedupnet.store import Store
-from dedupnet.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
-from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.stores import on_trio
+from dedupnet.codec import wire
+from dedupnet.codec.auth import keyring_from
+from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
+from dedupnet.codec.messages import Heartbeat, Register
+from dedupnet.adapters.metrics import Counters, serve_metrics
+from dedupnet.adapters.recrawl import RecrawlPolicy
+from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
+from dedupnet.adapters.store import Store
+from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
+from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as cp
 from .pools import WRITES, CenterPools
@@ -67,22 +68,26 @@ class CenterSettings:
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
-    #: Key files (dedupnet/auth.py, issue #10): hosts and control clients of this LAN
+    #: Key files (dedupnet/codec/auth.py, issue #10): hosts and control clients of this LAN
     #: must tag every message with the LAN key; peer centers with the peer key. None:
     #: that role is trusted by its source address alone, as before.
     lan_key_file: str | None = None
     peer_key_file: str | None = None
     #: Seconds between two reads of the key files (rotation without a restart).
     key_poll_interval: float = 1.0
-    #: Limits against abuse (dedupnet/transport.py): connections one source address may
+    #: Limits against abuse (dedupnet/adapters/transport.py): connections one source address may
     #: hold; bytes and messages a second read from one connection (throttled above).
     max_connections_per_source: int | None = 16
     max_bytes_per_s: float | None = 32 * 1024 * 1024
     max_messages_per_s: float | None = 20_000
-    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/tls.py.
+    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/adapters/tls.py.
     #: None: plain TCP, trusted by source address only (loopback simulations).
     tls: TLSConfig | None = None
-    #: Re-crawl by age (dedupnet/recrawl.py): admitted URLs count as seen for their age
+    #: LAN discovery (dedupnet/adapters/discovery.py): answer hosts started with ``--center auto``
+    #: on this UDP port (0: any free one). None: no responder, as in-process clusters
+    #: want; ``dedupnet center`` turns it on by default (docs/DECISIONS.md).
+    discovery_port: int | None = None
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py): admitted URLs count as seen for their age
     #: only. None: for ever. Every center of the system must have the same policy.
     recrawl: RecrawlPolicy | None = None
 
@@ -99,7 +104,7 @@ class CenterDaemon:
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store, settings.recrawl)
-        self.store = AsyncStore(store)
+        self.store = on_trio(store)
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
         self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
@@ -107,6 +112,8 @@ class CenterDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
+        #: The UDP port discovery answers on, once bound (None: off, or it could not bind).
+        self.discovery_port: int | None = None
         tls = settings.tls
         self.server_tls = None if tls is None else ServerTLS(
             server_context(tls), settings.network, ("center", "host") if tls.lan_tls else ("center",))
@@ -128,6 +135,8 @@ class CenterDaemon:
             nursery.start_soon(self.reactor.run)
             nursery.start_soon(self.timers.run)
             self.port = await nursery.start(self._serve)
+            if self.settings.discovery_port is not None:
+                self.discovery_port = await nursery.start(self._answer_discovery)
             if self.settings.metrics:
                 await nursery.start(serve_metrics, self.counters, *self.settings.metrics)
             for peer in self.settings.peers:
@@ -152,6 +161,20 @@ class CenterDaemon:
                     tls=self.server_tls,
                     task_status=task_status)
 
+    async def _answer_discovery(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Tell the LAN's hosts where this center listens (paper gap 5). A center that
+        cannot (an IPv6 LAN, a port in use) logs why and serves its hosts all the same."""
+        s = self.settings
+        try:
+            responder = Responder(s.network, s.lan, center_address(s.listen_host, s.ip, s.lan, self.port),
+                                  self.lan_keyring, self.counters)
+        except ValueError as exc:
+            self.counters.inc("discovery_failed", reason="address")
+            log.error("discovery off: %s", exc)
+            task_status.started(None)
+            return
+        await serve_discovery(responder, s.discovery_port, task_status=task_status)
+
     async def _dial(self, peer: PeerAddress) -> None:
         await connect_forever(peer.host, peer.port, self.register(), self._peer_session,
                               local_ip=self.settings.ip, counters=self.counters,
@@ -160,7 +183,7 @@ class CenterDaemon:
                               **self._peer_tls(peer))
 
     def _peer_tls(self, peer: PeerAddress) -> dict:
-        """TLS to a peer: its certificate must name the network we dial (dedupnet/tls.py)."""
+        """TLS to a peer: its certificate must name the network we dial (dedupnet/adapters/tls.py)."""
         if self.client_tls is None:
             return {}
         return {"tls_context": self.client_tls, "expect_uri": center_uri(peer.network)}

@@ -7,7 +7,7 @@ adds the ``admitted`` record (a fingerprint set); the claims of sets in flight a
 core's memory, rebuilt from the reduce pools on restart (docs/PROTOCOL.md §10), so
 nothing per URL is stored for another network's set. ``concluded`` remembers the
 numbers already finished, so a frame sent again is recognised. With a re-crawl policy
-(``recrawl_after``) ``admitted`` is an :class:`~dedupnet.recrawl.AgedSet`: a URL counts as
+(``recrawl_after``) ``admitted`` is an :class:`~dedupnet.adapters.recrawl.AgedSet`: a URL counts as
 admitted for its age only (docs/PROTOCOL.md, "Re-crawl by age").
 
 All writes of one event go in one MULTI/EXEC; a look-up is one round trip.
@@ -21,9 +21,9 @@ from collections.abc import Callable
 import numpy as np
 import orjson
 
-from dedupnet.recrawl import AgedSet, RecrawlPolicy
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
-from dedupnet.urls import fingerprint_many
+from dedupnet.adapters.recrawl import AgedSet, RecrawlPolicy
+from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
+from dedupnet.codec.urls import fingerprint_many
 
 from . import protocol as cp
 
@@ -42,7 +42,7 @@ class CenterPools:
         """Carry out the store actions among ``actions`` atomically, in order."""
         self.store.drive(self.apply_steps(actions))
 
-    # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.store.Steps)
+    # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.adapters.store.Steps)
     # the daemon drives on trio with AsyncStore.drive.
     def apply_steps(self, actions: list) -> Steps[None]:
         yield from self.store.apply_writes_steps(actions, WRITES, self._queue)

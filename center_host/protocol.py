@@ -30,12 +30,12 @@ from typing import Union
 import orjson
 import xxhash
 
-from dedupnet import wire
-from dedupnet.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
-from dedupnet.metrics import Counters
-from dedupnet.recrawl import RecrawlPolicy
-from dedupnet.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
-from dedupnet.urls import site_of
+from dedupnet.codec import wire
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.recrawl import RecrawlPolicy
+from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+from dedupnet.codec.urls import site_of
 
 log = logging.getLogger("dedupnet.center")
 
@@ -228,7 +228,7 @@ class CenterConfig:
     #: URLs remembered as held by another network's set (exact mode; memory only, an
     #: early drop, not a correctness record): ~150 bytes of Python memory each.
     held_elsewhere_max: int = 200_000
-    #: Re-crawl by age (dedupnet/recrawl.py): the admitted record (the pools) answers
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py): the admitted record (the pools) answers
     #: "seen" for a URL's age only, and ``held_elsewhere`` is not kept. None: for ever.
     recrawl: RecrawlPolicy | None = None
 

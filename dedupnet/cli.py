@@ -7,8 +7,9 @@ import logging
 import sys
 from pathlib import Path
 
-from . import __version__
-from .config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
+from dedupnet import __version__
+from dedupnet.service.config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
+from dedupnet.codec.errors import DiscoveryError
 
 NOT_YET: dict[str, str] = {}
 
@@ -66,6 +67,8 @@ DAEMON = [
                                                "a center with --tls-cert/--tls-key/--tls-ca requires TLS of its peers")),
     (("--tls-key",), dict(metavar="PEM", help="the key of --tls-cert")),
     (("--tls-ca",), dict(metavar="PEM", help="the deployment's CA certificate: peers' certificates must be signed by it")),
+    (("--discovery-port",), dict(type=int, metavar="N", help="UDP port of LAN discovery: a center answers "
+                                                             "there, a host with --center auto asks there (default 7799)")),
     (("--lan-tls",), dict(dest="lan_tls", action="store_const", const=True,
                           help="TLS on the LAN too: a center requires it of its hosts; a host uses it to its center")),
 ]
@@ -93,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     center.add_argument("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR",
                         help="another network's center and its LAN (repeat per peer)")
     center.add_argument("--peer-key-file", metavar="FILE", help="key file of the peer centers (as --lan-key-file)")
+    center.add_argument("--no-discovery", dest="discovery", action="store_const", const=False,
+                        help="do not answer LAN discovery (hosts then need --center HOST:PORT)")
     center.add_argument("--max-connections-per-source", type=int, metavar="N",
                         help="connections one source address may hold open (default 16)")
     center.add_argument("--max-bytes-per-s", type=float, metavar="B",
@@ -103,7 +108,13 @@ def build_parser() -> argparse.ArgumentParser:
     local = sub.add_parser("local", parents=[common, daemon], help="run a local host daemon",
                            description="A local host: de-dups its URL_pool (§2.2), answers its center's "
                                        "requests (§2.3) and receives tasks into its task_pool.")
-    local.add_argument("--center", metavar="HOST:PORT", help="this host's center")
+    local.add_argument("--center", metavar="HOST:PORT|auto",
+                       help="this host's center; auto: find it by a UDP broadcast on the LAN (then --network "
+                            "is optional: the center's answer gives it)")
+    local.add_argument("--discovery-address", metavar="IPV4",
+                       help="with --center auto: send the query here (default: each interface's broadcast address)")
+    local.add_argument("--discovery-timeout", type=float, metavar="S",
+                       help="with --center auto: give up after this long without an answer (default 30)")
     crawl = local.add_argument_group("crawler")
     crawl.add_argument("--no-crawl", dest="crawl", action="store_const", const=False,
                        help="run the protocol only (URLs come from `dedupnet push`)")
@@ -136,11 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Makes a small CA (reused if DIR has one) and a certificate and key per "
                                        "network's center, naming its network id (URI dedupnet://network/N), "
                                        "optionally per host, and prints the settings to use (docs/DECISIONS.md).")
-    from .tls import add_arguments as add_certs_arguments
+    from dedupnet.adapters.tls import add_arguments as add_certs_arguments
 
     add_certs_arguments(certs)
 
-    # Listed here for --help; its flags are dedupnet.web's own, handed over in main().
+    # Listed here for --help; its flags are dedupnet.harness.web's own, handed over in main().
     sub.add_parser("web", add_help=False, help="serve a synthetic web on loopback (for crawls and tests)")
 
     demo = sub.add_parser("demo", parents=[common], help="run local de-dup (paper §2.2) on an embedded Redis and report")
@@ -152,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                                      "with crawlers on loopback, crawls to the end and reports duplicates, "
                                      "lost URLs and costs.")
     sim.add_argument("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], default="ERROR")
-    from .sim import add_arguments
+    from dedupnet.harness.sim import add_arguments
 
     add_arguments(sim)
 
@@ -164,17 +175,17 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["web"]:
-        from . import web
+        from dedupnet.harness import web
 
         return web.main(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "sim":  # its own flags; the daemons' settings do not apply
-        from . import sim
+        from dedupnet.harness import sim
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return sim.run(args)
     if args.command == "certs":
-        from .tls import certs_main
+        from dedupnet.adapters.tls import certs_main
 
         return certs_main(args)
     fields = set(Settings.__dataclass_fields__)
@@ -191,23 +202,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         if args.command == "demo":
-            from . import demo
+            from dedupnet.harness import demo
 
             return demo.run(settings, urls=args.urls, seed=args.seed)
         if args.command == "status":
-            from .daemons import print_status
+            from dedupnet.service.daemons import print_status
 
             return print_status(endpoint(args.address), as_json=args.json, key_file=args.key_file)
         if args.command in ("push", "finish"):
-            from .daemons import push_or_finish
+            from dedupnet.service.daemons import push_or_finish
 
             return push_or_finish(settings, args.command, _read_urls(args), data_dir=args.data_dir)
-        from .daemons import run_center, run_local
+        from dedupnet.service.daemons import run_center, run_local
 
         return run_center(settings) if args.command == "center" else run_local(settings)
     except ValueError as e:  # settings that only the subcommand can check
         print(f"dedupnet {args.command}: {e}", file=sys.stderr)
         return 2
+    except DiscoveryError as e:  # --center auto found no center (or several)
+        print(f"dedupnet {args.command}: {e}", file=sys.stderr)
+        return 1
 
 
 def _read_urls(args: argparse.Namespace) -> list[str]:

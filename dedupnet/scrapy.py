@@ -12,7 +12,7 @@ Next to the spider runs the host's protocol daemon without its own crawler
 place of ``local_host/crawler.py`` on the host's pools (paper §1.1):
 
 * a request the spider yields is a *discovered URL*: normalised by the host's rules
-  (:class:`dedupnet.urls.URLGate`) and appended to ``URL_pool`` (batched: one
+  (:class:`dedupnet.codec.urls.URLGate`) and appended to ``URL_pool`` (batched: one
   pipelined ``XADD`` per batch). The host daemon's walker de-dups it host-locally
   (§2.2), its center LAN-wide (§2.3) and across networks (§2.4); a URL new
   everywhere comes back, as a task in the ``task_pool`` of one host of the system;
@@ -89,9 +89,10 @@ from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from twisted.internet import task
 
-from dedupnet.errors import BadURL, DedupnetError
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
-from dedupnet.urls import fingerprint, fingerprint_many, normalize
+from dedupnet.adapters.stores import store_for
+from dedupnet.codec.errors import BadURL, DedupnetError
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
+from dedupnet.codec.urls import fingerprint, fingerprint_many, normalize
 
 __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
 
@@ -226,7 +227,7 @@ def _redis_settings(settings) -> tuple[str, str, int]:
     prefix = settings.get("DEDUPNET_PREFIX")
     ip = settings.get("DEDUPNET_HOST_IP")
     if not prefix and ip:
-        prefix = f"dedupnet:host:{ip}"  # the daemon's default (dedupnet/daemons.py run_local)
+        prefix = f"dedupnet:host:{ip}"  # the daemon's default (dedupnet/service/daemons.py run_local)
     if not prefix:
         raise NotConfigured("dedupnet.scrapy needs DEDUPNET_PREFIX (the host daemon's --prefix) "
                             "or DEDUPNET_HOST_IP (its --ip, for the default prefix)")
@@ -332,7 +333,7 @@ class Scheduler:
         url, prefix, bits = _redis_settings(s)
         # Calls block the reactor: short timeouts and few retries (what is not written
         # stays in memory and goes at the next tick).
-        store = Store(url, prefix, bucket_bits=bits, retry=RetryPolicy(attempts=3, max_delay=0.5),
+        store = store_for(url, prefix, bucket_bits=bits, retry=RetryPolicy(attempts=3, max_delay=0.5),
                       socket_timeout=s.getfloat("DEDUPNET_SOCKET_TIMEOUT", 5.0))
         consumer = s.get("DEDUPNET_CONSUMER") or s.get("DEDUPNET_HOST_IP") or f"scrapy-{socket.gethostname()}"
         concurrency = s.getint("CONCURRENT_REQUESTS", 16)

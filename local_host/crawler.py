@@ -37,7 +37,7 @@ record, so de-dup would (rightly) drop them. Their links go through the protocol
 usual, so only new pages are crawled. ``<prefix>:recrawl_lock`` (SET NX PX interval)
 makes one crawler of a host re-queue per interval, also across restarts.
 
-With a re-crawl policy (``CrawlerSettings.recrawl``, ``recrawl_after``: dedupnet/recrawl.py)
+With a re-crawl policy (``CrawlerSettings.recrawl``, ``recrawl_after``: dedupnet/adapters/recrawl.py)
 URLs are crawled again once older than their age, and the seeds go through the protocol
 instead: every interval they are put into ``URL_pool`` like any discovered URL, so a seed
 too is admitted again only when its age has passed, and at most once in the whole
@@ -71,13 +71,13 @@ import orjson
 import trio
 from redis.exceptions import ResponseError
 
-from dedupnet.aio import AsyncStore
-from dedupnet.errors import BadURL
-from dedupnet.metrics import Counters
-from dedupnet.recrawl import AgedSet, RecrawlPolicy
-from dedupnet.runtime import until_stored
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
-from dedupnet.urls import URLGate, fingerprint_many, normalize, site_of
+from dedupnet.adapters.stores import on_trio
+from dedupnet.codec.errors import BadURL
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.recrawl import AgedSet, RecrawlPolicy
+from dedupnet.adapters.runtime import until_stored
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
 
 from .fetch import ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
 from .pools import TASK_FP
@@ -263,8 +263,8 @@ class Crawler:
         self.counters = counters
         self.consumer = consumer
         s = settings
-        self._reader = AsyncStore(store, max_threads=1)  # the blocking XREADGROUP
-        self._writer = AsyncStore(store, max_threads=8)
+        self._reader = on_trio(store, max_threads=1)  # the blocking XREADGROUP
+        self._writer = on_trio(store, max_threads=8)
         self.politeness = Politeness(s.concurrency, s.per_site_concurrency, s.per_site_delay)
         self.robots = RobotsCache(self._fetch_robots, agent=s.robots_agent, ttl=s.robots_ttl,
                                   on_rules=self._robots_rules)

@@ -16,17 +16,17 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet import wire
-from dedupnet.aio import AsyncStore
-from dedupnet.auth import keyring_from
-from dedupnet.messages import Ack, Heartbeat, Register, Task
-from dedupnet.metrics import Counters, serve_metrics
-from dedupnet.numbers import host_id_from_ip
-from dedupnet.recrawl import RecrawlPolicy
-from dedupnet.runtime import Reactor, control_session, until_stored
-from dedupnet.store import URL_POOL, Store
-from dedupnet.tls import TLSConfig, center_uri, client_context
-from dedupnet.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.stores import on_trio
+from dedupnet.codec import wire
+from dedupnet.codec.auth import keyring_from
+from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
+from dedupnet.adapters.metrics import Counters, serve_metrics
+from dedupnet.adapters.recrawl import RecrawlPolicy
+from dedupnet.codec.numbers import host_id_from_ip
+from dedupnet.adapters.runtime import Reactor, control_session, until_stored
+from dedupnet.adapters.store import URL_POOL, Store
+from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
+from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 
 from . import protocol as hp
 from .crawler import Crawler, CrawlerSettings
@@ -69,15 +69,15 @@ class LocalSettings:
     #: Fault injection for tests and the simulation: every protocol message this host
     #: sends waits this long first, as from a host too busy to answer in time. 0 in use.
     send_delay: float = 0.0
-    #: The LAN key file (dedupnet/auth.py, issue #10): every message to and from the
+    #: The LAN key file (dedupnet/codec/auth.py, issue #10): every message to and from the
     #: center is tagged; also required of ``dedupnet status`` clients. None: untagged.
     lan_key_file: str | None = None
     #: Seconds between two reads of the key file (rotation without a restart).
     key_poll_interval: float = 1.0
     #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
-    #: host's network (dedupnet/tls.py). None or without lan_tls: plain TCP.
+    #: host's network (dedupnet/adapters/tls.py). None or without lan_tls: plain TCP.
     tls: TLSConfig | None = None
-    #: Re-crawl by age (dedupnet/recrawl.py): finish_URL counts a URL as crawled for its
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py): finish_URL counts a URL as crawled for its
     #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
     recrawl: RecrawlPolicy | None = None
 
@@ -90,7 +90,7 @@ class LocalDaemon:
         self.core = hp.HostProtocol(hp.HostConfig(settings.ip, settings.network, host_id, settings.set_size,
                                                   settings.mode, settings.max_unacked), self.counters)
         self.pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl)
-        self.store = AsyncStore(store)
+        self.store = on_trio(store)
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
         self.port = settings.listen_port

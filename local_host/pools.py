@@ -8,8 +8,8 @@ and not yet acknowledged are kept in ``URL_pool:unacked`` (number -> frame bytes
 a restart. ``task_pool`` is a stream the crawler consumes; ``task_pool:fp`` the
 fingerprints of every URL ever queued there, which exact mode answers "seen" from.
 
-With a re-crawl policy (``recrawl_after``, dedupnet/recrawl.py) ``finish_URL`` is an
-:class:`~dedupnet.recrawl.AgedSet` (a URL counts as crawled for its age only) and
+With a re-crawl policy (``recrawl_after``, dedupnet/adapters/recrawl.py) ``finish_URL`` is an
+:class:`~dedupnet.adapters.recrawl.AgedSet` (a URL counts as crawled for its age only) and
 ``task_pool:fp`` holds the URLs queued and *not yet crawled* (the crawler removes a URL
 in the transaction that finishes it): a URL admitted again after its age must be queued
 again, while a task sent again because its ack was lost is still recognised, by either.
@@ -22,10 +22,10 @@ from collections.abc import Callable
 
 from redis.exceptions import ResponseError
 
-from dedupnet.numbers import make_number
-from dedupnet.recrawl import AgedSet, RecrawlPolicy
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
-from dedupnet.urls import URLGate, fingerprint_many
+from dedupnet.adapters.recrawl import AgedSet, RecrawlPolicy
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
+from dedupnet.codec.numbers import make_number
+from dedupnet.codec.urls import URLGate, fingerprint_many
 
 from . import protocol as hp
 
@@ -51,7 +51,7 @@ class HostPools:
 
     # -- the core's actions ------------------------------------------------------------
     # Each protocol-path operation is also a sans-I/O generator (``*_steps``, see
-    # dedupnet.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
+    # dedupnet.adapters.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
     # worker thread; the plain methods drive them synchronously.
     def apply(self, actions: list) -> None:
         self.store.drive(self.apply_steps(actions))

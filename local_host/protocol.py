@@ -19,11 +19,11 @@ from typing import Union
 
 import numpy as np
 
-from dedupnet import wire
-from dedupnet.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
-from dedupnet.metrics import Counters
-from dedupnet.numbers import make_number
-from dedupnet.urls import fingerprint_many
+from dedupnet.codec import wire
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
+from dedupnet.adapters.metrics import Counters
+from dedupnet.codec.numbers import make_number
+from dedupnet.codec.urls import fingerprint_many
 
 from .local_dedup import local_reduce
 

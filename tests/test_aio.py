@@ -5,12 +5,12 @@ import pytest
 import trio
 from redis.exceptions import ResponseError
 
-from dedupnet.aio import AsyncStore
-from dedupnet.embedded import EmbeddedRedis
-from dedupnet.errors import StoreUnavailable
-from dedupnet.runtime import Reactor
-from dedupnet.store import FINISH_URL, URL_POOL, RetryPolicy, Store
-from dedupnet.urls import fingerprint_many
+from dedupnet.adapters.aio import AsyncStore
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.codec.errors import StoreUnavailable
+from dedupnet.adapters.runtime import Reactor
+from dedupnet.adapters.store import FINISH_URL, URL_POOL, RetryPolicy, Store
+from dedupnet.codec.urls import fingerprint_many
 from local_host import protocol as hp
 from local_host.pools import HostPools
 
@@ -193,8 +193,8 @@ def test_the_daemons_protocol_path_is_driven_natively():
 
 
 async def test_until_stored_keeps_retrying_a_native_call(autojump_clock):
-    from dedupnet.metrics import Counters
-    from dedupnet.runtime import until_stored
+    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.runtime import until_stored
 
     with trio.socket.socket() as s:  # a port nobody listens on
         await s.bind(("127.0.0.1", 0))

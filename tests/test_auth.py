@@ -10,13 +10,15 @@ from functools import partial
 import pytest
 import trio
 
-from dedupnet import auth, wire
-from dedupnet.auth import TAG_LEN, Keyring, KeyFileError, parse_key_file, write_key_file
-from dedupnet.errors import ProtocolError
-from dedupnet.messages import Frame, Heartbeat, Kind, Register, Status
-from dedupnet.metrics import Counters
-from dedupnet.transport import Connection, ConnectionClosed, _signed, connect, serve, watch_keyrings
-from dedupnet.wire import NEED_DATA, Decoder, encode
+from dedupnet.codec import auth
+
+from dedupnet.codec import wire
+from dedupnet.codec.auth import TAG_LEN, Keyring, KeyFileError, parse_key_file, write_key_file
+from dedupnet.codec.errors import ProtocolError
+from dedupnet.codec.messages import Frame, Heartbeat, Kind, Register, Status
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.transport import Connection, ConnectionClosed, _signed, connect, serve, watch_keyrings
+from dedupnet.codec.wire import NEED_DATA, Decoder, encode
 
 SERVER = "127.0.0.1"
 HOST_IP = "127.0.0.5"
@@ -213,7 +215,7 @@ def test_a_broadcast_is_signed_once_per_key():
 
 @pytest.mark.parametrize("key", [None, K2], ids=["no-key", "wrong-key"])
 async def test_outsider_without_the_key_is_refused_before_registering(caplog, key):
-    caplog.set_level(logging.INFO, logger="dedupnet.transport")
+    caplog.set_level(logging.INFO, logger="dedupnet.adapters.transport")
     lan = Keyring.single(K1)
     counters = Counters()
     called = []
@@ -315,7 +317,7 @@ async def test_key_files_are_polled(tmp_path, autojump_clock):
 
 # --- the whole system: an outsider on a permitted address, a key rotation mid-crawl ------
 
-from dedupnet.sim import SimConfig, simulate  # noqa: E402
+from dedupnet.harness.sim import SimConfig, simulate  # noqa: E402
 
 OUTSIDER_IN_LAN = "127.0.1.99"  # inside LAN 1 (127.0.1.0/24): its center's source check lets it in
 
@@ -365,7 +367,7 @@ def outsider(keys: tuple[bytes | None, ...], log: dict):
                                                               msg.number, 3)))
                             elif type(msg).__name__ == "Task":
                                 log["tasks"] = log.get("tasks", 0) + len(msg.URLs)
-                                from dedupnet.messages import Ack
+                                from dedupnet.codec.messages import Ack
 
                                 conn.send_nowait(encode(Ack(msg.number, "stored")))
                 except ConnectionClosed:
@@ -438,7 +440,7 @@ async def test_key_rotation_during_a_crawl_loses_nothing_and_drops_no_connection
 
 def test_cli_key_flags_reach_the_settings_and_a_bad_key_file_stops_the_daemon(tmp_path, redis_url, capsys):
     from dedupnet.cli import build_parser, main
-    from dedupnet.config import load_settings
+    from dedupnet.service.config import load_settings
 
     args = build_parser().parse_args(["center", "--lan-key-file", "lan.keys", "--peer-key-file", "peers.keys",
                                       "--key-poll-interval", "0.5", "--max-connections-per-source", "4"])

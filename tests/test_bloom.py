@@ -1,4 +1,4 @@
-"""The optional Bloom-filter finish_URL (issue #11 part 4, dedupnet/bloom.py): sized as
+"""The optional Bloom-filter finish_URL (issue #11 part 4, dedupnet/adapters/bloom.py): sized as
 specified, no false negatives, a measured false-positive rate near the configured one,
 and in a crawl every false positive is a URL never crawled: a deliberately small filter
 loses URLs (about as many as its rate predicts), a default-sized one loses none."""
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 import trio
 
-from dedupnet.bloom import BloomSpec, attach, spec_from
-from dedupnet.config import Settings
-from dedupnet.sim import SimConfig, simulate
-from dedupnet.store import FINISH_URL
+from dedupnet.adapters.bloom import BloomSpec, attach, spec_from
+from dedupnet.service.config import Settings
+from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.adapters.store import FINISH_URL
 from local_host.pools import HostPools
 
 

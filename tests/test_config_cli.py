@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dedupnet.cli import build_parser, main
-from dedupnet.config import load_settings
+from dedupnet.service.config import load_settings
 from local_host.local_dedup import local_reduce
 
 

@@ -19,9 +19,9 @@ import pytest
 import trio
 
 import local_host.crawler as crawler_mod
-from dedupnet.metrics import Counters
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
-from dedupnet.urls import fingerprint_many, normalize
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
+from dedupnet.codec.urls import fingerprint_many, normalize
 from local_host.crawler import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSettings, seed_urls
 from local_host.fetch import extract_links, in_scope
 from local_host.pools import HostPools

@@ -7,7 +7,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
-from dedupnet.cluster import open_cluster
+from dedupnet.harness.cluster import open_cluster
 
 
 def site_urls(tag, n):
@@ -158,9 +158,9 @@ async def silent_member_asked(system, asked_times: int):
     """Register a host that never answers, push 40 URLs at another host, and hold the
     silent host's connection open once it was asked ``asked_times`` times (broadcast +
     re-sends); it closes on leaving the block."""
-    from dedupnet.messages import Frame, Register
-    from dedupnet.metrics import Counters
-    from dedupnet.transport import connect
+    from dedupnet.codec.messages import Frame, Register
+    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.transport import connect
 
     center = system.centers[1]
     register = Register(SILENT_IP, 1, "host", f"{SILENT_IP}:1", "127.0.1.0/24")
@@ -220,9 +220,9 @@ async def test_silent_live_host_is_waited_for_until_it_leaves(redis_url, autojum
 ])
 async def test_members_outside_the_configuration_are_refused(system, ip, network, role, reason):
     """Gap 5: membership is explicit configuration; strangers are told why and counted."""
-    from dedupnet.messages import Error, Register
-    from dedupnet.metrics import Counters
-    from dedupnet.transport import ConnectionClosed, connect
+    from dedupnet.codec.messages import Error, Register
+    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.transport import ConnectionClosed, connect
 
     center = system.centers[1]
     register = Register(ip, network, role, f"{ip}:1", f"127.0.{network}.0/24")

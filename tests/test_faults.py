@@ -1,6 +1,6 @@
-"""Faults as scenarios (issue #9): the vocabulary (dedupnet/faults.py), the harness's own
-invariant check (dedupnet.sim.check_extracted), and every process fault on real daemon
-processes (dedupnet/simproc.py, dedupnet/procfaults.py): 0 duplicates, 0 lost, quiescent."""
+"""Faults as scenarios (issue #9): the vocabulary (dedupnet/harness/faults.py), the harness's own
+invariant check (dedupnet.harness.sim.check_extracted), and every process fault on real daemon
+processes (dedupnet/harness/simproc.py, dedupnet/harness/procfaults.py): 0 duplicates, 0 lost, quiescent."""
 
 import io
 import subprocess
@@ -10,12 +10,12 @@ import time
 import pytest
 from redis.exceptions import BusyLoadingError, ResponseError
 
-from dedupnet.faults import (FAULTS, LINK_FAULTS, PROCESS_FAULTS, Fault, chaos_schedule, format_fault,
+from dedupnet.harness.faults import (FAULTS, LINK_FAULTS, PROCESS_FAULTS, Fault, chaos_schedule, format_fault,
                              parse_fault, resolve)
-from dedupnet.sim import SimConfig, check_extracted
-from dedupnet.simproc import SUPPORTED_FAULTS, check_faults, simulate_processes
-from dedupnet.store import raise_if_loading
-from dedupnet.web import SyntheticWeb, WebSpec
+from dedupnet.harness.sim import SimConfig, check_extracted
+from dedupnet.harness.simproc import SUPPORTED_FAULTS, check_faults, simulate_processes
+from dedupnet.adapters.store import raise_if_loading
+from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 
 # -- the vocabulary ------------------------------------------------------------------------
@@ -141,7 +141,7 @@ class _Proc:
 async def test_fault_runner_kills_freezes_and_serialises_faults_on_one_target(autojump_clock):
     import trio
 
-    from dedupnet.procfaults import FaultRunner
+    from dedupnet.harness.procfaults import FaultRunner
 
     host, center = _Proc("127.0.1.10"), _Proc("center1")
     restarts, states = [], []

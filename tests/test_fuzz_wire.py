@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from dedupnet import wire
-from dedupnet.errors import ProtocolError
+from dedupnet.codec import wire
+from dedupnet.codec.errors import ProtocolError
 
 _spec = importlib.util.spec_from_file_location("fuzz_wire", Path(__file__).parent.parent / "bench" / "fuzz_wire.py")
 fuzz_wire = importlib.util.module_from_spec(_spec)

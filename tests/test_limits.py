@@ -12,11 +12,11 @@ from functools import partial
 import pytest
 import trio
 
-from dedupnet.messages import Frame, Heartbeat, Register
-from dedupnet.metrics import Counters
-from dedupnet.sim import SimConfig, simulate
-from dedupnet.transport import Connection, TokenBucket, connect, serve
-from dedupnet.wire import Decoder, encode
+from dedupnet.codec.messages import Frame, Heartbeat, Register
+from dedupnet.adapters.metrics import Counters
+from dedupnet.harness.sim import SimConfig, simulate
+from dedupnet.adapters.transport import Connection, TokenBucket, connect, serve
+from dedupnet.codec.wire import Decoder, encode
 
 SERVER = "127.0.0.1"
 GOOD_IP = "127.0.0.5"

@@ -41,10 +41,10 @@ from pathlib import Path
 import pytest
 import trio
 
-from dedupnet.daemons import fetch_status
-from dedupnet.embedded import _spawn
-from dedupnet.simproc import _quiet
-from dedupnet.web import SyntheticWeb, WebSpec
+from dedupnet.service.daemons import fetch_status
+from dedupnet.adapters.embedded import _spawn
+from dedupnet.harness.simproc import _quiet
+from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 from . import netns
 from .netns import Lab, LabError, in_netns

@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dedupnet.numbers import (
+from dedupnet.codec.numbers import (
     MAX_HOST, MAX_NETWORK, MAX_NUMBER, MAX_SEQUENCE, host_id_from_ip, make_number, split_number,
 )
 

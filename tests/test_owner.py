@@ -6,8 +6,8 @@ from collections import Counter
 import pytest
 import trio
 
-from dedupnet.daemons import fetch_status
-from dedupnet.owner import open_owner_cluster, owner_of
+from dedupnet.service.daemons import fetch_status
+from dedupnet.harness.owner import open_owner_cluster, owner_of
 
 
 def urls(tag, n):

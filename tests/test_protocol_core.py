@@ -5,7 +5,7 @@ from collections import Counter
 import pytest
 
 from center_host import protocol as cp
-from dedupnet.messages import Ack, Frame, Task
+from dedupnet.codec.messages import Ack, Frame, Task
 from local_host import protocol as hp
 
 from .conformance.memnet import MemNet

@@ -1,5 +1,5 @@
 """Re-crawl by age (issue #13 item 3): fingerprint sets that forget after a URL's age
-(dedupnet/recrawl.py), the protocol's "seen" answers that follow them, and a simulated
+(dedupnet/adapters/recrawl.py), the protocol's "seen" answers that follow them, and a simulated
 crawl in which every page is fetched exactly once per window (docs/PROTOCOL.md,
 "Re-crawl by age"). Ages run on injected clocks, never on sleeps, except in the
 simulation, where the web's own request log is the judge."""
@@ -14,15 +14,15 @@ import pytest
 
 from center_host import protocol as cp
 from center_host.pools import ADMITTED, CenterPools
-from dedupnet import wire
-from dedupnet.config import Settings, load_settings
-from dedupnet.messages import FLAG_BROADCAST, FLAG_REQUEST, Frame, Task
-from dedupnet.metrics import Counters
-from dedupnet.numbers import make_number
-from dedupnet.recrawl import SLICES, AgedSet, RecrawlPolicy
-from dedupnet.sim import SimConfig, format_report, simulate
-from dedupnet.store import FINISH_URL, TASK_POOL, URL_POOL
-from dedupnet.urls import fingerprint_many
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.recrawl import SLICES, AgedSet, RecrawlPolicy
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL
+from dedupnet.codec import wire
+from dedupnet.codec.messages import FLAG_BROADCAST, FLAG_REQUEST, Frame, Task
+from dedupnet.codec.numbers import make_number
+from dedupnet.codec.urls import fingerprint_many
+from dedupnet.harness.sim import SimConfig, format_report, simulate
+from dedupnet.service.config import Settings, load_settings
 from local_host import protocol as hp
 from local_host.crawler import Crawler, CrawlerSettings, Outcome, seed_urls
 from local_host.pools import TASK_FP, HostPools

@@ -21,10 +21,10 @@ import pytest
 import redis
 import trio
 
-from dedupnet.aio import AsyncStore
-from dedupnet.embedded import EmbeddedCluster
-from dedupnet.errors import StoreUnavailable
-from dedupnet.redis_cluster import (
+from dedupnet.adapters.stores import on_trio, store_for
+from dedupnet.adapters.embedded import EmbeddedCluster
+from dedupnet.codec.errors import StoreUnavailable
+from dedupnet.adapters.redis_cluster import (
     AsyncClusterStore,
     ClusterStore,
     Wave,
@@ -33,7 +33,7 @@ from dedupnet.redis_cluster import (
     execute_plan,
     slot_of,
 )
-from dedupnet.store import FINISH_URL, RetryPolicy, Store
+from dedupnet.adapters.store import FINISH_URL, RetryPolicy
 
 _prefixes = itertools.count()
 
@@ -48,7 +48,7 @@ def cluster():
 
 @pytest.fixture
 def cstore(cluster):
-    s = Store(cluster.url, f"c{os.getpid()}-{next(_prefixes)}")
+    s = store_for(cluster.url, f"c{os.getpid()}-{next(_prefixes)}")
     yield s
     s.delete_prefix()
     s.close()
@@ -63,9 +63,9 @@ def test_url_parsing_and_dispatch(cluster):
     assert cluster_seeds("redis+cluster://u:pw@h:7000")[1] == {"username": "u", "password": "pw"}
     with pytest.raises(ValueError, match="only database 0"):
         cluster_seeds("redis+cluster://h:7000/?db=2")
-    assert isinstance(Store(cluster.url, "x"), ClusterStore)
+    assert isinstance(store_for(cluster.url, "x"), ClusterStore)
     with pytest.raises(ValueError, match="braces"):
-        Store(cluster.url, "a{b}")
+        store_for(cluster.url, "a{b}")
 
 
 def test_keys_share_a_slot_and_buckets_spread_over_every_master(cstore, cluster):
@@ -76,7 +76,7 @@ def test_keys_share_a_slot_and_buckets_spread_over_every_master(cstore, cluster)
     assert cstore.slots.loaded
     slots = bucket_slots(cstore.fp_key("admitted"), cstore.bucket_bits)
     owners = {cstore.slots.node(int(s)) for s in slots}
-    assert len(set(slots.tolist())) > 1000 and len(owners) == 3
+    assert len(set(slots.tolist())) > 900 and len(owners) == 3  # ~990 expected; the prefix (a pid) varies it
     # and the data lands there: every master holds about a third of the buckets
     cstore.fp_add("admitted", fps(30_000))
     per_node = [redis.Redis(port=n.port).dbsize() for n in cluster.nodes]
@@ -178,7 +178,7 @@ def test_a_transaction_cut_between_its_halves_is_replayed(cstore, cluster):
     plan.close()  # ... but the process "dies" here
     assert cstore.redis.hlen(cstore.key("redo")) == 1
     assert not cstore.fp_contains("admitted", f).any()  # (this store does not look for redo records again)
-    other = Store(cstore.url, cstore.prefix)  # a restarted daemon
+    other = store_for(cstore.url, cstore.prefix)  # a restarted daemon
     try:
         assert other.fp_contains("admitted", f).all()
         assert other.command(b"HLEN", other.key("redo")) == 0
@@ -187,7 +187,7 @@ def test_a_transaction_cut_between_its_halves_is_replayed(cstore, cluster):
 
 
 def test_bloom_finish_url_on_the_cluster(cstore):
-    from dedupnet.bloom import BloomSpec, attach
+    from dedupnet.adapters.bloom import BloomSpec, attach
 
     spec = BloomSpec(3_000_000, 0.01)  # 28.8 M bits: 28 segment keys, spread over the masters
     attach(cstore, spec)
@@ -207,7 +207,7 @@ def test_async_store_on_the_cluster(cstore):
     pools = HostPools(cstore, exact=True)
 
     async def main():
-        astore = AsyncStore(cstore)
+        astore = on_trio(cstore)
         assert isinstance(astore, AsyncClusterStore)
         f = fps(3000, seed=4)
         n = await astore.drive(cstore.transact_steps(lambda b: b.fingerprints(b"SADD", cstore.key(FINISH_URL), f)))
@@ -223,7 +223,7 @@ def test_async_store_on_the_cluster(cstore):
 
 
 def test_protocol_end_to_end_on_the_cluster(cluster):
-    from dedupnet.sim import SimConfig, simulate
+    from dedupnet.harness.sim import SimConfig, simulate
 
     cfg = SimConfig(networks=2, hosts=2, pages=300, sites=10, timeout=60)
     r = trio.run(functools.partial(simulate, cfg, cluster.url, out=None))
@@ -236,9 +236,9 @@ def test_a_killed_master(cluster, caplog):
     crawl finishes once the node is back (restarted on its AOF and nodes.conf), and no
     URL was lost or fetched twice. A store call with nothing left to retry says what
     failed; what was written before the kill is all there after it."""
-    from dedupnet.sim import SimConfig, simulate
+    from dedupnet.harness.sim import SimConfig, simulate
 
-    s = Store(cluster.url, "killed", retry=RetryPolicy(attempts=2, first_delay=0.01))
+    s = store_for(cluster.url, "killed", retry=RetryPolicy(attempts=2, first_delay=0.01))
     before = fps(3000, seed=5)
     s.fp_add(FINISH_URL, before)
     victim = 1
@@ -288,7 +288,7 @@ def test_failover_to_a_replica(caplog):
     cluster = EmbeddedCluster(3, replicas=1, node_timeout=1000)
     cluster.start()
     try:
-        s = Store(cluster.url, "failover", retry=RetryPolicy(attempts=12, first_delay=0.05, max_delay=0.5))
+        s = store_for(cluster.url, "failover", retry=RetryPolicy(attempts=12, first_delay=0.05, max_delay=0.5))
         f = fps(3000, seed=8)
         s.fp_add(FINISH_URL, f)
         slot = int(bucket_slots(s.fp_key(FINISH_URL), s.bucket_bits)[0])

@@ -1,4 +1,4 @@
-"""The fault-injecting relay (dedupnet/relay.py) on its own, then the link scenarios
+"""The fault-injecting relay (dedupnet/harness/relay.py) on its own, then the link scenarios
 end to end in the in-process simulation: real daemons, real Redis, real TCP.
 
 Relay tests whose point is timing run on trio's MockClock (``autojump_clock``): the
@@ -15,8 +15,8 @@ from collections import Counter
 import pytest
 import trio
 
-from dedupnet.messages import Ack, Frame, Heartbeat, Kind, Task
-from dedupnet.relay import (
+from dedupnet.codec.messages import Ack, Frame, Heartbeat, Kind, Task
+from dedupnet.harness.relay import (
     CLEAN,
     LINK_DEFAULTS,
     LinkConfig,
@@ -26,8 +26,8 @@ from dedupnet.relay import (
     link_names,
     schedule_link_faults,
 )
-from dedupnet.faults import Fault
-from dedupnet.wire import NEED_DATA, Decoder, encode
+from dedupnet.harness.faults import Fault
+from dedupnet.codec.wire import NEED_DATA, Decoder, encode
 
 CLIENT_IP = "127.0.5.10"
 SERVER_IP = "127.0.5.1"
@@ -355,8 +355,8 @@ async def test_link_faults_switch_relays_on_and_off(autojump_clock):
 # --- the link scenarios end to end: dedupnet sim, in one process ---------------------------
 
 from center_host import protocol as cp  # noqa: E402
-from dedupnet.cluster import Cluster  # noqa: E402
-from dedupnet.sim import SimConfig, simulate  # noqa: E402
+from dedupnet.harness.cluster import Cluster  # noqa: E402
+from dedupnet.harness.sim import SimConfig, simulate  # noqa: E402
 
 
 def small(faults, **kw) -> SimConfig:
@@ -508,7 +508,7 @@ async def test_lossy_lan_exact(redis_url):
 # --- what the daemons do with a lost message ------------------------------------------------
 
 from center_host.protocol import owner_of  # noqa: E402
-from dedupnet.cluster import open_cluster  # noqa: E402
+from dedupnet.harness.cluster import open_cluster  # noqa: E402
 
 HOSTS_1 = ("127.0.1.10", "127.0.1.11")
 

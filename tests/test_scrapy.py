@@ -26,11 +26,11 @@ pytest.importorskip("scrapy")
 
 from scrapy import Request  # noqa: E402
 
-from dedupnet import simproc  # noqa: E402
+from dedupnet.harness import simproc  # noqa: E402
 from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
-from dedupnet.sim import SimConfig, assign_seeds  # noqa: E402
-from dedupnet.store import Store  # noqa: E402
-from dedupnet.web import SyntheticWeb, WebSpec  # noqa: E402
+from dedupnet.harness.sim import SimConfig, assign_seeds  # noqa: E402
+from dedupnet.adapters.store import Store  # noqa: E402
+from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "scrapy"
 SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
@@ -320,7 +320,7 @@ def test_a_task_gets_back_its_callback_errback_priority_and_kwargs(redis_url, st
         sched._flush()
         assert store.stream_len("task_pool") == 0
         assert store.redis.hlen(store.key("scrapy_requests")) == 0
-        from dedupnet.urls import fingerprint_many
+        from dedupnet.codec.urls import fingerprint_many
         assert store.fp_contains("finish_URL", fingerprint_many(list(got))).all()
     finally:
         sched.store.close()
@@ -346,7 +346,7 @@ def test_a_finished_task_not_yet_written_is_not_taken_again(redis_url, store):
 
 
 def test_what_cannot_be_written_is_kept_and_written_when_redis_is_back(redis_url, store, caplog):
-    from dedupnet.store import RetryPolicy
+    from dedupnet.adapters.store import RetryPolicy
 
     sched, spider, stats = _scheduler(redis_url, store.prefix)
     reachable = sched.store

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from dedupnet.sim import SimConfig, format_comparison, format_report, simulate
+from dedupnet.harness.sim import SimConfig, format_comparison, format_report, simulate
 
 
 def small(**kw):

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from dedupnet import simproc
-from dedupnet.sim import SimConfig
-from dedupnet.simproc import simulate_processes
-from dedupnet.web import SyntheticWeb
+from dedupnet.harness import simproc
+from dedupnet.harness.sim import SimConfig
+from dedupnet.harness.simproc import simulate_processes
+from dedupnet.harness.web import SyntheticWeb
 
 from .procs import server_processes
 

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import trio
 
-from dedupnet.aio import AsyncStore
-from dedupnet.errors import StoreUnavailable
-from dedupnet.store import FINISH_URL, URL_POOL, RetryPolicy, Store, pack_command
-from dedupnet.urls import fingerprint_many
+from dedupnet.adapters.aio import AsyncStore
+from dedupnet.codec.errors import StoreUnavailable
+from dedupnet.adapters.store import FINISH_URL, URL_POOL, RetryPolicy, Store, pack_command
+from dedupnet.codec.urls import fingerprint_many
 
 rng = np.random.default_rng(7)
 
@@ -107,7 +107,7 @@ def test_unreachable_redis_gives_clear_error_after_backoff():
 
 
 def test_store_survives_a_server_restart(tmp_path):
-    from dedupnet.embedded import EmbeddedRedis
+    from dedupnet.adapters.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(persistent=True, data_dir=tmp_path)
     url = server.start()

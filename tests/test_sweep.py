@@ -1,4 +1,4 @@
-"""The topology sweep (bench/bench_topology.py, dedupnet/sweep.py) and the seeding that
+"""The topology sweep (bench/bench_topology.py, dedupnet/harness/sweep.py) and the seeding that
 makes it fair: every network of every layout starts with a seed."""
 
 import io
@@ -8,11 +8,15 @@ from types import SimpleNamespace
 import pytest
 import redis
 
-from dedupnet import sim, simproc, sweep
-from dedupnet.cluster import host_ip
-from dedupnet.sim import SimConfig, assign_seeds, seed_count, seeds_per_network
-from dedupnet.store import Store
-from dedupnet.web import SyntheticWeb, WebSpec
+from dedupnet.harness import sim
+
+from dedupnet.harness import simproc
+
+from dedupnet.harness import sweep
+from dedupnet.harness.cluster import host_ip
+from dedupnet.harness.sim import SimConfig, assign_seeds, seed_count, seeds_per_network
+from dedupnet.adapters.store import Store
+from dedupnet.harness.web import SyntheticWeb, WebSpec
 from local_host.pools import HostPools
 
 

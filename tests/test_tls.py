@@ -1,5 +1,5 @@
 """TLS between centers (issue #10 part B): real daemons, real TCP on loopback, real
-Redis, certificates made by ``dedupnet certs``' own code (dedupnet/tls.py)."""
+Redis, certificates made by ``dedupnet certs``' own code (dedupnet/adapters/tls.py)."""
 
 import contextlib
 import functools
@@ -11,15 +11,15 @@ from cryptography import x509
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from dedupnet import cli
-from dedupnet.cluster import center_ip, lan, open_cluster
-from dedupnet.messages import Error, Register
-from dedupnet.metrics import Counters
-from dedupnet.sim import SimConfig, format_report, simulate
-from dedupnet.store import Store
-from dedupnet.tls import (
+from dedupnet.harness.cluster import center_ip, lan, open_cluster
+from dedupnet.codec.messages import Error, Register
+from dedupnet.adapters.metrics import Counters
+from dedupnet.harness.sim import SimConfig, format_report, simulate
+from dedupnet.adapters.store import Store
+from dedupnet.adapters.tls import (
     ServerTLS, TLSConfig, TLSRefused, center_uri, client_context, host_uri, make_certs, server_context,
 )
-from dedupnet.transport import ConnectionClosed, connect, serve
+from dedupnet.adapters.transport import ConnectionClosed, connect, serve
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_certs_command_makes_files_and_prints_the_settings(tmp_path, capsys):
 
 
 def test_daemon_flags_reach_the_settings(certs):
-    from dedupnet.config import load_settings
+    from dedupnet.service.config import load_settings
 
     good, _ = certs
     args = cli.build_parser().parse_args(["center", "--network", "1", "--tls-cert", "c", "--tls-key", "k",
@@ -223,9 +223,9 @@ async def test_one_connection_with_tls_and_hmac_keys(certs, case):
     """Both halves of issue #10 on one connection (the merge): a center serving with
     TLS and a keyring takes a peer that has both, and refuses one that lacks either,
     counted by the half that caught it."""
-    from dedupnet.auth import Keyring
-    from dedupnet.messages import Heartbeat
-    from dedupnet.wire import encode
+    from dedupnet.codec.auth import Keyring
+    from dedupnet.codec.messages import Heartbeat
+    from dedupnet.codec.wire import encode
 
     good, _ = certs
     key, wrong = Keyring.single(bytes(range(32))), Keyring.single(bytes(range(100, 132)))
@@ -308,8 +308,8 @@ async def test_secure_simulation_crawls_everything_once_over_tls(redis_url):
 
 
 def test_secure_refuses_what_it_cannot_do():
-    from dedupnet.faults import Fault
-    from dedupnet.sim import check_secure
+    from dedupnet.harness.faults import Fault
+    from dedupnet.harness.sim import check_secure
 
     with pytest.raises(ValueError, match="link faults"):
         check_secure(SimConfig(secure=True, faults=(Fault("partition"),)))
@@ -322,7 +322,7 @@ def test_secure_refuses_what_it_cannot_do():
 def test_processes_give_every_daemon_its_tls_flags(tmp_path):
     """--secure with --processes: each center gets its own network's certificate, hosts
     (with --lan-tls) the CA, and every command line parses with the real CLI."""
-    from dedupnet.simproc import _plan
+    from dedupnet.harness.simproc import _plan
 
     cfg = SimConfig(networks=2, hosts=1, secure=True, lan_tls=True)
     centers, hosts = _plan(cfg, "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002}, tls_dir=tmp_path / "certs")
@@ -342,8 +342,8 @@ def test_processes_give_every_daemon_its_tls_flags(tmp_path):
 def test_processes_give_every_daemon_the_lan_key_file(tmp_path):
     """--secure (and --lan-key) with --processes: every center and host gets the run's
     LAN key file, and the harness tags its status requests with the same key."""
-    from dedupnet.auth import new_key_line, write_key_file
-    from dedupnet.simproc import _plan
+    from dedupnet.codec.auth import new_key_line, write_key_file
+    from dedupnet.harness.simproc import _plan
 
     key_file = tmp_path / "lan.keys"
     write_key_file(key_file, [new_key_line(1)])
@@ -357,7 +357,7 @@ def test_processes_give_every_daemon_the_lan_key_file(tmp_path):
 
 
 async def test_secure_simulation_with_every_daemon_its_own_process(redis_url):
-    from dedupnet.simproc import simulate_processes
+    from dedupnet.harness.simproc import simulate_processes
 
     cfg = SimConfig(networks=2, hosts=1, pages=200, sites=4, timeout=90, seeds=2, secure=True)
     r = await simulate_processes(cfg, redis_url, out=None)

@@ -20,16 +20,16 @@ import pytest
 import trio
 import trio.testing
 
-from dedupnet import wire
-from dedupnet.messages import Error, Frame, Heartbeat, Kind, Register, Status, Task
-from dedupnet.metrics import CONTENT_TYPE, Counters, serve_metrics
-from dedupnet.transport import Connection, ConnectionClosed, connect, connect_forever, serve
-from dedupnet.wire import Decoder, encode
+from dedupnet.codec import wire
+from dedupnet.codec.messages import Error, Frame, Heartbeat, Kind, Register, Status, Task
+from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, serve_metrics
+from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever, serve
+from dedupnet.codec.wire import Decoder, encode
 
 SERVER = "127.0.0.1"
 GOOD_IP = "127.0.0.5"  # the well-behaved client
 BAD_IP = "127.0.0.9"  # the misbehaving one
-T = "dedupnet.transport"
+T = "dedupnet.adapters.transport"
 
 
 def reg(ip: str, role: str = "host") -> Register:

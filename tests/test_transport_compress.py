@@ -17,11 +17,11 @@ import trio
 import trio.testing
 import zstandard
 
-from dedupnet import wire
-from dedupnet.messages import Frame, Heartbeat, Register, Status, Task, Welcome
-from dedupnet.metrics import Counters
-from dedupnet.transport import Connection, ConnectionClosed, _recode, connect, serve
-from dedupnet.wire import FLAG_ZSTD, Decoder, encode, is_compressed
+from dedupnet.codec import wire
+from dedupnet.codec.messages import Frame, Heartbeat, Register, Status, Task, Welcome
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.transport import Connection, ConnectionClosed, _recode, connect, serve
+from dedupnet.codec.wire import FLAG_ZSTD, Decoder, encode, is_compressed
 
 SERVER = "127.0.0.1"
 CLIENT_IP = "127.0.0.5"

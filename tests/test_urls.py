@@ -1,4 +1,4 @@
-"""Tests for dedupnet.urls: normalisation rules, rejection reasons, fingerprints, URLGate."""
+"""Tests for dedupnet.codec.urls: normalisation rules, rejection reasons, fingerprints, URLGate."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from dedupnet import urls
-from dedupnet.errors import BadURL
-from dedupnet.urls import URLGate, fingerprint, fingerprint_many, normalize, site_of
+from dedupnet.codec import urls
+from dedupnet.codec.errors import BadURL
+from dedupnet.codec.urls import URLGate, fingerprint, fingerprint_many, normalize, site_of
 
 # ---------------------------------------------------------------------------------------
 # Table-driven rules
@@ -499,9 +499,9 @@ def test_gate_uses_its_max_length():
 def test_gate_logs_rejections_at_debug(caplog):
     gate = URLGate()
     long_bad = "ftp://example.com/" + "x" * 1000
-    with caplog.at_level(logging.DEBUG, logger="dedupnet.urls"):
+    with caplog.at_level(logging.DEBUG, logger="dedupnet.codec.urls"):
         gate.accept(["http://ok.example/", long_bad, b"\xfe"])
-    records = [r for r in caplog.records if r.name == "dedupnet.urls"]
+    records = [r for r in caplog.records if r.name == "dedupnet.codec.urls"]
     assert len(records) == 2
     assert all(r.levelno == logging.DEBUG for r in records)
     first, second = (r.getMessage() for r in records)
@@ -515,6 +515,6 @@ def test_gate_logs_rejections_at_debug(caplog):
 
 
 def test_gate_does_not_log_acceptances(caplog):
-    with caplog.at_level(logging.DEBUG, logger="dedupnet.urls"):
+    with caplog.at_level(logging.DEBUG, logger="dedupnet.codec.urls"):
         URLGate().accept(["http://ok.example/"] * 3)
-    assert [r for r in caplog.records if r.name == "dedupnet.urls"] == []
+    assert [r for r in caplog.records if r.name == "dedupnet.codec.urls"] == []

@@ -14,9 +14,9 @@ import httpx
 import pytest
 import trio
 
-from dedupnet.errors import BadURL
-from dedupnet.urls import normalize
-from dedupnet.web import SyntheticWeb, WebSpec, main, site_host
+from dedupnet.codec.errors import BadURL
+from dedupnet.codec.urls import normalize
+from dedupnet.harness.web import SyntheticWeb, WebSpec, main, site_host
 
 A_HREF = re.compile(r"""<a\b[^>]*?\bhref\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE)
 BASE_HREF = re.compile(r"""<base\b[^>]*?\bhref\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'>]+))""", re.IGNORECASE)

@@ -14,9 +14,11 @@ import zstandard
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dedupnet import messages, wire
-from dedupnet.errors import ProtocolError
-from dedupnet.messages import (
+from dedupnet.codec import messages
+
+from dedupnet.codec import wire
+from dedupnet.codec.errors import ProtocolError
+from dedupnet.codec.messages import (
     FLAG_ANSWER,
     FLAG_BROADCAST,
     FLAG_REQUEST,
@@ -32,7 +34,7 @@ from dedupnet.messages import (
     Task,
     Welcome,
 )
-from dedupnet.wire import (
+from dedupnet.codec.wire import (
     COMPRESS_MIN_BODY,
     FLAG_ZSTD,
     HEADER_SIZE,

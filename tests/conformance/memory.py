@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from center_host import protocol as cp
-from dedupnet import wire
-from dedupnet.metrics import Counters
+from dedupnet.codec import wire
+from dedupnet.adapters.metrics import Counters
 from local_host import protocol as hp
 
 

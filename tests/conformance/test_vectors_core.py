@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 
 from center_host import protocol as cp
-from dedupnet import wire
-from dedupnet.errors import ProtocolError
+from dedupnet.codec import wire
+from dedupnet.codec.errors import ProtocolError
 from local_host import protocol as hp
 
 from .memory import MemoryCenter, MemoryHost, decode

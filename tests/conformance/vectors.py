@@ -18,8 +18,8 @@ import jsonschema
 import orjson
 import pytest
 
-from dedupnet import messages
-from dedupnet.messages import Kind, Message
+from dedupnet.codec import messages
+from dedupnet.codec.messages import Kind, Message
 
 HERE = Path(__file__).parent
 VECTOR_DIR = HERE / "vectors"

@@ -1,0 +1,181 @@
+"""What both daemons need around a sans-I/O core: serial event processing, timers,
+the store on trio (worker threads for what is still synchronous), and the embedded
+Redis when no URL is given."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+import math
+import signal
+from pathlib import Path
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+import trio
+from redis.exceptions import RedisError
+
+from dedupnet.codec import wire
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.codec.errors import DedupnetError
+from dedupnet.codec.messages import Status
+from dedupnet.adapters.store import Store
+from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.transport import Connection
+
+log = logging.getLogger("dedupnet.adapters.runtime")
+
+
+@contextlib.contextmanager
+def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 10) -> Iterator[Store]:
+    """A store on ``redis_url``, or on an embedded server (persistent when it has a
+    ``data_dir``). Must be entered from the main thread, before ``trio.run``: the
+    embedded server dies with the thread that started it."""
+    with contextlib.ExitStack() as stack:
+        if redis_url is None:
+            server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir)
+            redis_url = stack.enter_context(server)
+            if data_dir is not None:  # so `dedupnet push --data-dir` finds this daemon's Redis
+                url_file = Path(data_dir) / "redis.url"
+                url_file.write_text(redis_url + "\n")
+                stack.callback(url_file.unlink, missing_ok=True)
+        store = store_for(redis_url, prefix, bucket_bits=bucket_bits)
+        stack.callback(store.close)
+        yield store
+
+
+async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
+    """Run a store call until it succeeds. A Redis that goes away stops the daemon's
+    progress, never its state: the core's writes and sends wait here, logged and
+    counted, and go on when Redis is back (back-off up to 5 s). A generator function
+    (a sans-I/O ``*_steps`` operation) runs on trio with ``astore.drive``, started
+    afresh on each attempt; anything else in a worker thread."""
+    delay, last_log = 0.1, -math.inf
+    native = inspect.isgeneratorfunction(fn)
+    while True:
+        try:
+            return await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
+        except (DedupnetError, RedisError) as e:
+            counters.inc("store_errors")
+            if trio.current_time() - last_log > 10:
+                log.error("Redis call %s failed: %s; retrying until it answers", getattr(fn, "__name__", fn), e)
+                last_log = trio.current_time()
+            await trio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
+class Timers:
+    """One-shot timers keyed by a number; fired ones are posted as events."""
+
+    def __init__(self, post: Callable[[Any], None], make_event: Callable[[int], Any]):
+        self._post = post
+        self._make = make_event
+        self._due: dict[int, float] = {}
+        self._changed = trio.Event()
+
+    def set(self, key: int, delay: float) -> None:
+        self._due[key] = trio.current_time() + delay
+        self._changed.set()
+
+    def cancel(self, key: int) -> None:
+        self._due.pop(key, None)
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    async def run(self) -> None:
+        while True:
+            self._changed = trio.Event()
+            deadline = min(self._due.values(), default=math.inf)
+            with trio.move_on_at(deadline):
+                await self._changed.wait()
+                continue
+            now = trio.current_time()
+            for key in [k for k, t in self._due.items() if t <= now]:
+                del self._due[key]
+                self._post(self._make(key))
+
+
+#: Longest a reactor handles queued events without letting other tasks run (seconds).
+YIELD_AFTER = 0.01
+
+
+class Reactor:
+    """Feeds events to a core one at a time; ``execute`` carries out the actions of
+    one event and returns its look-ups as zero-argument async callables, which are
+    awaited one by one, each right before its result is handled, before any other
+    event. Back-pressure: a bounded inbox."""
+
+    def __init__(self, handle: Callable[[Any], list], execute: Callable[[list], Awaitable[list]], *, inbox: int = 4096):
+        self._handle = handle
+        self._execute = execute
+        self._send, self._receive = trio.open_memory_channel(inbox)
+        self._busy = 0
+
+    def post(self, event: Any) -> None:
+        """From a trio task that must not wait (timers); raises trio.WouldBlock when full."""
+        self._send.send_nowait(event)
+
+    async def put(self, event: Any) -> None:
+        await self._send.send(event)
+
+    def pending(self) -> int:
+        return self._send.statistics().current_buffer_used
+
+    async def run(self) -> None:
+        """Handles what is in the inbox back to back, yielding to other tasks every
+        ``YIELD_AFTER`` seconds: a receive per event would wait a turn of trio's run
+        queue each (a checkpoint), which on a busy daemon is most of an event's cost."""
+        while True:
+            await self.process(await self._receive.receive())
+            turn_ends = trio.current_time() + YIELD_AFTER
+            while trio.current_time() < turn_ends:
+                try:
+                    event = self._receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                await self.process(event)
+
+    @property
+    def idle(self) -> bool:
+        """No event waiting and none being handled."""
+        return not self._busy and self.pending() == 0
+
+    async def process(self, event: Any) -> None:
+        self._busy += 1
+        try:
+            await self._process(event)
+        finally:
+            self._busy -= 1
+
+    async def _process(self, event: Any) -> None:
+        queue = [event]
+        while queue:
+            item = queue.pop(0)
+            if callable(item):
+                # A deferred look-up: done only now, so it sees every write made while
+                # handling the results before it.
+                item = await item()
+            actions = self._handle(item)
+            queue[:0] = await self._execute(actions)
+
+
+async def stop_on_signals(scope: trio.CancelScope) -> None:
+    """SIGINT/SIGTERM cancel ``scope``: the daemon leaves its nursery in order. Every
+    pending set is in Redis already (each event's writes are one transaction), so
+    stopping at any point loses nothing."""
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            log.info("%s received: shutting down", signal.Signals(signum).name)
+            scope.cancel()
+            return
+
+
+async def control_session(conn: Connection, status: Callable[[], Awaitable[dict]]) -> None:
+    """Serve a status tool (``dedupnet status``) until it hangs up or is silent for a minute."""
+    with trio.move_on_after(60):
+        while True:
+            message = await conn.receive()
+            if isinstance(message, Status) and message.request:
+                conn.send_nowait(wire.encode(Status(False, await status())))

@@ -1,0 +1,217 @@
+"""Carrying out process faults on the daemons of ``dedupnet sim --processes``.
+
+:mod:`dedupnet.harness.faults` names the faults; :mod:`dedupnet.harness.simproc` runs every daemon as
+its own process; this module does to those processes what a machine does to a real
+deployment, with signals, while the crawl runs:
+
+* ``kill-host`` / ``kill-center``: SIGKILL (no clean-up runs: what the daemon holds in
+  memory is gone, what it wrote to Redis stays), then, after the fault's duration, the
+  same command again: same address, same key prefix, so it resumes from Redis;
+* ``freeze-host`` / ``freeze-center``: SIGSTOP, then SIGCONT after the duration (a GC or
+  VM pause; longer than the heartbeat timeout, the daemon's peers give it up meanwhile);
+* ``leave-host``: SIGTERM, for good: the host hands its work back and is never started
+  again (:func:`dedupnet.service.daemons.run_local`);
+* ``kill-redis``: SIGKILL of the Redis server every daemon uses, restarted after the
+  duration on the same port and data dir (AOF, ``appendfsync everysec``, as a daemon's
+  own embedded server runs; docs/DECISIONS.md says why that loses nothing here).
+
+Link faults (``partition``, ``lossy-wan``, ...) are the relay's, run by the harness:
+see :func:`dedupnet.harness.simproc.start_link_faults`.
+
+Every fault is logged (``fault ... started`` / ``ended``) and recorded in the report.
+Whatever happens to the run (timeout, error), a frozen daemon is continued and a killed
+Redis is started again before the harness stops the daemons.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import trio
+
+from dedupnet.adapters.embedded import EmbeddedRedis, _free_port
+from dedupnet.harness.faults import PROCESS_FAULTS, Fault, format_fault
+
+__all__ = ["FaultRunner", "KillableRedis", "FaultRecord"]
+
+
+class KillableRedis:
+    """The simulation's Redis when a fault kills it: persistent (AOF in ``data_dir``,
+    fsync every second, as ``dedupnet center`` / ``local`` run their own embedded
+    server), on a port fixed for the whole run so that a restarted server is where the
+    daemons' clients look for it."""
+
+    def __init__(self, data_dir: Path):
+        self.server = EmbeddedRedis(persistent=True, data_dir=data_dir, port=_free_port("127.0.0.1"))
+        self.kills = 0
+
+    def start(self) -> str:
+        return self.server.start()
+
+    def kill(self) -> None:
+        """SIGKILL: no SHUTDOWN, no final fsync (the AOF has what was written to it)."""
+        pid = self.server.pid
+        if pid is None:
+            return
+        os.kill(pid, signal.SIGKILL)
+        self.server._proc.wait()
+        self.kills += 1
+
+    def restart(self) -> None:
+        """Start it again on the same port and data dir; it loads the AOF before answering."""
+        self.server.stop()  # the process is gone: this only forgets it
+        self.server.start()
+
+    def stop(self) -> None:
+        self.server.stop()
+
+
+@dataclass
+class FaultRecord:
+    """One fault of a run, resolved, and what the harness saw of it."""
+
+    spec: str
+    kind: str
+    target: str
+    at: float
+    duration: float | None
+    started: float | None = None  # seconds since the crawl began
+    ended: float | None = None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class FaultRunner:
+    """Starts each fault once ``at`` of the run's URLs are fetched, runs it as its own
+    task, and tells the harness when none is under way (quiescence means nothing while
+    a daemon is down or frozen)."""
+
+    faults: list[Fault]
+    daemons: dict[str, object]  # target -> simproc.Daemon ("host:1.0", "center:1")
+    restart: Callable[[object], Awaitable[None]]  # start a killed daemon again, wait for its status port
+    redis: KillableRedis | None
+    t0: float
+    out: object = None
+    records: list[FaultRecord] = field(default_factory=list)
+    active: int = 0
+
+    def __post_init__(self) -> None:
+        self._pending = list(self.faults)
+        #: One fault at a time per target: a second one waits for the first to end
+        #: (a kill of a daemon already down, or of a Redis not restarted yet, is no fault).
+        self._locks: dict[str, trio.Lock] = {}
+        for f in self.faults:
+            self.records.append(FaultRecord(format_fault(f), f.kind, f.target, f.at, f.duration))
+        self._record = {id(f): r for f, r in zip(self.faults, self.records)}
+
+    @property
+    def busy(self) -> bool:
+        """A fault is under way (a daemon down or frozen, Redis killed)."""
+        return self.active > 0
+
+    def start_due(self, nursery: trio.Nursery, fetched: int, total: int) -> None:
+        for f in list(self._pending):
+            if fetched >= math.ceil(f.at * total):
+                self._pending.remove(f)
+                self.active += 1
+                nursery.start_soon(self._run, f)
+
+    def not_started(self) -> None:
+        """At the end: faults whose moment never came."""
+        for f in self._pending:
+            self._record[id(f)].note = "not injected: the crawl ended before its moment"
+
+    def killed_hosts(self) -> frozenset[str]:
+        """The IPs of the hosts this run SIGKILLed (their re-fetches are excused)."""
+        return frozenset(self.daemons[r.target].name for r in self.records
+                         if r.kind == "kill-host" and r.started is not None and r.target in self.daemons)
+
+    def _log(self, text: str) -> None:
+        if self.out is not None:
+            print(f"  t={time.perf_counter() - self.t0:6.1f}s  {text}", file=self.out, flush=True)
+
+    async def _run(self, f: Fault) -> None:
+        rec = self._record[id(f)]
+        key = "redis" if f.kind == "kill-redis" else f.target
+        lock = self._locks.setdefault(key, trio.Lock())
+        try:
+            async with lock:
+                await self._one(f, rec)
+        finally:
+            self.active -= 1
+
+    async def _one(self, f: Fault, rec: FaultRecord) -> None:
+        rec.started = round(time.perf_counter() - self.t0, 2)
+        self._log(f"fault {rec.spec} started")
+        try:
+            if f.kind not in PROCESS_FAULTS:
+                raise ValueError(f"{f.kind} is a link fault, not a process fault")
+            if f.kind == "kill-redis":
+                await self._kill_redis(f, rec)
+            else:
+                d = self.daemons.get(f.target)
+                if d is None or d.gone:
+                    rec.note = f"skipped: {f.target} is not running (it left)"
+                elif f.kind.startswith("kill-"):
+                    await self._kill(f, d, rec)
+                elif f.kind.startswith("freeze-"):
+                    await self._freeze(f, d, rec)
+                else:
+                    await self._leave(d, rec)
+        finally:
+            rec.ended = round(time.perf_counter() - self.t0, 2)
+            self._log(f"fault {rec.spec} ended{': ' + rec.note if rec.note else ''}")
+
+    async def _kill(self, f: Fault, d, rec: FaultRecord) -> None:
+        d.down = True
+        d.new_life()  # what its last status said is kept; the rest of this life is lost with it
+        cpu = d.cpu_used()
+        d.proc.kill()
+        await trio.to_thread.run_sync(d.proc.wait)
+        d.cpu_carried, d.cpu_base = cpu, 0.0
+        rec.note = f"pid {d.proc.pid} killed"
+        await trio.sleep(f.duration or 0)
+        await self.restart(d)
+        d.down = False
+        rec.note += f", restarted as pid {d.proc.pid}"
+
+    async def _freeze(self, f: Fault, d, rec: FaultRecord) -> None:
+        d.down = True  # its status port cannot answer while it is stopped
+        os.kill(d.proc.pid, signal.SIGSTOP)
+        try:
+            await trio.sleep(f.duration or 0)
+        finally:
+            os.kill(d.proc.pid, signal.SIGCONT)  # also when the run is cancelled: it must be able to stop
+            d.down = False
+        rec.note = f"pid {d.proc.pid} stopped {f.duration:g} s"
+
+    async def _leave(self, d, rec: FaultRecord) -> None:
+        d.down = True
+        await d.poll_status()
+        d.new_life()
+        d.proc.send_signal(signal.SIGTERM)
+        await trio.to_thread.run_sync(d.proc.wait)
+        code = d.proc.returncode
+        d.gone, d.down = True, False
+        rec.note = f"left for good (exit code {code})"
+
+    async def _kill_redis(self, f: Fault, rec: FaultRecord) -> None:
+        if self.redis is None:
+            raise ValueError("kill-redis needs the harness's own Redis (KillableRedis)")
+        await trio.to_thread.run_sync(self.redis.kill)
+        try:
+            await trio.sleep(f.duration or 0)
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(self.redis.restart)
+        rec.note = "Redis SIGKILLed, restarted on its AOF"
+

@@ -1,0 +1,216 @@
+"""Settings: defaults, then a TOML config file, then command-line flags (last wins).
+
+The file is flat ``key = value`` TOML whose keys are the field names below; an
+unknown key is an error that names it, so a typo never passes silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import ipaddress
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from center_host.protocol import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES
+
+MODES = ("exact", "paper")
+
+
+@dataclass
+class Settings:
+    #: Redis to use; none = start the embedded server.
+    redis_url: str | None = None
+    #: Key prefix of this host's or center's pools on that server.
+    prefix: str | None = None
+    #: Fingerprint sets are split into 2**bucket_bits intsets (see dedupnet/adapters/store.py).
+    bucket_bits: int = 10
+    #: A host's ``finish_URL``: ``exact`` (intsets, ~8 bytes a URL) or ``bloom`` (a Bloom
+    #: filter, ~1.8 bytes a URL at 0.1 %: each false positive is a URL never crawled;
+    #: dedupnet/adapters/bloom.py, docs/DECISIONS.md).
+    finish_url_filter: str = "exact"
+    #: URLs the Bloom filter is sized for; past it the false-positive rate climbs.
+    bloom_capacity: int = 10_000_000
+    #: The Bloom filter's false-positive rate at ``bloom_capacity`` URLs.
+    bloom_error_rate: float = 0.001
+    #: URLs per URL_set (paper §2.2 step 3: "a fixed size").
+    set_size: int = 1000
+    #: Seconds a host waits for a URL_set to fill before sending it part full (like a
+    #: message producer's linger): full sets cost the centers far less per URL.
+    set_linger: float = 0.5
+    #: Largest frame body accepted from the network, checked before reading it.
+    max_frame_size: int = 4 * 1024 * 1024
+    #: Largest URL_set accepted from the network.
+    max_urls_per_set: int = 10_000
+    #: Longest normalised URL admitted into a pool.
+    max_url_length: int = 2048
+    #: ``exact`` (no URL admitted twice) or ``paper`` (the paper's look-ups only).
+    mode: str = "exact"
+    log_level: str = "INFO"
+
+    # -- the daemons (``dedupnet center`` / ``dedupnet local``) -------------------------
+    #: This LAN's network id (1..65535), part of every ``number``.
+    network: int | None = None
+    #: This host's or center's IP: its identity (paper §2.1). Default: the address that
+    #: reaches the center (hosts) or the first peer (centers), per netifaces.
+    ip: str | None = None
+    #: The LAN in CIDR notation. Default: the netmask of the interface holding ``ip``.
+    lan: str | None = None
+    #: ``host:port`` to listen on (center: hosts and peers; host: status). Host default: ip:0.
+    listen: str | None = None
+    #: ``host:port`` of this host's center, or ``auto``: found by LAN discovery.
+    center: str | None = None
+    #: LAN discovery (paper gap 5, dedupnet/adapters/discovery.py): a center answers hosts started
+    #: with ``center = "auto"`` on UDP ``discovery_port`` unless ``discovery = false``.
+    discovery: bool = True
+    discovery_port: int = 7799
+    #: A host with ``center = "auto"``: where its queries go (default: the broadcast
+    #: address of each of its IPv4 interfaces, of ``ip`` or in ``lan`` if given), and
+    #: for how long it asks before it gives up with an error.
+    discovery_address: str | None = None
+    discovery_timeout: float = 30.0
+    #: Peer networks of a center: ``"NETWORK,HOST:PORT,CIDR"`` each.
+    peers: list[str] = dataclasses.field(default_factory=list)
+    #: Where the embedded Redis keeps its append-only file (daemons only).
+    data_dir: str | None = None
+    #: ``host:port`` serving Prometheus metrics at /metrics.
+    metrics: str | None = None
+    #: Seconds to wait for answers to a broadcast before re-sending (paper gap 3).
+    answer_timeout: float = 2.0
+    #: Re-sends to silent members before a set is concluded incomplete (``admit``), or
+    #: before re-sends slow down (``wait``).
+    max_resends: int = 2
+    #: A member that does not answer: ``wait`` (exact mode's default: never conclude
+    #: without a live member; a set whose peer network is down waits for it) or ``admit``
+    #: (paper mode's default: conclude after ``max_resends``, counted). docs/PROTOCOL.md §10.
+    partition_policy: str | None = None
+    #: Who answers another network's set (§2.4): ``center`` (exact mode's default: the
+    #: center's admitted record speaks for its LAN) or ``lan`` (the paper: every LAN host).
+    foreign_lookup: str | None = None
+    #: Who answers this LAN's own sets (§2.3): ``center`` (exact mode's default: the
+    #: center's admitted record, no LAN broadcast) or ``lan`` (the paper: every other host).
+    local_lookup: str | None = None
+    heartbeat_interval: float = 1.0
+    #: A member silent this long leaves the LAN (or the set of peers).
+    heartbeat_timeout: float = 5.0
+    #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
+    #: does not offer it always gets plain JSON).
+    compress: bool = True
+    #: Authenticated frames (issue #10, dedupnet/codec/auth.py): a key file of ``KEY_ID
+    #: HEX_SECRET [send]`` lines. ``lan_key_file``: a center's hosts (and control
+    #: clients) must tag every message with it; a host tags its center connection.
+    #: ``peer_key_file``: the same between peer centers. Re-read every
+    #: ``key_poll_interval`` seconds (rotate keys without a restart).
+    lan_key_file: str | None = None
+    peer_key_file: str | None = None
+    key_poll_interval: float = 1.0
+    #: Limits against abuse (a center): connections one source address may hold open;
+    #: bytes and messages a second read from one connection (above: throttled).
+    max_connections_per_source: int = 16
+    max_bytes_per_s: float = 32 * 1024 * 1024
+    max_messages_per_s: float = 20_000
+    #: TLS (dedupnet/adapters/tls.py, docs/DECISIONS.md): this daemon's certificate and key (PEM)
+    #: and the deployment's CA. A center with all three requires TLS of its peer
+    #: centers, with client certificates naming the peer's network id.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_ca: str | None = None
+    #: TLS on the LAN too: a center requires it of its hosts; a host speaks it to its
+    #: center (needs ``tls_ca``; ``tls_cert``/``tls_key`` optional).
+    lan_tls: bool = False
+
+    # -- the crawler on a host (``dedupnet local``) -------------------------------------
+    #: Run the crawler on this host's task_pool.
+    crawl: bool = True
+    #: Seed URLs, sent through the protocol like any discovered URL.
+    seeds: list[str] = dataclasses.field(default_factory=list)
+    seeds_file: str | None = None
+    #: Requests at once, all sites together / to one site; seconds between two to one site.
+    concurrency: int = 32
+    per_site_concurrency: int = 2
+    per_site_delay: float = 0.25
+    #: Links of pages at this depth are not followed (seeds: depth 0); none = no limit.
+    max_depth: int | None = None
+    #: Hosts (and their subdomains) links may point to; empty = any.
+    allowed_domains: list[str] = dataclasses.field(default_factory=list)
+    respect_robots: bool = True
+    #: Write fetched pages as JSON lines into this directory.
+    store_dir: str | None = None
+    #: Seconds between re-crawls of the seeds; none = off.
+    recrawl_interval: float | None = None
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py, docs/PROTOCOL.md "Re-crawl by age"): a URL
+    #: admitted or crawled counts as seen for this many seconds only, then it is admitted
+    #: again when it is found again; never twice within it anywhere. None: seen for ever.
+    #: Every daemon of the system must have the same value.
+    recrawl_after: float | None = None
+    #: Per-site ages, ``"GLOB=SECONDS"`` or ``"GLOB=never"``; the first glob matching a
+    #: URL's site (its host) wins over ``recrawl_after``.
+    recrawl_sites: list[str] = dataclasses.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
+        if self.partition_policy not in (None, *PARTITION_POLICIES):
+            raise ValueError(f"partition_policy must be one of {', '.join(PARTITION_POLICIES)}, not {self.partition_policy!r}")
+        if self.foreign_lookup not in (None, *FOREIGN_LOOKUPS):
+            raise ValueError(f"foreign_lookup must be one of {', '.join(FOREIGN_LOOKUPS)}, not {self.foreign_lookup!r}")
+        if self.local_lookup not in (None, *LOCAL_LOOKUPS):
+            raise ValueError(f"local_lookup must be one of {', '.join(LOCAL_LOOKUPS)}, not {self.local_lookup!r}")
+        if self.key_poll_interval <= 0:
+            raise ValueError("key_poll_interval must be positive")
+        if self.set_linger < 0:
+            raise ValueError("set_linger must not be negative")
+        for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
+                     "heartbeat_interval", "heartbeat_timeout", "max_connections_per_source", "max_bytes_per_s",
+                     "max_messages_per_s"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive")
+        if not 1 <= self.discovery_port <= 65535:
+            raise ValueError("discovery_port must be within 1..65535")
+        if self.discovery_timeout <= 0:
+            raise ValueError("discovery_timeout must be positive")
+        if self.discovery_address is not None:
+            try:
+                ipaddress.IPv4Address(self.discovery_address)
+            except ValueError:
+                raise ValueError(f"discovery_address must be an IPv4 address, not {self.discovery_address!r}") from None
+        if not 8 <= self.bucket_bits <= 24:
+            raise ValueError("bucket_bits must be within 8..24")
+        if self.set_size > self.max_urls_per_set:
+            raise ValueError("set_size cannot exceed max_urls_per_set")
+        from dedupnet.adapters.bloom import spec_from
+
+        spec_from(self)  # finish_url_filter, bloom_capacity, bloom_error_rate are valid
+        if self.recrawl() is not None and self.finish_url_filter == "bloom":
+            raise ValueError("recrawl_after cannot be combined with finish_url_filter = 'bloom' "
+                             "(a Bloom filter cannot forget a URL)")
+
+    def recrawl(self):
+        """The :class:`~dedupnet.adapters.recrawl.RecrawlPolicy` of ``recrawl_after`` and
+        ``recrawl_sites``, or None (no URL ever ages). ValueError names a bad value."""
+        from dedupnet.adapters.recrawl import RecrawlPolicy
+
+        return RecrawlPolicy.from_settings(self.recrawl_after, self.recrawl_sites)
+
+
+def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
+    """Defaults < file < overrides (``None`` overrides are ignored: flag not given)."""
+    values: dict[str, Any] = {}
+    if path is not None:
+        with open(path, "rb") as f:
+            values.update(tomllib.load(f))
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(Settings)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+    return Settings(**values)
+
+
+def endpoint(text: str) -> tuple[str, int]:
+    """``"host:port"`` (IPv6 as ``[addr]:port``) to a pair; ValueError names what is wrong."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]"), int(port)

@@ -1,0 +1,321 @@
+"""From settings to running daemons, and the small clients of ``dedupnet status``,
+``push`` and ``finish``. Defaults are filled here, once, for the CLI and config file."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import time
+from pathlib import Path
+
+import orjson
+import trio
+
+from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
+from local_host.crawler import CrawlerSettings
+from local_host.daemon import LocalDaemon, LocalSettings
+from local_host.pools import HostPools
+
+from dedupnet.adapters import bloom
+
+from dedupnet.codec import wire
+from dedupnet.codec.auth import keyring_from
+from dedupnet.service.config import Settings, endpoint
+from dedupnet.adapters.discovery import Answer, Search, Target, find_center
+from dedupnet.codec.errors import DiscoveryError
+from dedupnet.codec.messages import Heartbeat, Register, Status
+from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
+from dedupnet.adapters.runtime import open_store, stop_on_signals
+from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.tls import TLSConfig
+from dedupnet.adapters.transport import connect
+
+log = logging.getLogger("dedupnet.service.daemons")
+
+
+def parse_peer(text: str) -> PeerAddress:
+    try:
+        network, address, cidr = text.split(",")
+        host, port = endpoint(address)
+        return PeerAddress(int(network), host, port, cidr)
+    except ValueError:
+        raise ValueError(f"--peer wants NETWORK,HOST:PORT,CIDR, got {text!r}") from None
+
+
+def _need(settings: Settings, *names: str) -> None:
+    missing = [n for n in names if getattr(settings, n) is None]
+    if missing:
+        raise ValueError("missing setting(s): " + ", ".join("--" + n.replace("_", "-") for n in missing))
+
+
+def _data_dir(settings: Settings, default: str) -> str | None:
+    if settings.redis_url is not None:
+        return None
+    path = Path(settings.data_dir or default)
+    path.mkdir(parents=True, exist_ok=True)
+    return str(path)
+
+
+def _timing(settings: Settings) -> dict:
+    return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
+                partition_policy=settings.partition_policy, foreign_lookup=settings.foreign_lookup,
+                local_lookup=settings.local_lookup,
+                heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
+
+
+def _tls(settings: Settings, role: str) -> TLSConfig | None:
+    """The daemon's TLS files, checked now (ValueError names what is missing)."""
+    return TLSConfig.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.lan_tls, role=role)
+
+
+def run_center(settings: Settings) -> int:
+    _need(settings, "network", "listen")
+    listen_host, port = endpoint(settings.listen)
+    peers = [parse_peer(p) for p in settings.peers]
+    ip, lan = center_identity(settings, listen_host, peers)
+    center = CenterSettings(
+        network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
+        max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
+        compress=settings.compress, metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
+        lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
+        key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
+        max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
+        tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
+        recrawl=settings.recrawl(),
+    )
+    data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
+    with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
+                    data_dir=data_dir, bucket_bits=settings.bucket_bits) as store:
+        trio.run(_until_signalled, CenterDaemon(center, store))
+    return 0
+
+
+def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddress]) -> tuple[str, str]:
+    """A center's ``(ip, lan)``: as given, else from ``--listen``, else detected
+    (:mod:`dedupnet.adapters.netinfo`): the address towards the first peer and the interface
+    that is not the way to the peers; the sole address without peers."""
+    if settings.ip:
+        return settings.ip, settings.lan or lan_of(settings.ip)
+    if listen_host not in ("0.0.0.0", "::"):
+        return listen_host, settings.lan or lan_of(listen_host)
+    if peers:
+        ip = source_ip_towards(peers[0].host)
+        return ip, settings.lan or center_lan(ip)
+    if settings.lan:
+        ip = address_in(settings.lan)
+        return ip, settings.lan
+    ip = sole_address() or "127.0.0.1"
+    return ip, lan_of(ip)
+
+
+def run_local(settings: Settings) -> int:
+    _need(settings, "center")
+    counters = Counters()
+    if settings.center == "auto":
+        found = discover_center(settings, counters)
+        if found is None:
+            return 0  # a signal stopped the search
+        center, network = found.endpoint, found.network
+    else:
+        _need(settings, "network")
+        center, network = endpoint(settings.center), settings.network
+    ip = settings.ip or source_ip_towards(center[0])
+    listen_host, port = endpoint(settings.listen) if settings.listen else (ip, 0)
+    local = LocalSettings(
+        network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
+        listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
+        heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
+        max_urls=settings.max_urls_per_set, compress=settings.compress,
+        metrics=endpoint(settings.metrics) if settings.metrics else None, crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
+        lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
+        tls=_tls(settings, "host"), recrawl=settings.recrawl(),
+    )
+    data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
+    with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
+                    bucket_bits=settings.bucket_bits) as store:
+        bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/bloom.py
+        trio.run(_until_signalled_leaving, LocalDaemon(local, store, counters))
+    return 0
+
+
+def discover_center(settings: Settings, counters: Counters) -> Answer | None:
+    """``--center auto``: the center that answers this host's LAN discovery query
+    (dedupnet/adapters/discovery.py), sent to ``discovery_address`` or to the broadcast address
+    of each of its IPv4 interfaces; None if SIGINT/SIGTERM stopped the search.
+    DiscoveryError if no center (or more than one) answers within ``discovery_timeout``."""
+    if settings.discovery_address:
+        targets = [Target(settings.discovery_address, settings.ip)]
+    else:
+        targets = [Target(broadcast, address, f" via {name} {address}")
+                   for name, address, broadcast in broadcast_targets(settings.ip, settings.lan)]
+    search = Search(settings.network, keyring_from(settings.lan_key_file), counters)
+    log.info("looking for the center%s on UDP port %d: %s", f" of network {settings.network}" if settings.network
+             else "", settings.discovery_port, ", ".join(f"{t.address}{t.via}" for t in targets) or "nowhere")
+
+    outcome: dict[str, Answer | DiscoveryError] = {}
+
+    async def search_until_signalled() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+            try:  # raised here, not through the nursery (which would wrap it in an ExceptionGroup)
+                outcome["answer"] = await find_center(search, targets, settings.discovery_port,
+                                                      settings.discovery_timeout)
+            except DiscoveryError as exc:
+                outcome["error"] = exc
+            nursery.cancel_scope.cancel()
+
+    started = time.monotonic()
+    trio.run(search_until_signalled)
+    if "error" in outcome:
+        raise outcome["error"]
+    answer = outcome.get("answer")  # none: a signal stopped the search
+    if answer is not None:
+        log.info("found the center of network %d at %s (LAN %s) in %.2f s", answer.network, answer.center,
+                 answer.lan, time.monotonic() - started)
+    return answer
+
+
+def crawler_settings(settings: Settings, ip: str) -> CrawlerSettings:
+    return CrawlerSettings(
+        concurrency=settings.concurrency, per_site_concurrency=settings.per_site_concurrency,
+        per_site_delay=settings.per_site_delay, max_depth=settings.max_depth,
+        allowed_domains=frozenset(settings.allowed_domains), respect_robots=settings.respect_robots,
+        store_dir=settings.store_dir, recrawl_interval=settings.recrawl_interval,
+        local_address=ip,  # requests come from the host's own IP, as its frames do (the web can tell who fetched)
+    )
+
+
+def _seeds(settings: Settings) -> list[str]:
+    seeds = list(settings.seeds)
+    if settings.seeds_file:
+        seeds += [line.strip() for line in Path(settings.seeds_file).read_text().splitlines() if line.strip()]
+    return seeds
+
+
+async def _until_signalled(daemon) -> None:
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_on_signals, nursery.cancel_scope)
+        await daemon.run()
+
+
+#: Seconds a host stopped by SIGTERM/SIGINT spends handing its work back before it
+#: stops anyway (a second signal stops it at once).
+LEAVE_TIMEOUT = 10.0
+
+
+async def _until_signalled_leaving(daemon: LocalDaemon) -> None:
+    """A host stopped by SIGTERM or SIGINT leaves its LAN: nobody can tell whether it
+    will come back, so it must not keep work only it would do. It finishes the pages in
+    progress, lets URL_pool drain through the protocol and hands its task_pool back to
+    its center (:meth:`LocalDaemon.leave`), then stops. If it is not connected to its
+    center, or the hand-back takes longer than ``LEAVE_TIMEOUT`` or a second signal
+    comes, it stops as it is: whatever was not handed back stays in its Redis
+    (task_pool, URL_pool) and is resumed when it starts again (issue #9, leave-host:
+    before, SIGTERM stopped a host as it was and its tasks waited for it for ever)."""
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(_leave_on_signals, daemon, nursery.cancel_scope)
+        await daemon.run()
+
+
+async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> None:
+    with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for signum in signals:
+            break
+        name = signal.Signals(signum).name
+        if daemon.conn is None:
+            log.warning("%s received, not connected to the center: stopping; task_pool and URL_pool stay in Redis "
+                        "until this host starts again", name)
+            scope.cancel()
+            return
+        log.info("%s received: leaving the LAN (handing the tasks back; again to stop at once)", name)
+        async with trio.open_nursery() as inner:
+            async def second_signal() -> None:
+                async for again in signals:
+                    log.warning("%s received again: stopping without finishing the hand-back", signal.Signals(again).name)
+                    inner.cancel_scope.cancel()
+                    return
+            inner.start_soon(second_signal)
+            try:
+                await daemon.leave(timeout=LEAVE_TIMEOUT)
+            except trio.TooSlowError:
+                daemon.counters.inc("leave_failed", reason="timeout")
+                log.warning("the hand-back took longer than %.0f s: stopping; what is left stays in Redis until this "
+                            "host starts again", LEAVE_TIMEOUT)
+            except Exception as e:  # noqa: BLE001 - Redis gone, connection lost: stop as it is, never crash
+                daemon.counters.inc("leave_failed", reason="error")
+                log.warning("the hand-back failed (%r): stopping; what is left stays in Redis until this host starts "
+                            "again", e)
+            inner.cancel_scope.cancel()
+    scope.cancel()
+
+
+# -- dedupnet status ------------------------------------------------------------------
+async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file: str | None = None) -> dict:
+    ip = source_ip_towards(address[0])
+    register = Register(ip, 0, "control", f"{ip}:1")
+    keyring = keyring_from(key_file)
+    with trio.fail_after(timeout):
+        async with await connect(*address, register, local_ip=ip, counters=Counters(), keyring=keyring) as conn:
+            conn.send_nowait(wire.encode(Status(True)))
+            while True:
+                reply = await conn.receive()
+                if isinstance(reply, Status):
+                    return reply.body or {}
+                if not isinstance(reply, Heartbeat):
+                    raise ValueError(f"{address[0]}:{address[1]} answered {reply}")
+
+
+def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: str | None = None) -> int:
+    try:
+        body = trio.run(fetch_status, address, 5.0, key_file)
+    except (OSError, trio.TooSlowError) as e:
+        print(f"dedupnet status: no answer from {address[0]}:{address[1]}: {e}")
+        return 1
+    if as_json:
+        print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
+        return 0
+    print(format_status(body))
+    return 0
+
+
+def format_status(body: dict) -> str:
+    head = f"{body.get('role')} {body.get('listen') or body.get('ip')}  network {body.get('network')}  {body.get('mode')} mode"
+    lines = [head]
+    if "connected" in body:
+        lines.append(f"  center {body['center']}: {'connected' if body['connected'] else 'NOT connected'}")
+    lines.append("  pools:          " + ", ".join(f"{k} {v}" for k, v in body.get("pools", {}).items()))
+    lines.append("  sets in flight: " + (", ".join(f"{k} {v}" for k, v in body.get("sets_in_flight", {}).items()) or "none"))
+    if "waiting_for" in body:
+        lines.append(f"  waiting for ({body.get('partition_policy')}): "
+                     + (", ".join(f"{m} {n} sets" for m, n in sorted(body["waiting_for"].items())) or "nobody"))
+    if "members" in body:
+        lines.append("  members (seconds since last heartbeat):")
+        lines += [f"    {m:<18} {age:>6.1f}" for m, age in body["members"].items()] or ["    none"]
+    lines.append("  counters:")
+    lines += [f"    {k:<58} {v:>10}" for k, v in sorted(body.get("counters", {}).items())]
+    return "\n".join(lines)
+
+
+# -- dedupnet push / finish ------------------------------------------------------------
+def push_or_finish(settings: Settings, command: str, urls: list[str], *, data_dir: str | None) -> int:
+    url = settings.redis_url
+    if url is None:
+        if data_dir is None:
+            raise ValueError("give --redis URL, or --data-dir of the host daemon whose embedded Redis to use")
+        url = (Path(data_dir) / "redis.url").read_text().strip()
+    if settings.prefix is None and settings.ip is None:
+        raise ValueError("give --ip of the host (or its --prefix)")
+    store = store_for(url, settings.prefix or f"dedupnet:host:{settings.ip}", bucket_bits=settings.bucket_bits)
+    bloom.attach(store, bloom.spec_from(settings))
+    try:
+        pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl())
+        if command == "push":
+            n = pools.push(urls)
+            print(json.dumps({"pushed": n, "rejected": len(urls) - n}))
+        else:
+            print(json.dumps({"finished_new": pools.finish(urls), "given": len(urls)}))
+    finally:
+        store.close()
+    return 0
