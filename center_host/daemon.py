@@ -25,12 +25,13 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
 from dedupnet.codec.messages import Heartbeat, Register
-from dedupnet.adapters.metrics import Counters, serve_metrics
+from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import RecrawlPolicy
 from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.status_page import center_detail, serve_status
 
 from . import protocol as cp
 from .pools import WRITES, CenterPools
@@ -65,6 +66,7 @@ class CenterSettings:
     max_frame_size: int = 4 * 1024 * 1024
     max_urls: int = 10_000
     compress: bool = True  # offer/accept zstd bodies (negotiated per connection)
+    #: ``--http`` (old name ``--metrics``): /metrics, the status page and /status.json.
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
@@ -109,6 +111,10 @@ class CenterDaemon:
         self.last_seen: dict[cp.Member, float] = {}
         self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
         self._gauged: set[str] = set()
+        #: number -> when this center stored the set (trio time): the status page's ages.
+        self.set_since: dict[int, float] = {}
+        #: The bound port of ``settings.metrics`` (the HTTP endpoint), once serving.
+        self.http_port: int | None = None
         self.reactor = Reactor(self.core.handle, self._execute)
         self.timers = Timers(self.reactor.post, cp.TimerFired)
         self.port = settings.port
@@ -138,7 +144,8 @@ class CenterDaemon:
             if self.settings.discovery_port is not None:
                 self.discovery_port = await nursery.start(self._answer_discovery)
             if self.settings.metrics:
-                await nursery.start(serve_metrics, self.counters, *self.settings.metrics)
+                self.http_port = await nursery.start(serve_status, self.counters, *self.settings.metrics, self.status,
+                                                     self.pools.store)
             for peer in self.settings.peers:
                 if self.settings.network < peer.network:
                     nursery.start_soon(self._dial, peer)
@@ -275,7 +282,11 @@ class CenterDaemon:
             await until_stored(self.store, self.counters, self.pools.apply_steps, actions)
         followups = []
         for a in actions:
-            if isinstance(a, cp.Send):
+            if isinstance(a, cp.Save):
+                self.set_since.setdefault(a.number, trio.current_time())
+            elif isinstance(a, cp.Conclude):
+                self.set_since.pop(a.number, None)
+            elif isinstance(a, cp.Send):
                 for member in a.to:
                     conn = self.conns.get(member)
                     if conn is None or not conn.send_nowait(a.data):
@@ -302,6 +313,7 @@ class CenterDaemon:
             "members": {str(m): round(now - t, 3) for m, t in sorted(self.last_seen.items(), key=str)},
             "sets_in_flight": stages, "waiting_for": self.core.waiting_for(), "timers": len(self.timers),
             "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
+            **center_detail(self),
         }
 
     async def _control_session(self, conn: Connection) -> None:

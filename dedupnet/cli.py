@@ -42,7 +42,9 @@ DAEMON = [
     (("--lan",), dict(metavar="CIDR", help="this LAN (default: the interface's address and netmask)")),
     (("--listen",), dict(metavar="HOST:PORT", help="address to listen on")),
     (("--data-dir",), dict(metavar="DIR", help="where the embedded Redis keeps its append-only file")),
-    (("--metrics",), dict(metavar="HOST:PORT", help="serve Prometheus metrics at http://HOST:PORT/metrics")),
+    (("--http",), dict(metavar="HOST:PORT", help="serve the live status page at http://HOST:PORT/ (its JSON at "
+                                                 "/status.json, docs/STATUS.md) and Prometheus metrics at /metrics")),
+    (("--metrics",), dict(metavar="HOST:PORT", help="the old name of --http")),
     (("--answer-timeout",), dict(type=float, metavar="S", help="seconds to wait for answers (default 2)")),
     (("--max-resends",), dict(type=int, help="re-sends to silent members before concluding ('admit') or slowing down ('wait') (default 2)")),
     (("--foreign-lookup",), dict(choices=FOREIGN_LOOKUPS,

@@ -20,13 +20,14 @@ from dedupnet.adapters.stores import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
-from dedupnet.adapters.metrics import Counters, serve_metrics
+from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.adapters.runtime import Reactor, control_session, until_stored
 from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.status_page import serve_status
 
 from . import protocol as hp
 from .crawler import Crawler, CrawlerSettings
@@ -94,6 +95,7 @@ class LocalDaemon:
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
         self.port = settings.listen_port
+        self.http_port: int | None = None  # the bound port of settings.metrics (--http), once serving
         crawler = settings.crawler
         if crawler is not None and settings.recrawl is not None:
             crawler = dataclasses.replace(crawler, recrawl=settings.recrawl)
@@ -123,8 +125,8 @@ class LocalDaemon:
             nursery.start_soon(self.reactor.run)
             self.port = await nursery.start(self._serve_status)
             register = Register(s.ip, s.network, "host", f"{s.ip}:{self.port}", s.lan)
-            if s.metrics:
-                await nursery.start(serve_metrics, self.counters, *s.metrics)
+            if s.metrics:  # --http: /metrics, the status page and /status.json (dedupnet/adapters/status_page.py)
+                self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)

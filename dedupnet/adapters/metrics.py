@@ -1,4 +1,5 @@
-"""Counters and gauges the daemons share, and a tiny ``/metrics`` endpoint for scraping.
+"""Counters and gauges the daemons share, and a tiny HTTP endpoint: ``/metrics`` for
+scraping, and any further routes a daemon adds (the status page, dedupnet/adapters/status_page.py).
 
 Why not ``prometheus_client``: what the daemons need is small — named counters with string
 labels, a few gauges, a snapshot the simulation harness can put in its JSON report, and
@@ -23,11 +24,11 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
-__all__ = ["Counters", "serve_metrics", "CONTENT_TYPE"]
+__all__ = ["Counters", "serve_http", "serve_metrics", "CONTENT_TYPE", "Route"]
 
 log = logging.getLogger("dedupnet.adapters.metrics")
 
@@ -167,24 +168,31 @@ class Counters:
         return "\n".join(lines) + "\n" if lines else ""
 
 
-# --- the /metrics endpoint ---------------------------------------------------------------
+# --- the HTTP endpoint: /metrics and the daemon's other routes -----------------------------
 
 _HEAD_LIMIT = 8 * 1024
 _HEAD_TIMEOUT = 5.0
+_ROUTE_TIMEOUT = 5.0
 _SEND_TIMEOUT = 5.0
 _LINGER_TIMEOUT = 1.0
 _LINGER_BYTES = 64 * 1024
 
 _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 408: "Request Timeout",
-            431: "Request Header Fields Too Large"}  # fmt: skip
+            431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            503: "Service Unavailable"}  # fmt: skip
+
+#: A route answers ``GET``/``HEAD`` of one path: ``(content type, body[, extra headers])``.
+Route = Callable[[], Awaitable[tuple]]
 
 
 def _response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8",
-              head_only: bool = False) -> bytes:
+              head_only: bool = False, headers: Mapping[str, str] | None = None) -> bytes:
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (
         f"HTTP/1.1 {status} {_REASONS[status]}\r\n"
         f"Content-Type: {content_type}\r\n"
         f"Content-Length: {len(body)}\r\n"
+        f"{extra}"
         "Connection: close\r\n\r\n"
     ).encode("ascii")
     return head if head_only else head + body
@@ -206,10 +214,32 @@ async def _read_head(stream: trio.abc.Stream) -> bytes | None:
     return bytes(head)
 
 
-async def _answer(counters: Counters, stream: trio.SocketStream) -> None:
-    """Answer one HTTP request on ``stream``, then close it (no keep-alive)."""
+async def _route(routes: Mapping[bytes, Route], method: bytes, target: bytes) -> bytes:
+    """The response to one parsed request. A route that fails or takes longer than 5 s is
+    answered 500 / 503 (and logged), never left hanging."""
+    route = routes.get(target) if method in (b"GET", b"HEAD") else None
+    if route is None:
+        paths = ", ".join(p.decode() for p in routes)
+        return _response(404, f"not found; try GET {paths}\n".encode())
+    result = None
+    with trio.move_on_after(_ROUTE_TIMEOUT):
+        try:
+            result = await route()
+        except Exception:  # noqa: BLE001 - one failing page must not take the endpoint down
+            log.exception("HTTP %s failed", target.decode("ascii", "replace"))
+            return _response(500, b"internal error; see the daemon's log\n")
+    if result is None:
+        log.warning("HTTP %s took longer than %.0f s; answered 503", target.decode("ascii", "replace"), _ROUTE_TIMEOUT)
+        return _response(503, b"not ready in time; try again\n")
+    content_type, body, *headers = result
+    return _response(200, body, content_type, head_only=method == b"HEAD", headers=headers[0] if headers else None)
+
+
+async def _answer(counters: Counters, routes: Mapping[bytes, Route], stream: trio.SocketStream) -> None:
+    """Answer one HTTP request on ``stream``, then close it (no keep-alive). Every answer
+    but 200 is counted: ``http_errors{status}``."""
     try:
-        response = None
+        response = request = None
         with trio.move_on_after(_HEAD_TIMEOUT):
             head = await _read_head(stream)
             if head is None:
@@ -219,14 +249,13 @@ async def _answer(counters: Counters, stream: trio.SocketStream) -> None:
                 if len(parts) != 3 or not parts[2].startswith(b"HTTP/"):
                     response = _response(400, b"bad request\n")
                 else:
-                    method, target = parts[0], parts[1].split(b"?", 1)[0]
-                    if method in (b"GET", b"HEAD") and target == b"/metrics":
-                        body = counters.render_prometheus().encode("utf-8")
-                        response = _response(200, body, CONTENT_TYPE, head_only=method == b"HEAD")
-                    else:
-                        response = _response(404, b"not found; try GET /metrics\n")
-        if response is None:
+                    request = parts[0], parts[1].split(b"?", 1)[0]
+        if request is not None:  # outside the head's deadline: the route has its own
+            response = await _route(routes, *request)
+        elif response is None:
             response = _response(408, b"request head not received in time\n")
+        if not response.startswith(b"HTTP/1.1 200 "):
+            counters.inc("http_errors", status=response[9:12].decode("ascii"))
         with trio.move_on_after(_SEND_TIMEOUT):
             await stream.send_all(response)
             # Closing with unread input would reset the connection, and the client could
@@ -239,9 +268,38 @@ async def _answer(counters: Counters, stream: trio.SocketStream) -> None:
     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
         pass  # the scraper went away; nothing to do
     except Exception:  # never let one request take the endpoint down
-        log.exception("metrics request failed")
+        log.exception("HTTP request failed")
     finally:
         await trio.aclose_forcefully(stream)
+
+
+async def serve_http(
+    counters: Counters,
+    host: str | None,
+    port: int,
+    routes: Mapping[str, Route] | None = None,
+    *,
+    task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve ``GET /metrics`` (Prometheus text format) and ``routes`` on ``host:port``
+    until cancelled.
+
+    A deliberately minimal HTTP/1.1 responder: one request per connection, the request
+    head must arrive within 5 s and fit in 8 KiB (else 408 / 431), ``GET`` or ``HEAD``
+    of a known path gives 200 (a route gets 5 s: else 503), any other request 404, then
+    the connection is closed. ``port`` 0 picks a free port; the bound port is reported
+    through ``task_status`` (``port = await nursery.start(serve_http, counters, host, 0)``).
+    """
+
+    async def metrics() -> tuple[str, bytes]:
+        return CONTENT_TYPE, counters.render_prometheus().encode("utf-8")
+
+    table = {b"/metrics": metrics, **{path.encode("ascii"): route for path, route in (routes or {}).items()}}
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    log.info("HTTP on http://%s:%d/ (%s)", host or "*", bound, ", ".join(p.decode() for p in table))
+    task_status.started(bound)
+    await trio.serve_listeners(lambda stream: _answer(counters, table, stream), listeners)
 
 
 async def serve_metrics(
@@ -251,16 +309,5 @@ async def serve_metrics(
     *,
     task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve ``GET /metrics`` (Prometheus text format) on ``host:port`` until cancelled.
-
-    A deliberately minimal HTTP/1.1 responder: one request per connection, the request
-    head must arrive within 5 s and fit in 8 KiB (else 408 / 431), ``GET`` or ``HEAD``
-    ``/metrics`` gives 200, any other request 404, then the connection is closed.
-    ``port`` 0 picks a free port; the bound port is reported through ``task_status``
-    (``port = await nursery.start(serve_metrics, counters, host, 0)``).
-    """
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()[1]
-    log.info("metrics on http://%s:%d/metrics", host or "*", bound)
-    task_status.started(bound)
-    await trio.serve_listeners(lambda stream: _answer(counters, stream), listeners)
+    """Serve ``GET /metrics`` alone (:func:`serve_http` without further routes)."""
+    await serve_http(counters, host, port, task_status=task_status)

@@ -43,6 +43,7 @@ from dedupnet.harness.cluster import host_ip, open_cluster
 from dedupnet.codec.errors import BadURL, DedupnetError
 from dedupnet.harness.faults import FAULTS, LINK_FAULTS, Fault, parse_fault
 from dedupnet.adapters.redis_cluster import admin_client, merged_info
+from dedupnet.adapters.status_page import key_family, key_memory
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL
 from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.harness.web import SyntheticWeb, WebSpec
@@ -275,18 +276,6 @@ class CpuMeter:
         reactor._handle, reactor._execute, store.run = timed_handle, timed_execute, timed_run
 
 
-_NUMERIC = re.compile(r"^\d+$")
-
-
-def key_family(rest: str) -> str:
-    """``finish_URL:517`` -> ``finish_URL``; ``task_pool:fp:3`` -> ``task_pool:fp``: a
-    key's name under its daemon's prefix, less the bucket numbers."""
-    parts = rest.split(":")
-    while len(parts) > 1 and _NUMERIC.match(parts[-1]):
-        parts.pop()
-    return ":".join(parts)
-
-
 def _on_cluster(server) -> bool:
     return isinstance(server, redis.RedisCluster)
 
@@ -297,27 +286,15 @@ def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
     {"finish_URL": n, ...}}``. Keys are ``<prefix>:center<L>:<family>`` and
     ``<prefix>:host:<ip>:<family>`` (both runners)."""
     out: dict[str, Counter[str]] = {"center": Counter(), "host": Counter()}
-    keys = [k.decode() for k in server.scan_iter(match=f"{prefix}:*", count=1000)]
-    # On a Redis Cluster a daemon's own keys carry its prefix as a hash tag: {<prefix>:...}:pool.
-    keys += [k.decode() for k in server.scan_iter(match=f"{{{prefix}:*", count=1000)] if _on_cluster(server) else []
-    for i in range(0, len(keys), 1000):
-        chunk = keys[i:i + 1000]
-        pipe = server.pipeline(transaction=False)
-        for k in chunk:
-            pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
-        for k, size in zip(chunk, pipe.execute(raise_on_error=False)):
-            if not isinstance(size, int):
-                continue  # gone since the SCAN
-            k = k.replace("{", "", 1).replace("}", "", 1) if k.startswith("{") else k
-            rest = k[len(prefix) + 1:]
-            if rest.startswith("center"):
-                role, rest = "center", rest.split(":", 1)[1] if ":" in rest else ""
-            elif rest.startswith("host:"):
-                parts = rest.split(":", 2)  # host, a.b.c.d, <family>
-                role, rest = "host", parts[2] if len(parts) == 3 else ""
-            else:
-                continue
-            out[role][key_family(rest)] += size
+    for rest, size in key_memory(server, prefix, cluster=_on_cluster(server)).items():
+        if rest.startswith("center"):
+            role, rest = "center", rest.split(":", 1)[1] if ":" in rest else ""
+        elif rest.startswith("host:"):
+            parts = rest.split(":", 2)  # host, a.b.c.d, <family>
+            role, rest = "host", parts[2] if len(parts) == 3 else ""
+        else:
+            continue
+        out[role][key_family(rest)] += size
     return {role: dict(sorted(c.items())) for role, c in out.items()}
 
 
@@ -1059,6 +1036,10 @@ def run(args) -> int:
         from dedupnet.harness.chaos import run_chaos
 
         return run_chaos(base, args)
+    if args.http and args.processes:
+        print("dedupnet sim: --http serves the one-process simulation's page; with --processes every center is its "
+              "own process: give it --http there (dedupnet center --http HOST:PORT)", file=sys.stderr)
+        return 2
     if base.faults and not args.processes and any(f.kind not in INPROCESS_FAULTS for f in base.faults):
         print("dedupnet sim: " + faults_refused(base.faults), file=sys.stderr)
         return 2
@@ -1084,7 +1065,13 @@ def run(args) -> int:
                     print(f"dedupnet sim: {e}", file=sys.stderr)
                     return 2
             else:
-                report = trio.run(simulate, cfg, url)
+                during = None
+                if args.http:  # the live status page of the whole system (dedupnet/adapters/status_page.py)
+                    from dedupnet.adapters.status_page import serve_sim_status
+
+                    during = serve_sim_status(args.http, {k: getattr(cfg, k) for k in (
+                        "networks", "hosts", "pages", "sites", "mode", "scenario", "seed")})
+                report = trio.run(lambda: simulate(cfg, url, during=during))
             reports.append(report)
             print(format_report(report), flush=True)
     if args.compare:
@@ -1121,6 +1108,18 @@ def _fault_arg(spec: str) -> Fault:
 
     try:
         return parse_fault(spec)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _http_arg(text: str) -> tuple[str, int]:
+    """``PORT`` (on 127.0.0.1) or ``HOST:PORT``."""
+    import argparse
+
+    from dedupnet.service.config import endpoint
+
+    try:
+        return ("127.0.0.1", int(text)) if text.isdigit() else endpoint(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
 
@@ -1170,6 +1169,9 @@ def add_arguments(p) -> None:
                         "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
                         "the report counts TLS records on the wire")
     p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
+    p.add_argument("--http", type=_http_arg, metavar="[HOST:]PORT",
+                   help="serve a live status page of the whole system (every center, the hosts) at "
+                        "http://HOST:PORT/ while it runs (HOST default 127.0.0.1; docs/STATUS.md)")
     p.add_argument("--recrawl-after", type=float, metavar="S",
                    help="re-crawl by age (issue #13): every daemon's recrawl_after; with --windows K the seeds "
                         "are offered again, each time once the last window is quiescent and S seconds old, and "

@@ -74,7 +74,10 @@ class Settings:
     peers: list[str] = dataclasses.field(default_factory=list)
     #: Where the embedded Redis keeps its append-only file (daemons only).
     data_dir: str | None = None
-    #: ``host:port`` serving Prometheus metrics at /metrics.
+    #: ``host:port`` of the daemon's HTTP endpoint: Prometheus metrics at /metrics, the
+    #: live status page at / and its JSON at /status.json (docs/STATUS.md).
+    http: str | None = None
+    #: The old name of ``http`` (it served /metrics only); still accepted.
     metrics: str | None = None
     #: Seconds to wait for answers to a broadcast before re-sending (paper gap 3).
     answer_timeout: float = 2.0

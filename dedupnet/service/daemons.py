@@ -65,6 +65,16 @@ def _timing(settings: Settings) -> dict:
                 heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
+def http_endpoint(settings: Settings) -> tuple[str, int] | None:
+    """``--http``, or its old name ``--metrics`` (one endpoint serves both: given both,
+    they must agree)."""
+    if settings.http and settings.metrics and endpoint(settings.http) != endpoint(settings.metrics):
+        raise ValueError(f"--http {settings.http} and --metrics {settings.metrics} name two endpoints; "
+                         "--metrics is the old name of --http: give one")
+    text = settings.http or settings.metrics
+    return endpoint(text) if text else None
+
+
 def _tls(settings: Settings, role: str) -> TLSConfig | None:
     """The daemon's TLS files, checked now (ValueError names what is missing)."""
     return TLSConfig.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.lan_tls, role=role)
@@ -78,7 +88,7 @@ def run_center(settings: Settings) -> int:
     center = CenterSettings(
         network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
         max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
-        compress=settings.compress, metrics=endpoint(settings.metrics) if settings.metrics else None, **_timing(settings),
+        compress=settings.compress, metrics=http_endpoint(settings), **_timing(settings),
         lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
         key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
         max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
@@ -128,7 +138,7 @@ def run_local(settings: Settings) -> int:
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
         heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, compress=settings.compress,
-        metrics=endpoint(settings.metrics) if settings.metrics else None, crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
+        metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
         tls=_tls(settings, "host"), recrawl=settings.recrawl(),
     )

@@ -1,0 +1,401 @@
+"""The live status page (issue #13): what an operator opens in a browser to see a
+network and its peers, served on a daemon's HTTP endpoint (``--http HOST:PORT``, the
+same server as ``/metrics``).
+
+``GET /`` is one static file, ``dedupnet/adapters/status.html`` (HTML and a little JavaScript, no
+build step), which polls ``GET /status.json`` every two seconds and redraws itself.
+The JSON is the daemon's own ``status()`` body (what ``dedupnet status --json``
+prints: pools, members, sets in flight, counters, and for a center the detail of
+:func:`center_detail`), plus what only a page needs: admitted URLs a second over the
+last 10 s, duplicates dropped by stage, Redis memory per key family (refreshed every
+10 s: a SCAN is not free) and the process's recent warnings and errors. Its fields are
+documented in docs/STATUS.md.
+
+``dedupnet sim --http PORT`` serves the same page for a whole one-process simulation
+(:class:`SimStatus`): every network's center on one page, and the hosts.
+
+Why polling rather than server-sent events: the endpoint is a one-request-per-connection
+responder with deadlines on everything (dedupnet/adapters/metrics.py); a poll every 2 s costs a
+center one status body, and a page left open can never hold a connection or a task.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+import time
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from importlib import resources
+from typing import Any
+
+import orjson
+import trio
+
+from dedupnet.adapters.metrics import Counters, Route, serve_http
+
+log = logging.getLogger("dedupnet.adapters.status_page")
+
+__all__ = ["RecentErrors", "recent_errors", "key_family", "key_memory", "center_detail", "StatusView",
+           "serve_status", "SimStatus", "serve_sim_status"]
+
+#: Seconds between two polls of the page (its JavaScript reads it from the JSON).
+POLL_INTERVAL = 2.0
+#: Admitted URLs a second are measured over this many seconds.
+RATE_WINDOW = 10.0
+#: Redis memory per key family is measured at most this often (SCAN + MEMORY USAGE).
+MEMORY_EVERY = 10.0
+#: How long the memory scan may take before the page goes on without it.
+MEMORY_TIMEOUT = 3.0
+#: Sets listed one by one, oldest first.
+OLDEST_SETS = 10
+#: Upper bounds (seconds) and labels of the age columns of sets in flight.
+AGE_BUCKETS = ((1.0, "<1s"), (10.0, "1-10s"), (60.0, "10-60s"), (600.0, "1-10min"), (math.inf, ">=10min"))
+
+_HTML_HEADERS = {
+    "Cache-Control": "no-store",
+    "X-Content-Type-Options": "nosniff",
+    # The page loads nothing but itself and status.json; nothing it shows can run (every
+    # value is set as text), and this says so to the browser as well.
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                               "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'; "
+                               "frame-ancestors 'none'",
+}
+_JSON_HEADERS = {"Cache-Control": "no-store", "X-Content-Type-Options": "nosniff"}
+
+
+def page_html() -> bytes:
+    """The page: package data, so an installed dedupnet has it too (pyproject.toml)."""
+    return resources.files("dedupnet.adapters").joinpath("status.html").read_bytes()
+
+
+# -- recent errors -----------------------------------------------------------------------
+class RecentErrors(logging.Handler):
+    """A bounded ring of the latest WARNING and ERROR records, for the page: an operator
+    sees what went wrong lately without the daemon's log at hand. Messages are cut to
+    ``max_length`` characters (a log line may carry a peer's input)."""
+
+    def __init__(self, capacity: int = 50, max_length: int = 500):
+        super().__init__(logging.WARNING)
+        self._ring: deque[dict] = deque(maxlen=capacity)
+        self.max_length = max_length
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - a bad format string must not lose the record
+            message = str(record.msg)
+        if record.exc_info and record.exc_info[1] is not None:
+            message += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        self._ring.append({"time": round(record.created, 3), "level": record.levelname, "logger": record.name,
+                           "message": message[:self.max_length]})
+
+    def records(self) -> list[dict]:
+        """Oldest first (a deque append is atomic; a copy is safe from any thread)."""
+        return list(self._ring)
+
+
+_RING: RecentErrors | None = None
+
+
+def recent_errors() -> RecentErrors:
+    """The process's ring, installed once on the ``dedupnet`` logger (every daemon logs
+    under it). Warnings reach the ring even when the log shows errors only (``--log-level
+    ERROR``, the simulation's default): the handlers already there keep showing what they
+    showed before."""
+    global _RING
+    if _RING is None:
+        _RING = RecentErrors()
+        logger = logging.getLogger("dedupnet")
+        level = logger.getEffectiveLevel()
+        if level > logging.WARNING:
+            for handler in logging.getLogger().handlers:
+                if handler.level < level:
+                    handler.setLevel(level)
+            logger.setLevel(logging.WARNING)
+        logger.addHandler(_RING)
+    return _RING
+
+
+# -- Redis memory per key family -----------------------------------------------------------
+_NUMERIC = re.compile(r"^\d+$")
+_GLOB = re.compile(r"([\\*?\[\]])")
+
+
+def key_family(rest: str) -> str:
+    """``finish_URL:517`` -> ``finish_URL``; ``task_pool:fp:3`` -> ``task_pool:fp``: a
+    key's name under its daemon's prefix, less the bucket numbers."""
+    parts = rest.split(":")
+    while len(parts) > 1 and _NUMERIC.match(parts[-1]):
+        parts.pop()
+    return ":".join(parts)
+
+
+def key_memory(server: Any, prefix: str, *, cluster: bool = False) -> dict[str, int]:
+    """MEMORY USAGE (every element: SAMPLES 0) of each key under ``prefix``, found by
+    SCAN, keyed by the name after ``<prefix>:``. On a Redis Cluster a daemon's own keys
+    carry their prefix as a hash tag (``{<prefix>}:pool``, or ``{<prefix>:center1}:pool``
+    for a run's prefix): those are found too, their braces dropped."""
+    escaped = _GLOB.sub(r"\\\1", prefix)
+    patterns = [f"{escaped}:*"] + ([f"{{{escaped}:*", f"{{{escaped}}}:*"] if cluster else [])
+    keys = sorted({k.decode() for pattern in patterns for k in server.scan_iter(match=pattern, count=1000)})
+    sizes: dict[str, int] = {}
+    for i in range(0, len(keys), 1000):
+        chunk = keys[i:i + 1000]
+        pipe = server.pipeline(transaction=False)
+        for k in chunk:
+            pipe.execute_command("MEMORY", "USAGE", k, "SAMPLES", "0")
+        for k, size in zip(chunk, pipe.execute(raise_on_error=False)):
+            if not isinstance(size, int):
+                continue  # gone since the SCAN
+            name = k.replace("{", "", 1).replace("}", "", 1) if k.startswith("{") else k
+            sizes[name[len(prefix) + 1:]] = size
+    return sizes
+
+
+def memory_by_family(server: Any, prefix: str, *, cluster: bool = False) -> dict[str, int]:
+    families: Counter[str] = Counter()
+    for rest, size in key_memory(server, prefix, cluster=cluster).items():
+        families[key_family(rest)] += size
+    return dict(sorted(families.items()))
+
+
+# -- counters ---------------------------------------------------------------------------
+_SERIES = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>.*)\})?$')
+_LABEL_PAIR = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def by_label(snapshot: dict[str, int], name: str, label: str) -> dict[str, int]:
+    """``{value of label: count}`` over the series of counter ``name`` in a
+    :meth:`Counters.snapshot` (a status body carries the snapshot, not the object)."""
+    out: Counter[str] = Counter()
+    for series, value in snapshot.items():
+        m = _SERIES.match(series)
+        if m is None or m["name"] != name:
+            continue
+        labels = dict(_LABEL_PAIR.findall(m["labels"] or ""))
+        out[labels.get(label, "")] += value
+    return dict(sorted(out.items()))
+
+
+# -- a center's detail (part of CenterDaemon.status()) ------------------------------------
+def center_detail(daemon: Any) -> dict:
+    """What ``CenterDaemon.status()`` adds for the page and ``dedupnet status --json``:
+    each member's liveness (paper gap 3: a member silent for ``heartbeat_timeout``
+    leaves), sets in flight by stage and age (§2.3, §2.4), the oldest of them one by
+    one, and ``task_URL`` per host (gap 8). Ages count from when this center stored the
+    set (``CenterDaemon.set_since``); a set resumed after a restart, from the restart."""
+    from center_host.protocol import task_parts
+
+    now = trio.current_time()
+    core, since = daemon.core, daemon.set_since
+    for number in [n for n in since if n not in core.sets]:
+        del since[number]  # concluded by a path that did not pass _execute (never expected)
+    for number in core.sets:
+        since.setdefault(number, now)
+
+    stages: dict[str, dict] = {}
+    for rec in core.sets.values():
+        age = now - since[rec.number]
+        st = stages.setdefault(rec.stage.value, {"count": 0, "urls": 0, "oldest": 0.0,
+                                                 "ages": {label: 0 for _, label in AGE_BUCKETS}})
+        st["count"] += 1
+        st["urls"] += len(rec.frame.URL_set)
+        st["oldest"] = round(max(st["oldest"], age), 3)
+        st["ages"][next(label for bound, label in AGE_BUCKETS if age < bound)] += 1
+    oldest = sorted(core.sets.values(), key=lambda r: (since[r.number], r.number))[:OLDEST_SETS]
+
+    tasks: Counter[str] = Counter()
+    for key, urls in core.tasks.items():
+        tasks[task_parts(key)[1]] += len(urls)  # "" = admitted while no host was there
+
+    s = daemon.settings
+    # max: the daemon moves last_seen forward over its own pauses (CenterDaemon._heartbeats).
+    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items()}
+    waiting = core.waiting_for()
+    addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else p.host for p in s.peers}  # 0: it dials us
+    names = set(silent) | set(addresses) | set(waiting) | {h for h in tasks if h}
+    liveness = []
+    for name in sorted(names, key=lambda n: (n.startswith("net:"), _sort_key(n))):
+        quiet = silent.get(name)
+        state = "down" if quiet is None else "live" if quiet <= 2 * s.heartbeat_interval else "late"
+        liveness.append({"member": name, "kind": "peer" if name.startswith("net:") else "host",
+                         "address": addresses.get(name, name), "state": state,
+                         "silent": None if quiet is None else round(quiet, 3),
+                         "waiting_sets": waiting.get(name, 0), "task_urls": tasks.get(name, 0)})
+    return {
+        "heartbeat": {"interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout},
+        "liveness": liveness,
+        "sets": dict(sorted(stages.items())),
+        "oldest_sets": [{"number": r.number, "stage": r.stage.value, "origin": r.origin,
+                         "age": round(now - since[r.number], 3), "urls": len(r.frame.URL_set),
+                         "awaiting": sorted(r.awaiting), "attempts": r.attempts} for r in oldest],
+        "task_URL_per_host": dict(sorted(tasks.items())),
+        "frames_held": len(core.waiting),
+    }
+
+
+def _sort_key(name: str) -> tuple:
+    """Members in address order: 127.0.1.9 before 127.0.1.10, net:2 before net:10."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"[.:]", name))
+
+
+# -- one daemon's page --------------------------------------------------------------------
+class StatusView:
+    """One daemon's ``/status.json``: its ``status()`` body, plus what only the page
+    shows (the module's docstring). ``store``: the daemon's store, whose keys' memory is
+    measured (None: not measured). ``errors``: include the process's recent errors."""
+
+    def __init__(self, status: Callable[[], Awaitable[dict]], counters: Counters, store: Any = None, *,
+                 errors: bool = True):
+        self.status = status
+        self.counters = counters
+        self.store = store
+        self.errors = recent_errors() if errors else None
+        self._samples: deque[tuple[float, int]] = deque()
+        self._memory: dict[str, int] | None = None
+        self._memory_at = -math.inf
+        self._memory_error: str | None = None
+        self.sample()
+
+    def sample(self) -> None:
+        """Record the admitted-URL counter (every second, :meth:`run`); the window keeps
+        the latest sample that is at least ``RATE_WINDOW`` old, so at most 11 or so."""
+        now = time.monotonic()
+        self._samples.append((now, self.counters.total("urls_admitted")))
+        while len(self._samples) > 1 and self._samples[1][0] <= now - RATE_WINDOW:
+            self._samples.popleft()
+
+    def admitted(self) -> dict:
+        """URLs admitted a second over the last ``RATE_WINDOW`` seconds (from the oldest
+        sample to now; in a daemon's first seconds, since it started); None in its
+        first 0.1 s."""
+        (t0, n0), t1, n1 = self._samples[0], time.monotonic(), self.counters.total("urls_admitted")
+        rate = (n1 - n0) / (t1 - t0) if t1 - t0 >= 0.1 else None
+        return {"total": n1, "per_s": None if rate is None else round(rate, 1), "window": round(t1 - t0, 1)}
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            self.sample()
+
+    async def memory(self) -> dict:
+        """Memory per key family, measured at most every ``MEMORY_EVERY`` seconds in a
+        worker thread with a deadline; a failed or slow scan keeps the last figures and
+        says why."""
+        if self.store is None:
+            return {}
+        if time.monotonic() - self._memory_at >= MEMORY_EVERY:
+            self._memory_at = time.monotonic()
+            from dedupnet.adapters.store import is_cluster_url
+
+            scan = lambda: memory_by_family(self.store.redis, self.store.prefix,  # noqa: E731
+                                            cluster=is_cluster_url(self.store.url))
+            try:
+                with trio.fail_after(MEMORY_TIMEOUT):
+                    self._memory = await trio.to_thread.run_sync(scan, abandon_on_cancel=True)
+                self._memory_error = None
+            except Exception as e:  # noqa: BLE001 - Redis down or slow: the page goes on
+                self._memory_error = f"{type(e).__name__}: {e}"[:200]
+                self.counters.inc("status_errors", part="redis_memory")
+                log.warning("status page: Redis memory not measured: %s", self._memory_error)
+        return {"redis_memory": self._memory, "redis_memory_error": self._memory_error}
+
+    async def snapshot(self) -> dict:
+        body = await self.status()
+        body.update(time=round(time.time(), 3), poll_interval=POLL_INTERVAL, admitted=self.admitted(),
+                    dropped=by_label(body.get("counters", {}), "urls_dropped", "stage"), **await self.memory())
+        if self.errors is not None:
+            body["recent_errors"] = self.errors.records()
+        return body
+
+
+def routes(snapshot: Callable[[], Awaitable[dict]]) -> dict[str, Route]:
+    """``/`` and ``/status.json`` for :func:`dedupnet.adapters.metrics.serve_http`."""
+    html = page_html()
+
+    async def page() -> tuple:
+        return "text/html; charset=utf-8", html, _HTML_HEADERS
+
+    async def status_json() -> tuple:
+        return "application/json", orjson.dumps(await snapshot()), _JSON_HEADERS
+
+    return {"/": page, "/status.json": status_json}
+
+
+async def serve_status(counters: Counters, host: str, port: int, status: Callable[[], Awaitable[dict]],
+                       store: Any = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A daemon's HTTP endpoint (``--http``): ``/metrics``, ``/`` and ``/status.json``.
+    Reports the bound port through ``task_status``."""
+    view = StatusView(status, counters, store)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(view.run)
+        task_status.started(await nursery.start(serve_http, counters, host, port, routes(view.snapshot)))
+
+
+# -- the simulation's page -----------------------------------------------------------------
+class SimStatus:
+    """``dedupnet sim --http``: one page for the whole one-process simulation, every
+    network's center (a :class:`StatusView` each, the same JSON as a center's own page)
+    and every host, plus the crawl's progress from the synthetic web's own counts."""
+
+    def __init__(self, system: Any, web: Any, config: dict):
+        self.system, self.web, self.config = system, web, config
+        self.started = time.monotonic()
+        self.views: dict[int, tuple[Any, StatusView]] = {}
+        self.errors = recent_errors()
+        self.counters = Counters()  # the page's own endpoint: http_errors
+        self.sample()
+
+    def _view(self, n: int, center: Any) -> StatusView:
+        held = self.views.get(n)
+        if held is None or held[0] is not center:  # a restarted center is a new daemon
+            held = self.views[n] = (center, StatusView(center.status, center.counters, center.pools.store, errors=False))
+        return held[1]
+
+    def sample(self) -> None:
+        for n, center in getattr(self.system, "centers", {}).items():
+            self._view(n, center).sample()
+
+    async def run(self) -> None:
+        while True:
+            await trio.sleep(1.0)
+            self.sample()
+
+    async def snapshot(self) -> dict:
+        centers = [await self._view(n, c).snapshot() for n, c in sorted(getattr(self.system, "centers", {}).items())]
+        hosts = []
+        for ip, h in sorted(self.system.hosts.items(), key=lambda kv: _sort_key(kv[0])):
+            body = await h.status() if hasattr(h, "status") else {"ip": ip}
+            hosts.append({k: v for k, v in body.items() if k != "counters"}
+                         | {"dropped": by_label(body.get("counters", {}), "urls_dropped", "stage")})
+        fetched = sum(self.web.answer_counts.values())
+        return {
+            "role": "sim", "time": round(time.time(), 3), "poll_interval": POLL_INTERVAL, "config": self.config,
+            "elapsed": round(time.monotonic() - self.started, 1),
+            "progress": {"pages_fetched": fetched, "duplicate_fetches": self.web.duplicate_fetches(),
+                         "admitted": sum(c["admitted"]["total"] for c in centers),
+                         "admitted_per_s": round(sum(c["admitted"]["per_s"] or 0 for c in centers), 1)},
+            "centers": centers, "hosts": hosts, "recent_errors": self.errors.records(),
+        }
+
+
+def serve_sim_status(address: tuple[str, int], config: dict, out=None) -> Callable[[Any, Any], Awaitable[None]]:
+    """The ``during`` hook of :func:`dedupnet.harness.sim.simulate` that serves the simulation's
+    page on ``address`` while the crawl runs. A port already taken is said on ``out``
+    (the crawl goes on without the page)."""
+
+    async def during(system: Any, web: Any, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        view = SimStatus(system, web, config)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(view.run)
+            try:
+                port = await nursery.start(serve_http, view.counters, *address, routes(view.snapshot))
+            except OSError as e:
+                print(f"dedupnet sim: no status page on {address[0]}:{address[1]}: {e}", file=out, flush=True)
+                nursery.cancel_scope.cancel()
+                return
+            print(f"  status page: http://{address[0]}:{port}/", file=out, flush=True)
+            task_status.started(port)
+    return during
