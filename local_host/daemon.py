@@ -21,7 +21,7 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.recrawl import RecrawlPolicy
+from dedupnet.adapters.recrawl import SLICES, RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.adapters.runtime import Reactor, control_session, until_stored
 from dedupnet.adapters.store import URL_POOL, Store
@@ -142,6 +142,11 @@ class LocalDaemon:
                      *s.center, s.mode)
             if self.settings.recrawl is not None:
                 log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
+                interval, after = s.crawler and s.crawler.recrawl_interval, self.settings.recrawl.after
+                if interval and after and interval < after * (1 + 1 / SLICES):
+                    log.warning("recrawl_interval %gs is shorter than 1.25 x recrawl_after (%gs): seeds offered "
+                                "again before they are due are dropped, and come round again only at a later "
+                                "interval", interval, after)
             task_status.started(self.port)
 
     def _center_tls(self) -> dict:
