@@ -130,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only follow links to this host and its subdomains (repeat)")
     crawl.add_argument("--ignore-robots", dest="respect_robots", action="store_const", const=False)
     crawl.add_argument("--store", dest="store_dir", metavar="DIR", help="write fetched pages as JSON lines here")
-    crawl.add_argument("--recrawl-interval", type=float, metavar="S", help="re-crawl the seeds this often")
+    crawl.add_argument("--recrawl-interval", type=float, metavar="S", help="re-crawl the seeds this often (through the "
+                       "protocol with --recrawl-after)")
 
     status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters")
     status.add_argument("address", metavar="HOST:PORT", help="the daemon's --listen address")

@@ -1174,7 +1174,7 @@ def add_arguments(p) -> None:
                         "http://HOST:PORT/ while it runs (HOST default 127.0.0.1; docs/STATUS.md)")
     p.add_argument("--recrawl-after", type=float, metavar="S",
                    help="re-crawl by age (issue #13): every daemon's recrawl_after; with --windows K the seeds "
-                        "are offered again, each time once the last window is quiescent and S seconds old, and "
+                        "are offered again, each time once the last window is quiescent and 1.25 x S seconds old, and "
                         "the report checks that every URL was fetched exactly K times")
     p.add_argument("--windows", type=int, default=1, metavar="K",
                    help="with --recrawl-after: crawl K windows (default %(default)s)")
