@@ -27,6 +27,7 @@ from dedupnet.codec.auth import keyring_from
 from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
 from dedupnet.codec.messages import Heartbeat, Register
 from dedupnet.adapters.metrics import Counters
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
@@ -89,6 +90,9 @@ class CenterSettings:
     #: on this UDP port (0: any free one). None: no responder, as in-process clusters
     #: want; ``dedupnet center`` turns it on by default (docs/DECISIONS.md).
     discovery_port: int | None = None
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py): admitted URLs count as seen for their age
+    #: only. None: for ever. Every center of the system must have the same policy.
+    recrawl: RecrawlPolicy | None = None
 
 
 class CenterDaemon:
@@ -99,10 +103,10 @@ class CenterDaemon:
             network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
             mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
             resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
-            foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup,
+            foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
         )
         self.core = cp.CenterProtocol(config, self.counters)
-        self.pools = CenterPools(store)
+        self.pools = CenterPools(store, settings.recrawl)
         self.store = on_trio(store)
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
@@ -151,6 +155,8 @@ class CenterDaemon:
                                self.settings.key_poll_interval)
             log.info("center of network %d listening on %s:%d (LAN %s, %d peers, %s mode)", self.settings.network,
                      self.settings.ip, self.port, self.settings.lan, len(self.settings.peers), self.settings.mode)
+            if self.settings.recrawl is not None:
+                log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
             task_status.started(self.port)
 
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:

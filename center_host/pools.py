@@ -6,16 +6,23 @@ stored frame plus who was asked and who answered), ``task_URL`` a hash
 adds the ``admitted`` record (a fingerprint set); the claims of sets in flight are the
 core's memory, rebuilt from the reduce pools on restart (docs/PROTOCOL.md §10), so
 nothing per URL is stored for another network's set. ``concluded`` remembers the
-numbers already finished, so a frame sent again is recognised.
+numbers already finished, so a frame sent again is recognised. With a re-crawl policy
+(``recrawl_after``) ``admitted`` is an :class:`~dedupnet.adapters.recrawl.AgedSet`: a URL counts as
+admitted for its age only (docs/PROTOCOL.md, "Re-crawl by age").
 
 All writes of one event go in one MULTI/EXEC; a look-up is one round trip.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import numpy as np
 import orjson
 
+from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
 from dedupnet.codec.urls import fingerprint_many
 
@@ -28,8 +35,9 @@ WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask)
 
 
 class CenterPools:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, recrawl: RecrawlPolicy | None = None, clock: Callable[[], float] = time.time):
         self.store = store
+        self.admitted = AgedSet(store, ADMITTED, recrawl, clock) if recrawl is not None else None
 
     def apply(self, actions: list) -> None:
         """Carry out the store actions among ``actions`` atomically, in order."""
@@ -48,7 +56,9 @@ class CenterPools:
             elif isinstance(a, cp.Drop):
                 batch.add(b"HDEL", key(a.pool), a.number)
             elif isinstance(a, cp.Admit):
-                if a.urls:
+                if a.urls and self.admitted is not None:
+                    self.admitted.add(batch, a.urls)
+                elif a.urls:
                     batch.fingerprints(b"SADD", key(ADMITTED), fingerprint_many(a.urls))
             elif isinstance(a, cp.Conclude):
                 batch.fingerprints(b"SADD", key(CONCLUDED), np.array([a.number], dtype=np.uint64))
@@ -64,7 +74,10 @@ class CenterPools:
         batch = self.store.batch()
         key = self.store.key
         concluded = batch.fingerprints(b"SMISMEMBER", key(CONCLUDED), np.array([number], dtype=np.uint64))
-        admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fingerprint_many(urls))
+        if self.admitted is not None:
+            admitted = self.admitted.contains(batch, urls)
+        else:
+            admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fingerprint_many(urls))
         results = yield batch
         return cp.LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist())
 

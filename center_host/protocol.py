@@ -33,6 +33,7 @@ import xxhash
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
 from dedupnet.adapters.metrics import Counters
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 from dedupnet.codec.urls import site_of
 
@@ -227,6 +228,9 @@ class CenterConfig:
     #: URLs remembered as held by another network's set (exact mode; memory only, an
     #: early drop, not a correctness record): ~150 bytes of Python memory each.
     held_elsewhere_max: int = 200_000
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py): the admitted record (the pools) answers
+    #: "seen" for a URL's age only, and ``held_elsewhere`` is not kept. None: for ever.
+    recrawl: RecrawlPolicy | None = None
 
     def __post_init__(self) -> None:
         if self.mode not in ("exact", "paper"):
@@ -579,7 +583,13 @@ class CenterProtocol:
 
     def _held_elsewhere(self, url: str, number: int) -> None:
         """Remember (newest last) that another network's set ``number`` holds ``url``;
-        the oldest entries go beyond ``held_elsewhere_max``."""
+        the oldest entries go beyond ``held_elsewhere_max``. Not under a re-crawl policy:
+        that set may still give the URL up because a third network admitted it not long
+        ago (within its age, but long before the offers this entry would drop), so an
+        entry would hold a URL that is due away from its re-crawl (PROTOCOL.md,
+        "Re-crawl by age")."""
+        if self.config.recrawl is not None:
+            return
         self.held_elsewhere.pop(url, None)
         self.held_elsewhere[url] = number
         while len(self.held_elsewhere) > self.config.held_elsewhere_max:

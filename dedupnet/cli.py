@@ -28,6 +28,13 @@ COMMON = [
                                          "false positive is a URL never crawled)")),
     (("--bloom-capacity",), dict(type=int, metavar="N", help="URLs the Bloom filter is sized for (default 10,000,000)")),
     (("--bloom-error-rate",), dict(type=float, metavar="P", help="its false-positive rate at capacity (default 0.001)")),
+    (("--recrawl-after",), dict(type=float, metavar="S",
+                                help="re-crawl by age: a URL counts as crawled for S seconds only, then it is "
+                                     "admitted again when found again, never twice within S anywhere (default: "
+                                     "never again; every daemon needs the same value)")),
+    (("--recrawl-site",), dict(dest="recrawl_sites", action="append", metavar="GLOB=S",
+                               help="the age of the sites matching GLOB (S seconds or 'never'); the first match "
+                                    "wins over --recrawl-after (repeat)")),
 ]
 DAEMON = [
     (("--network",), dict(type=int, help="this LAN's network id (1..65535)")),
@@ -123,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="only follow links to this host and its subdomains (repeat)")
     crawl.add_argument("--ignore-robots", dest="respect_robots", action="store_const", const=False)
     crawl.add_argument("--store", dest="store_dir", metavar="DIR", help="write fetched pages as JSON lines here")
-    crawl.add_argument("--recrawl-interval", type=float, metavar="S", help="re-crawl the seeds this often")
+    crawl.add_argument("--recrawl-interval", type=float, metavar="S", help="re-crawl the seeds this often (through the "
+                       "protocol with --recrawl-after)")
 
     status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters")
     status.add_argument("address", metavar="HOST:PORT", help="the daemon's --listen address")

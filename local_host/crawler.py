@@ -37,6 +37,15 @@ record, so de-dup would (rightly) drop them. Their links go through the protocol
 usual, so only new pages are crawled. ``<prefix>:recrawl_lock`` (SET NX PX interval)
 makes one crawler of a host re-queue per interval, also across restarts.
 
+With a re-crawl policy (``CrawlerSettings.recrawl``, ``recrawl_after``: dedupnet/adapters/recrawl.py)
+URLs are crawled again once older than their age, and the seeds go through the protocol
+instead: every interval they are put into ``URL_pool`` like any discovered URL, so a seed
+too is admitted again only when its age has passed, and at most once in the whole
+system; their links re-offer the pages behind them, which come back the same way
+(docs/DECISIONS.md, "Re-crawl by age"). ``finish_URL`` is then written into its current
+time slice, and the transaction that finishes a task also removes its URL from
+``task_pool:fp`` (queued, not yet crawled).
+
 HTTP: a few ``httpx.AsyncClient`` objects per site (:class:`~local_host.fetch.ClientPool`),
 not one shared client: httpcore's pool work grows with the connections it holds, and
 one pool for every site cost most of the crawler's CPU. Small unwanted bodies (404,
@@ -65,11 +74,14 @@ from redis.exceptions import ResponseError
 from dedupnet.adapters.stores import on_trio
 from dedupnet.codec.errors import BadURL
 from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import until_stored
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
 from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
 
 from .fetch import ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
+from .pools import TASK_FP
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
@@ -153,6 +165,9 @@ class CrawlerSettings:
     depth_key: str | None = None
     #: Seconds between re-crawls of the seeds; None = off.
     recrawl_interval: float | None = None
+    #: Re-crawl by age (the host's ``recrawl_after``; the daemon fills it in): finish_URL
+    #: forgets a URL after its age, and re-crawled seeds go through URL_pool. None: off.
+    recrawl: RecrawlPolicy | None = None
     #: Write fetched pages as JSON lines to ``store_dir/pages-<consumer>.jsonl``.
     store_dir: str | None = None
     #: Source address of HTTP connections (e.g. the host's IP); None = any.
@@ -256,6 +271,7 @@ class Crawler:
                                   on_rules=self._robots_rules)
         self.allowed = frozenset(d.lower().strip(".") for d in s.allowed_domains)
         self.depth_key = s.depth_key or store.key(DEPTH)
+        self._finished = AgedSet(store, FINISH_URL, s.recrawl) if s.recrawl is not None else None
         self._clients: ClientPool | None = None
         self._leases = trio.Semaphore(max(1, s.max_leased))
         self._drained = False
@@ -504,8 +520,12 @@ class Crawler:
         failure records set or cleared, and their task entries acknowledged and deleted."""
         key = self.store.key
         chains = [u for _, o in items for u in o.chain]
-        if chains:
+        if chains and self._finished is not None:
+            self._finished.add(batch, chains)
+        elif chains:
             batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(chains))
+        if self._finished is not None:  # no longer queued: a later admission is queued again
+            batch.fingerprints(b"SREM", key(TASK_FP), fingerprint_many([o.url for _, o in items]))
         url_pool = key(URL_POOL)
         records: dict[str, bytes | None] = {}  # URL -> failure record, None: clear it (last wins)
         for _, o in items:
@@ -783,8 +803,8 @@ class Crawler:
 
     # -- background ------------------------------------------------------------------------
     def _requeue_seeds(self) -> int:
-        """Re-crawl: the seeds straight into task_pool (see the module doc), at most once
-        per interval per host (``recrawl_lock``)."""
+        """Re-crawl: the seeds straight into task_pool, or with a re-crawl policy into
+        URL_pool (see the module doc), at most once per interval per host (``recrawl_lock``)."""
         interval_ms = max(1, int(self.settings.recrawl_interval * 1000))
         if not self.store.command(b"SET", self.store.key(RECRAWL_LOCK), self.consumer, b"NX", b"PX", interval_ms):
             return 0
@@ -792,9 +812,11 @@ class Crawler:
         if not seeds:
             return 0
 
+        pool = self.store.key(URL_POOL if self._finished is not None else TASK_POOL)
+
         def fill(batch: Batch) -> None:
             for url in seeds:
-                batch.add(b"XADD", self.store.key(TASK_POOL), b"*", b"u", url)
+                batch.add(b"XADD", pool, b"*", b"u", url)
             fields = fingerprint_fields(fingerprint_many([u.decode() for u in seeds]))
             batch.add(b"HSET", self.depth_key, *[x for f in fields for x in (f, b"0")])
 
@@ -806,6 +828,8 @@ class Crawler:
         while True:
             await trio.sleep(interval)
             n = await until_stored(self._writer, self.counters, self._requeue_seeds)
+            if n and self._finished is not None and self.on_commit is not None:
+                self.on_commit()  # the seeds are in URL_pool: the host's walker takes them now
             if n:
                 self.counters.inc("recrawls")
                 self.counters.inc("recrawl_urls", n)

@@ -8,6 +8,7 @@ from ``URL_pool`` while fewer than ``max_unacked`` frames are in flight.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable
@@ -20,6 +21,8 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.recrawl import SLICES
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.adapters.runtime import Reactor, control_session, until_stored
 from dedupnet.adapters.store import URL_POOL, Store
@@ -76,6 +79,9 @@ class LocalSettings:
     #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
     #: host's network (dedupnet/adapters/tls.py). None or without lan_tls: plain TCP.
     tls: TLSConfig | None = None
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py): finish_URL counts a URL as crawled for its
+    #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
+    recrawl: RecrawlPolicy | None = None
 
 
 class LocalDaemon:
@@ -85,13 +91,16 @@ class LocalDaemon:
         host_id = settings.host_id if settings.host_id is not None else host_id_from_ip(settings.ip, settings.lan)
         self.core = hp.HostProtocol(hp.HostConfig(settings.ip, settings.network, host_id, settings.set_size,
                                                   settings.mode, settings.max_unacked), self.counters)
-        self.pools = HostPools(store, exact=settings.mode == "exact")
+        self.pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl)
         self.store = on_trio(store)
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
         self.port = settings.listen_port
         self.http_port: int | None = None  # the bound port of settings.metrics (--http), once serving
-        self.crawler = Crawler(store, settings.crawler, self.counters, consumer=settings.ip) if settings.crawler else None
+        crawler = settings.crawler
+        if crawler is not None and settings.recrawl is not None:
+            crawler = dataclasses.replace(crawler, recrawl=settings.recrawl)
+        self.crawler = Crawler(store, crawler, self.counters, consumer=settings.ip) if crawler else None
         self.crawler_scope = trio.CancelScope()
         self._pushed = trio.Event()  # the crawler put links into URL_pool
         if self.crawler is not None:
@@ -132,6 +141,13 @@ class LocalDaemon:
                 **self._center_tls()))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
+            if self.settings.recrawl is not None:
+                log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
+                interval, after = s.crawler and s.crawler.recrawl_interval, self.settings.recrawl.after
+                if interval and after and interval < after * (1 + 1 / SLICES):
+                    log.warning("recrawl_interval %gs is shorter than 1.25 x recrawl_after (%gs): seeds offered "
+                                "again before they are due are dropped, and come round again only at a later "
+                                "interval", interval, after)
             task_status.started(self.port)
 
     def _center_tls(self) -> dict:

@@ -7,12 +7,23 @@ and not yet acknowledged are kept in ``URL_pool:unacked`` (number -> frame bytes
 ``URL_pool:unacked_ids`` (number -> the entry ids it carries), to be sent again after
 a restart. ``task_pool`` is a stream the crawler consumes; ``task_pool:fp`` the
 fingerprints of every URL ever queued there, which exact mode answers "seen" from.
+
+With a re-crawl policy (``recrawl_after``, dedupnet/adapters/recrawl.py) ``finish_URL`` is an
+:class:`~dedupnet.adapters.recrawl.AgedSet` (a URL counts as crawled for its age only) and
+``task_pool:fp`` holds the URLs queued and *not yet crawled* (the crawler removes a URL
+in the transaction that finishes it): a URL admitted again after its age must be queued
+again, while a task sent again because its ack was lost is still recognised, by either.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 from redis.exceptions import ResponseError
 
+from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
 from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import URLGate, fingerprint_many
@@ -29,9 +40,12 @@ WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)
 
 
 class HostPools:
-    def __init__(self, store: Store, *, exact: bool):
+    def __init__(self, store: Store, *, exact: bool, recrawl: RecrawlPolicy | None = None,
+                 clock: Callable[[], float] = time.time):
         self.store = store
         self.exact = exact
+        #: ``finish_URL`` under a re-crawl policy; None: the plain fingerprint set.
+        self.finished = AgedSet(store, FINISH_URL, recrawl, clock) if recrawl is not None else None
 
     def setup(self) -> None:
         self.store.ensure_group(URL_POOL, GROUP)
@@ -72,7 +86,10 @@ class HostPools:
     def lookup_steps(self, action: hp.Lookup) -> Steps[hp.LookupDone]:
         batch = self.store.batch()
         fps = fingerprint_many(action.urls)
-        finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
+        if self.finished is not None:
+            finished = self.finished.contains(batch, action.urls, fps)
+        else:
+            finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
         # task_pool counts as "seen" for exact mode's answers, and in both modes for
         # incoming tasks: a task sent again (its ack was lost) is not queued twice.
         use_queued = self.exact or action.token[0] == "task"
@@ -126,9 +143,16 @@ class HostPools:
         return len(accepted)
 
     def finish(self, urls, gate: URLGate | None = None) -> int:
-        """Record URLs as crawled in ``finish_URL``; returns how many were new there."""
+        """Record URLs as crawled in ``finish_URL`` (now, under a re-crawl policy);
+        returns how many were new there."""
         accepted = (gate or URLGate()).accept(urls)
-        return self.store.fp_add(FINISH_URL, fingerprint_many(accepted)) if accepted else 0
+        if not accepted:
+            return 0
+        if self.finished is None:
+            return self.store.fp_add(FINISH_URL, fingerprint_many(accepted))
+        batch = self.store.batch()
+        added = self.finished.add(batch, accepted)
+        return added.total(self.store.execute(batch))
 
     def all_tasks(self) -> list[tuple[bytes, str]]:
         """Every entry of task_pool (pending in the crawler's group or not)."""

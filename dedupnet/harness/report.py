@@ -75,6 +75,11 @@ class SimConfig:
     secure: bool = False
     #: ``--lan-tls``: with ``secure``, TLS between hosts and their center too.
     lan_tls: bool = False
+    #: Re-crawl by age (issue #13): every daemon's ``recrawl_after``, and ``windows`` K:
+    #: the seeds are offered again K - 1 times, each once the previous window is quiescent
+    #: and older than the age (:func:`_run_windows`); every URL must be fetched K times.
+    recrawl_after: float | None = None
+    windows: int = 1
 
 
 @dataclass
@@ -143,6 +148,12 @@ class Report:
     #: Of ``tls_bytes_on_wire``: the messages those records carried (the rest is TLS's own).
     tls_payload_bytes: int = 0
     tls_handshakes: int = 0
+    #: Re-crawl windows (``recrawl_after``): each one's start, end (seconds) and requests.
+    windows: list[dict] = field(default_factory=list)
+    #: URLs of the ground truth fetched exactly K times over K windows, fewer, more.
+    window_counts: dict[str, int] = field(default_factory=dict)
+    #: The shortest time between two answered requests for one URL (None: none twice).
+    min_refetch_gap: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -264,6 +275,18 @@ def assign_seeds(ips: list[str], seeds: list[str]) -> dict[str, list[str]]:
     return plan
 
 
+def check_windows(cfg: SimConfig) -> None:
+    """ValueError for what ``--recrawl-after``/``--windows`` cannot be combined with."""
+    if cfg.windows < 1:
+        raise ValueError("--windows must be at least 1")
+    if cfg.windows > 1 and cfg.recrawl_after is None:
+        raise ValueError("--windows needs --recrawl-after (without it nothing is ever crawled again)")
+    if cfg.recrawl_after is not None and cfg.mode == "owner":
+        raise ValueError("--recrawl-after runs the protocol's daemons (exact or paper mode); owner has no ages")
+    if cfg.windows > 1 and cfg.scenario not in ("default", "concurrent"):
+        raise ValueError(f"--windows runs the default and concurrent scenarios, not {cfg.scenario!r}")
+
+
 def progress_line(sample: dict) -> str:
     """One line of live progress from a timeline sample."""
     t, fetched = sample["t"], sample["pages_fetched"]
@@ -274,10 +297,12 @@ def progress_line(sample: dict) -> str:
 
 def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
-            memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset()) -> Report:
+            memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset(),
+            windows: list[dict] | None = None) -> Report:
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
-    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed)
+    k = cfg.windows
+    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed, windows=k)
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
@@ -329,11 +354,18 @@ def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, t
             if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
                 bad[key] += value
     extra["bad_input"] = dict(bad)
+    if windows:
+        counts = [web.answer_counts.get(u, 0) for u in expected]
+        extra.update(windows=windows, min_refetch_gap=refetch_gap(web), window_counts={
+            "exactly": sum(n == k for n in counts), "fewer": sum(n < k for n in counts),
+            "more": sum(n > k for n in counts)})
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
-        requests=requests, crawler_requests=crawler_requests, duplicate_fetches=web.duplicate_fetches(),
-        harness_duplicates=finished_twice(stores, reach.disallowed) if stores else None,
+        requests=requests, crawler_requests=crawler_requests,
+        duplicate_fetches=web.duplicate_fetches() if k == 1 else sum(max(n - k, 0) for n in web.answer_counts.values()),
+        # finish_URL keeps no URL for ever under a re-crawl policy: only the web can tell then.
+        harness_duplicates=finished_twice(stores, reach.disallowed) if stores and not windows else None,
         invariant_violations=len(violations), invariant_examples=violations[:20], refetched_after_kill=refetched,
         lost_urls=len(lost), lost_examples=lost[:10],
         unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
@@ -354,7 +386,8 @@ def wire_bytes(counters) -> int:
 
 
 def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
-                    max_depth: int | None = None, *, killed: frozenset[str] = frozenset()) -> tuple[list[str], int]:
+                    max_depth: int | None = None, *, killed: frozenset[str] = frozenset(),
+                    windows: int = 1) -> tuple[list[str], int]:
     """The design guide's invariant, checked from what the web served, not from anything
     the daemons say: every URL a crawler extracted (a seed, a link of a page the web
     answered, a redirect's target) ends crawled exactly once, or, if robots.txt forbids
@@ -368,7 +401,8 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     crawler killed between the web's answer and that transaction fetches the page again
     when it restarts: at least once, never by another host. No crawler can do better:
     the request is a side effect outside its store. Who made a request is the client
-    address the web saw (the daemons' crawlers send from their host's IP)."""
+    address the web saw (the daemons' crawlers send from their host's IP). With
+    ``windows`` K (re-crawl by age, ``--windows``) "once" is K times: once in each window."""
     carriers: dict[str, list[str]] = {}
     for s in seeds:
         carriers.setdefault(normalize(s), []).append("(seed)")
@@ -398,19 +432,42 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     for url in sorted(carriers):
         n = web.answer_counts.get(url, 0)
         by = set(web.answered_by.get(url, ()))
-        if n > 1 and len(by) == 1 and by <= killed:
-            excused += n - 1
+        if n > windows and len(by) == 1 and by <= killed:
+            excused += n - windows
             continue
         if web.disallowed(url):
             if web.fetch_counts.get(url, 0):
                 out.append(f"{url}: robots.txt forbids it, fetched {web.fetch_counts[url]} time(s){seen(url)}")
         elif n == 0:
             out.append(f"{url}: extracted, never crawled (lost){seen(url)}")
-        elif n > 1:
-            out.append(f"{url}: crawled {n} times (duplicate){seen(url)}")
+        elif n > windows:
+            out.append(f"{url}: crawled {n} times (duplicate{f' over {windows} windows' if windows > 1 else ''}){seen(url)}")
+        elif n < windows:
+            out.append(f"{url}: crawled {n} of {windows} times (missed a window){seen(url)}")
     for url in sorted(set(web.answer_counts) - set(carriers)):
         out.append(f"{url}: crawled, but no fetched page or seed led to it{seen(url)}")
     return out, excused
+
+
+def refetch_gap(web: SyntheticWeb) -> float | None:
+    """The shortest time between two answered requests for one URL (the web's request
+    log; a flaky page's 503s are not answers), or None if no URL was fetched twice."""
+    origin = dict(zip(web.hosts, web.origins))
+    times: dict[str, list[float]] = {}
+    for t, host, path in web.request_log:
+        if path == "/robots.txt":
+            continue  # each crawler reads it once per site
+        try:
+            times.setdefault(normalize(origin[host] + path), []).append(t)
+        except (KeyError, ValueError, BadURL):
+            continue
+    gaps = []
+    for url, ts in times.items():
+        i = web.lookup(url)
+        if i is not None and web.flaky[i]:
+            ts = ts[web.spec.flaky_failures:]
+        gaps += [b - a for a, b in zip(ts, ts[1:])]
+    return round(min(gaps), 3) if gaps else None
 
 
 def finished_twice(stores: list, skipped: set[str]) -> int:
@@ -473,7 +530,25 @@ def format_report(r: Report) -> str:
     by key family             {memory}
   pages per host              {hosts}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _windows_lines(r) + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+
+
+def _windows_lines(r: Report) -> str:
+    """Re-crawl by age: the windows, and whether every URL was fetched once in each."""
+    if not r.windows:
+        return ""
+    c, k, n = r.config, len(r.windows), r.window_counts
+    age = c["recrawl_after"]
+    gap = "n/a" if r.min_refetch_gap is None else f"{r.min_refetch_gap:.2f} s"
+    lines = [f"  re-crawl by age             recrawl_after {age:g} s, {k} windows: fetched exactly {k} times "
+             f"{n['exactly']:,} of {r.reachable_urls:,} URLs, fewer {n['fewer']:,}, more {n['more']:,}",
+             f"  closest two fetches of a URL  {gap}   (never less than recrawl_after)"]
+    for w in r.windows:
+        long = "   longer than recrawl_after: a URL found again after its age in it is fetched again" \
+            if w["end"] - w["start"] > age else ""
+        lines.append(f"    window {w['window']:<3}               t={w['start']:.1f}-{w['end']:.1f} s   "
+                     f"{w['requests']:,} requests{long}")
+    return "".join("\n" + line for line in lines)
 
 
 def _auth_lines(r: Report) -> str:

@@ -41,7 +41,7 @@ from dedupnet.harness.faults import LINK_FAULTS
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import TASK_POOL, URL_POOL
 from dedupnet.harness.web import SyntheticWeb, WebSpec
-from dedupnet.harness.report import (SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs, seed_count, assign_seeds, progress_line, _report)
+from dedupnet.harness.report import (SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs, seed_count, assign_seeds, check_windows, progress_line, _report)
 
 
 class _Timed:
@@ -128,6 +128,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
     if any(f.kind not in INPROCESS_FAULTS for f in cfg.faults):
         raise ValueError(faults_refused(cfg.faults))
     check_secure(cfg)
+    check_windows(cfg)
     import tempfile
 
     with secure_certs(cfg) as tls_dir, tempfile.TemporaryDirectory(prefix="dedupnet-sim-keys-") as keys:
@@ -163,6 +164,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
                                      **_link_relays(cfg),
+                                     **({"recrawl": recrawl_policy(cfg)} if cfg.recrawl_after is not None else {}),
                                      **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
                                         if key_file else {}))
         async with system_cm as system, trio.open_nursery() as crawling:
@@ -183,11 +185,13 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             plan = await _seed(system, seeds, cfg.scenario)
             t0 = time.perf_counter()
             timeline: list[dict] = []
-            timed_out = await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links)
+            timed_out, windows = await _run_windows(cfg, system, crawlers, web, timeline, t0, out, meter, links,
+                                                    seeds, observer)
             wall = time.perf_counter() - t0
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
             report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
-                             center_cpu=meter.seconds - meter_start if meter else None, memory=memory)
+                             center_cpu=meter.seconds - meter_start if meter else None, memory=memory,
+                             windows=windows)
             if links is not None:
                 report.links = links.summary(t0=trio.current_time() - wall)
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
@@ -285,6 +289,44 @@ async def _pool_sizes(system) -> dict[str, int]:
     return dict(sizes)
 
 
+def recrawl_policy(cfg: SimConfig):
+    """The daemons' :class:`~dedupnet.adapters.recrawl.RecrawlPolicy` (None without ``recrawl_after``)."""
+    from dedupnet.codec.ages import RecrawlPolicy
+
+    return RecrawlPolicy.from_settings(cfg.recrawl_after)
+
+
+async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, timeline, t0, out, meter, links,
+                       seeds: list[str], observer: Observer) -> tuple[bool, list[dict]]:
+    """Window 1 is the crawl from the seeds, to quiescence. With ``recrawl_after`` A each
+    further window waits until A and one slice (dedupnet/adapters/recrawl.py: how much longer a URL
+    may still count as seen) have passed since the previous one was quiescent, so that
+    every URL admitted or crawled in it is due again, then offers the same seeds again
+    through the hosts' URL_pool (what a host's crawler does every ``recrawl_interval``
+    under a re-crawl policy) and runs to quiescence: every page must be found again and
+    fetched once more, in the whole system. Returns whether a window timed out, and the
+    windows (start and end in seconds since ``t0``, requests answered in each)."""
+    from dedupnet.adapters.recrawl import SLICES
+
+    windows: list[dict] = []
+    timed_out = False
+    for k in range(cfg.windows):
+        if k:
+            wait = windows[-1]["end_wall"] + cfg.recrawl_after * (1 + 1 / SLICES) + 0.1 - time.time()
+            await trio.sleep(max(wait, 0.0))
+            observer.found.clear()
+            await _seed(system, seeds, cfg.scenario)
+        start, before = time.perf_counter() - t0, sum(web.answer_counts.values())
+        timed_out |= await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links)
+        windows.append({"window": k + 1, "start": round(start, 2), "end": round(time.perf_counter() - t0, 2),
+                        "requests": sum(web.answer_counts.values()) - before, "end_wall": time.time()})
+        if timed_out:
+            break
+    for w in windows:
+        del w["end_wall"]
+    return timed_out, windows if cfg.recrawl_after is not None else []
+
+
 async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None,
                              links=None) -> bool:
     """Sample progress until nothing is left anywhere (twice in a row) or the timeout.
@@ -344,15 +386,3 @@ def faults_refused(faults) -> str:
     kinds = sorted({f.kind for f in faults if f.kind not in INPROCESS_FAULTS})
     return (f"fault(s) {', '.join(kinds)} need --processes (every daemon its own process, "
             f"dedupnet/harness/simproc.py); without it: {', '.join(INPROCESS_FAULTS) or 'none yet'}")
-
-
-def _http_arg(text: str) -> tuple[str, int]:
-    """``PORT`` (on 127.0.0.1) or ``HOST:PORT``."""
-    import argparse
-
-    from dedupnet.service.config import endpoint
-
-    try:
-        return ("127.0.0.1", int(text)) if text.isdigit() else endpoint(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None

@@ -11,8 +11,8 @@ import trio
 from center_host.protocol import PARTITION_POLICIES
 
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault
-from dedupnet.harness.report import (SCENARIOS, MODES, SimConfig, check_secure, format_report, format_comparison, plot)
-from dedupnet.harness.sim import (simulate, INPROCESS_FAULTS, faults_refused, _http_arg)
+from dedupnet.harness.report import (SCENARIOS, MODES, SimConfig, check_secure, check_windows, format_report, format_comparison, plot)
+from dedupnet.harness.sim import (simulate, INPROCESS_FAULTS, faults_refused)
 
 
 def run(args) -> int:
@@ -35,9 +35,14 @@ def run(args) -> int:
                      send_delay=args.send_delay, faults=tuple(args.faults or ()),
                      finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
                      bloom_error_rate=args.bloom_error_rate,
-                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls)
+                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
+                     recrawl_after=args.recrawl_after, windows=args.windows)
     try:
         check_secure(base)
+        check_windows(base)
+        if base.recrawl_after is not None and (args.processes or args.compare or args.chaos is not None):
+            raise ValueError("--recrawl-after runs in one process, one mode (not with --processes, --compare "
+                             "or --chaos)")
         if args.compare and base.secure:
             raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
     except ValueError as e:
@@ -123,6 +128,18 @@ def _fault_arg(spec: str) -> Fault:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _http_arg(text: str) -> tuple[str, int]:
+    """``PORT`` (on 127.0.0.1) or ``HOST:PORT``."""
+    import argparse
+
+    from dedupnet.service.config import endpoint
+
+    try:
+        return ("127.0.0.1", int(text)) if text.isdigit() else endpoint(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def add_arguments(p) -> None:
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
@@ -171,6 +188,12 @@ def add_arguments(p) -> None:
     p.add_argument("--http", type=_http_arg, metavar="[HOST:]PORT",
                    help="serve a live status page of the whole system (every center, the hosts) at "
                         "http://HOST:PORT/ while it runs (HOST default 127.0.0.1; docs/STATUS.md)")
+    p.add_argument("--recrawl-after", type=float, metavar="S",
+                   help="re-crawl by age (issue #13): every daemon's recrawl_after; with --windows K the seeds "
+                        "are offered again, each time once the last window is quiescent and 1.25 x S seconds old, and "
+                        "the report checks that every URL was fetched exactly K times")
+    p.add_argument("--windows", type=int, default=1, metavar="K",
+                   help="with --recrawl-after: crawl K windows (default %(default)s)")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "

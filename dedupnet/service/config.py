@@ -142,6 +142,14 @@ class Settings:
     store_dir: str | None = None
     #: Seconds between re-crawls of the seeds; none = off.
     recrawl_interval: float | None = None
+    #: Re-crawl by age (dedupnet/adapters/recrawl.py, docs/PROTOCOL.md "Re-crawl by age"): a URL
+    #: admitted or crawled counts as seen for this many seconds only, then it is admitted
+    #: again when it is found again; never twice within it anywhere. None: seen for ever.
+    #: Every daemon of the system must have the same value.
+    recrawl_after: float | None = None
+    #: Per-site ages, ``"GLOB=SECONDS"`` or ``"GLOB=never"``; the first glob matching a
+    #: URL's site (its host) wins over ``recrawl_after``.
+    recrawl_sites: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -177,6 +185,16 @@ class Settings:
         from dedupnet.adapters.bloom import spec_from
 
         spec_from(self)  # finish_url_filter, bloom_capacity, bloom_error_rate are valid
+        if self.recrawl() is not None and self.finish_url_filter == "bloom":
+            raise ValueError("recrawl_after cannot be combined with finish_url_filter = 'bloom' "
+                             "(a Bloom filter cannot forget a URL)")
+
+    def recrawl(self):
+        """The :class:`~dedupnet.adapters.recrawl.RecrawlPolicy` of ``recrawl_after`` and
+        ``recrawl_sites``, or None (no URL ever ages). ValueError names a bad value."""
+        from dedupnet.codec.ages import RecrawlPolicy
+
+        return RecrawlPolicy.from_settings(self.recrawl_after, self.recrawl_sites)
 
 
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:

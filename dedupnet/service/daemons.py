@@ -93,6 +93,7 @@ def run_center(settings: Settings) -> int:
         key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
         max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
         tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
+        recrawl=settings.recrawl(),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -139,7 +140,7 @@ def run_local(settings: Settings) -> int:
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
-        tls=_tls(settings, "host"),
+        tls=_tls(settings, "host"), recrawl=settings.recrawl(),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
@@ -319,7 +320,7 @@ def push_or_finish(settings: Settings, command: str, urls: list[str], *, data_di
     store = store_for(url, settings.prefix or f"dedupnet:host:{settings.ip}", bucket_bits=settings.bucket_bits)
     bloom.attach(store, bloom.spec_from(settings))
     try:
-        pools = HostPools(store, exact=settings.mode == "exact")
+        pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl())
         if command == "push":
             n = pools.push(urls)
             print(json.dumps({"pushed": n, "rejected": len(urls) - n}))

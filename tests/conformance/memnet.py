@@ -20,7 +20,7 @@ class MemNet:
     def __init__(self, networks: int, hosts: int, *, mode: str = "exact", set_size: int = 4, seed: int = 0,
                  max_in_flight: int = 16, partition_policy: str | None = None, early_timers: float = 0.0,
                  partitions: float = 0.0, foreign_lookup: str | None = None,
-                 local_lookup: str | None = None):
+                 local_lookup: str | None = None, **center_config):
         self.rnd = random.Random(seed)
         self.centers: dict[int, MemoryCenter] = {}
         self.hosts: dict[str, MemoryHost] = {}
@@ -33,7 +33,8 @@ class MemNet:
             peers = {m: c for m, c in cidr.items() if m != n}
             self.centers[n] = MemoryCenter.make(network=n, lan=cidr[n], peers=peers, mode=mode,
                                                 max_in_flight=max_in_flight, partition_policy=partition_policy,
-                                                foreign_lookup=foreign_lookup, local_lookup=local_lookup)
+                                                foreign_lookup=foreign_lookup, local_lookup=local_lookup,
+                                                **center_config)
             for h in range(hosts):
                 ip = f"127.0.{n}.{10 + h}"
                 self.hosts[ip] = MemoryHost.make(ip=ip, network=n, host_id=10 + h, set_size=set_size, mode=mode)
