@@ -292,11 +292,6 @@ class Crawler:
         self.pages_done = 0
 
     @property
-    def starved(self) -> bool:
-        """The last read of task_pool found nothing new: this crawler could take more."""
-        return self._drained
-
-    @property
     def idle(self) -> bool:
         """Nothing in progress, and the last read of task_pool found nothing new.
 

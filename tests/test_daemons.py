@@ -304,8 +304,9 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
 
 def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_has_work():
     """The walker's linger (local_host/daemon.py _linger_until): set_linger when nothing
-    of ours awaits an ack and the crawler is out of work (latency is what it waits for);
-    MAX_LINGER_FACTOR times as long otherwise (a fuller set is cheaper for the centers)."""
+    of ours awaits an ack and the crawler is idle (latency is what it waits for);
+    MAX_LINGER_FACTOR times as long otherwise (a fuller set is cheaper for the centers),
+    also while the crawler has read every task but still has pages in progress."""
     from types import SimpleNamespace
 
     from local_host.daemon import MAX_LINGER_FACTOR, LocalDaemon
@@ -315,6 +316,14 @@ def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_ha
                                crawler=crawler)
         return LocalDaemon._linger_until(fake, 10.0) - 10.0
 
-    starved, busy = SimpleNamespace(starved=True), SimpleNamespace(starved=False)
-    assert linger({}, starved) == linger({}, None) == 0.5
-    assert linger({}, busy) == linger({7: b""}, starved) == linger({7: b""}, None) == 0.5 * MAX_LINGER_FACTOR
+    idle, fetching = SimpleNamespace(idle=True), SimpleNamespace(idle=False)
+    assert linger({}, idle) == linger({}, None) == 0.5
+    assert linger({}, fetching) == linger({7: b""}, idle) == linger({7: b""}, None) == 0.5 * MAX_LINGER_FACTOR
+    # The crawler's own notion: drained but with pages in progress is not idle.
+    from local_host.crawler import Crawler
+
+    crawler = object.__new__(Crawler)
+    crawler._drained, crawler.in_progress = True, 3
+    assert not crawler.idle and linger({}, crawler) == 0.5 * MAX_LINGER_FACTOR
+    crawler.in_progress = 0
+    assert crawler.idle and linger({}, crawler) == 0.5
