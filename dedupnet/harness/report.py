@@ -295,7 +295,7 @@ def progress_line(sample: dict) -> str:
             f"in flight {sample.get('reduce_pools', 0):>3}  duplicates {sample['duplicates']}")
 
 
-def _report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
+def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
             memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset(),
             windows: list[dict] | None = None) -> Report:

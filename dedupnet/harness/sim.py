@@ -41,7 +41,10 @@ from dedupnet.harness.faults import LINK_FAULTS
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import TASK_POOL, URL_POOL
 from dedupnet.harness.web import SyntheticWeb, WebSpec
-from dedupnet.harness.report import (SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs, seed_count, assign_seeds, check_windows, progress_line, _report)
+from dedupnet.harness.report import (
+    SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs,
+    seed_count, assign_seeds, check_windows, progress_line, build_report,
+)
 
 
 class _Timed:
@@ -189,7 +192,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                                                     seeds, observer)
             wall = time.perf_counter() - t0
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
-            report = _report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
+            report = build_report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
                              center_cpu=meter.seconds - meter_start if meter else None, memory=memory,
                              windows=windows)
             if links is not None:

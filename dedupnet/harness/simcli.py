@@ -11,8 +11,11 @@ import trio
 from center_host.protocol import PARTITION_POLICIES
 
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault
-from dedupnet.harness.report import (SCENARIOS, MODES, SimConfig, check_secure, check_windows, format_report, format_comparison, plot)
-from dedupnet.harness.sim import (simulate, INPROCESS_FAULTS, faults_refused)
+from dedupnet.harness.report import (
+    SCENARIOS, MODES, SimConfig, check_secure, check_windows, format_report, format_comparison,
+    plot,
+)
+from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
 
 
 def run(args) -> int:

@@ -66,7 +66,10 @@ from dedupnet.harness.faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_f
 from dedupnet.adapters.netinfo import source_ip_towards
 from dedupnet.harness.procfaults import FaultRecord, FaultRunner, KillableRedis
 from dedupnet.harness.relay import LinkFaults, host_name, schedule_link_faults, start_link_relays, wan_name
-from dedupnet.harness.report import Observer, Report, SimConfig, _report, assign_seeds, check_secure, progress_line, redis_memory, seed_count, wants_lan_key
+from dedupnet.harness.report import (
+    Observer, Report, SimConfig, build_report, assign_seeds, check_secure, progress_line,
+    redis_memory, seed_count, wants_lan_key,
+)
 from dedupnet.adapters.transport import ConnectionClosed, connect
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
@@ -204,7 +207,7 @@ class Daemon:
 
 class SnapshotCounters:
     """The read side of :class:`dedupnet.adapters.metrics.Counters` over a status snapshot
-    (``{'name{label="v",...}': n}``), for :func:`dedupnet.harness.report._report`."""
+    (``{'name{label="v",...}': n}``), for :func:`dedupnet.harness.report.build_report`."""
 
     _SERIES = re.compile(r'^([^{]+)(?:\{(.*)\})?$')
     _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -598,12 +601,12 @@ async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, 
 
 
 def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, **extra) -> Report:
-    """:func:`dedupnet.harness.report._report` over the daemons' status counters instead of live objects."""
+    """:func:`dedupnet.harness.report.build_report` over the daemons' status counters instead of live objects."""
     system = SimpleNamespace(
         centers={c.network: SimpleNamespace(counters=SnapshotCounters(c.counters())) for c in centers},
         hosts={h.name: SimpleNamespace(counters=SnapshotCounters(h.counters())) for h in hosts},
     )
-    report = _report(cfg, web, seeds, system, server, Observer(), timeline, wall, timed_out, **extra)
+    report = build_report(cfg, web, seeds, system, server, Observer(), timeline, wall, timed_out, **extra)
     report.config["processes"] = True
     return report
 
