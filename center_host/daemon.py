@@ -61,6 +61,9 @@ class CenterSettings:
     partition_policy: str | None = None  # default by mode (CenterConfig)
     foreign_lookup: str | None = None  # default by mode (CenterConfig)
     local_lookup: str | None = None  # default by mode (CenterConfig)
+    #: Exact mode: seconds this LAN's sets gather into one for the peers while one of
+    #: ours is out with them (R4, CenterConfig.gather_linger); 0: each goes alone.
+    gather_linger: float = 0.5
     resume_grace: float = 5.0
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 5.0
@@ -104,6 +107,7 @@ class CenterDaemon:
             mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
             resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
             foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
+            gather_linger=settings.gather_linger,
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store, settings.recrawl)

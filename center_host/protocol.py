@@ -47,6 +47,8 @@ class Stage(str, enum.Enum):
 
 
 POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOREIGN: DIST_REDUCE_POOL}
+#: The timer of R4's gathering (no set has number 0: a host's sequence starts at 1, §7).
+GATHER_TIMER = 0
 
 
 # -- who sent / receives a message ---------------------------------------------------
@@ -231,6 +233,15 @@ class CenterConfig:
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): the admitted record (the pools) answers
     #: "seen" for a URL's age only, and ``held_elsewhere`` is not kept. None: for ever.
     recrawl: RecrawlPolicy | None = None
+    #: Exact mode (R4, docs/PROTOCOL.md §10): seconds this center gathers its LAN's sets
+    #: that are done with their LAN stage into one set for the distributed stage while
+    #: one of its own is out with the peers (Nagle's rule, like a host's ``set_linger``;
+    #: with nothing out a set goes at once). A peer's cost is mostly per set and every
+    #: peer answers every set, so gathering a LAN's sets divides the distributed stage's
+    #: frames and look-ups by up to the hosts per LAN. 0: each host's set goes alone.
+    gather_linger: float = 0.0
+    #: A gathered set goes as soon as it holds this many URLs.
+    gather_max: int = 1000
 
     def __post_init__(self) -> None:
         if self.mode not in ("exact", "paper"):
@@ -244,6 +255,8 @@ class CenterConfig:
         if self.foreign_lookup not in FOREIGN_LOOKUPS or (self.mode == "paper" and self.foreign_lookup != "lan"):
             raise ValueError(f"foreign_lookup must be one of {FOREIGN_LOOKUPS} ('lan' in paper mode), "
                              f"not {self.foreign_lookup!r}")
+        if self.gather_linger < 0 or self.gather_max < 1:
+            raise ValueError("gather_linger must not be negative and gather_max must be positive")
         if self.local_lookup is None:
             object.__setattr__(self, "local_lookup", "center" if self.mode == "exact" else "lan")
         if self.local_lookup not in LOCAL_LOOKUPS or (self.mode == "paper" and self.local_lookup != "lan"):
@@ -273,6 +286,8 @@ class SetRecord:
     answered: set[str] = field(default_factory=set)
     attempts: int = 1
     incomplete: bool = False
+    #: R4: the numbers of the LAN's sets gathered into this one (besides its own).
+    gathered: tuple[int, ...] = ()
 
     @property
     def number(self) -> int:
@@ -282,7 +297,7 @@ class SetRecord:
         return orjson.dumps({
             "frame": self.frame.to_json(), "stage": self.stage.value, "origin": self.origin,
             "awaiting": sorted(self.awaiting), "answered": sorted(self.answered),
-            "attempts": self.attempts, "incomplete": self.incomplete,
+            "attempts": self.attempts, "incomplete": self.incomplete, "gathered": list(self.gathered),
         })
 
     @classmethod
@@ -290,7 +305,7 @@ class SetRecord:
         d = orjson.loads(data)
         f = d["frame"]
         return cls(Frame(dict(f["URL_set"]), f["IP"], f["number"], f["flag"]), Stage(d["stage"]), d["origin"],
-                   set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"])
+                   set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"], tuple(d.get("gathered", ())))
 
 
 class Rejected(Exception):
@@ -339,6 +354,8 @@ class CenterProtocol:
         self.held_elsewhere: dict[str, int] = {}
         self._lookups: dict[int, tuple[str, object]] = {}  # number -> why we asked
         self.waiting: dict[int, tuple[Host, Frame]] = {}  # flag=1 frames held back (not acked)
+        #: R4: own sets done with their LAN stage, waiting to go on as one (ordered).
+        self.gathering: dict[int, None] = {}
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, event: object) -> list[Action]:
@@ -527,16 +544,56 @@ class CenterProtocol:
                 self.counters.inc("peers_missing", amount=len(missing))
                 log.warning("set %d: networks %s not connected; not asked", rec.number, sorted(missing))
         if rec.stage is Stage.LAN and rec.frame.URL_set and self.peers_to_ask():
-            rec.stage, rec.awaiting, rec.answered, rec.attempts = Stage.DIST, self.peers_to_ask(), set(), 1
-            log.info("set %d: LAN de-dup done, %d URLs left; asking %d networks",
-                     rec.number, len(rec.frame.URL_set), len(rec.awaiting))
-            return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
+            if self.exact and self.config.gather_linger > 0:
+                return self._gather(rec)
+            return self._to_peers(rec)
         if rec.stage is Stage.FOREIGN:
             if self.exact:
                 self._lookups[rec.number] = ("foreign", rec)
                 return [Lookup(rec.number, tuple(rec.frame.URL_set))]
             return self._reply_foreign(rec, None)
         return self._admit(rec)
+
+    def _to_peers(self, rec: SetRecord) -> list[Action]:
+        rec.stage, rec.awaiting, rec.answered, rec.attempts = Stage.DIST, self.peers_to_ask(), set(), 1
+        log.info("set %d: LAN de-dup done, %d URLs left; asking %d networks",
+                 rec.number, len(rec.frame.URL_set), len(rec.awaiting))
+        return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
+
+    def _gather(self, rec: SetRecord) -> list[Action]:
+        """R4: hold a set done with its LAN stage (it stays in ``local_reduce_pool``,
+        claims and all) until nothing of ours is out with the peers, ``gather_max``
+        URLs are held, or ``gather_linger`` has passed; then they go on as one."""
+        if rec.number in self.gathering:
+            return []
+        first = not self.gathering
+        self.gathering[rec.number] = None
+        out = any(r.stage is Stage.DIST for r in self.sets.values())
+        held = sum(len(self.sets[n].frame.URL_set) for n in self.gathering)
+        if not out or held >= self.config.gather_max:
+            return ([] if first else [CancelTimer(GATHER_TIMER)]) + self._send_gathered()
+        return [SetTimer(GATHER_TIMER, self.config.gather_linger)] if first else []
+
+    def _send_gathered(self) -> list[Action]:
+        """R4: the gathered sets become one, under the lowest of their numbers, which now
+        claims all their URLs (a claim's number only ever goes down: docs/PROTOCOL.md
+        §10); the others leave ``local_reduce_pool`` in the same write."""
+        members = sorted((self.sets[n] for n in self.gathering if n in self.sets), key=lambda r: r.number)
+        self.gathering.clear()
+        if not members:
+            return []
+        head, rest = members[0], members[1:]
+        if rest:
+            for m in rest:
+                head.frame.URL_set.update(m.frame.URL_set)
+                head.incomplete |= m.incomplete
+                del self.sets[m.number]
+            head.gathered = tuple(sorted({*head.gathered, *(n for m in rest for n in (m.number, *m.gathered))}))
+            for url in head.frame.URL_set:
+                self.claims[url] = head.number
+            self.counters.inc("sets_gathered", amount=len(rest))
+            log.info("set %d: gathered with %d more of this LAN's sets", head.number, len(rest))
+        return [*(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._to_peers(head)]
 
     def peers_to_ask(self) -> set[str]:
         """Paper gap 4: under ``wait`` every configured peer network (those not connected
@@ -552,8 +609,11 @@ class CenterProtocol:
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
         actions: list[Action] = [Admit(rec.number, tuple(urls)), Drop(POOL_OF[rec.stage], rec.number),
-                                 Conclude(rec.number, not rec.incomplete)]
-        return actions + self._assign(rec.number, urls) + self._start_waiting()
+                                 *(Conclude(n, not rec.incomplete) for n in (rec.number, *rec.gathered))]
+        actions += self._assign(rec.number, urls)
+        if self.gathering and not any(r.stage is Stage.DIST for r in self.sets.values()):
+            actions += [CancelTimer(GATHER_TIMER), *self._send_gathered()]  # R4: nothing of ours is out now
+        return actions + self._start_waiting()
 
     def _reply_foreign(self, rec: SetRecord, found: LookupDone | None) -> list[Action]:
         """Answer another network (§2.4) and, in exact mode, apply the claim rule."""
@@ -616,6 +676,8 @@ class CenterProtocol:
 
     # -- timers and membership ---------------------------------------------------------
     def _timer(self, number: int) -> list[Action]:
+        if number == GATHER_TIMER:
+            return self._send_gathered()
         rec = self.sets.get(number)
         if rec is None:
             return []

@@ -54,6 +54,9 @@ DAEMON = [
                                help="who answers this LAN's own sets: center (exact mode's default: its "
                                     "admitted record, no LAN broadcast) or lan (every other LAN host, the "
                                     "paper's §2.3; paper mode)")),
+    (("--gather-linger",), dict(type=float, metavar="S",
+                                help="exact mode, a center: seconds its LAN's sets gather into one for the peer "
+                                     "networks while one of its own is out with them (default 0.5; 0: each alone)")),
     (("--partition-policy",), dict(choices=PARTITION_POLICIES,
                                    help="a silent member or a network that is down: wait (exact mode's default) "
                                         "or admit without it after --max-resends (paper mode's default)")),

@@ -129,6 +129,13 @@ return 0
 """
 
 
+@functools.lru_cache(maxsize=2)
+def _tls_context(trust_env: bool):
+    """One TLS context for every client of every crawler in the process: making one loads
+    the CA bundle (~30 ms of CPU), and a one-process simulation starts dozens of crawlers."""
+    return httpx.create_ssl_context(trust_env=trust_env)
+
+
 @dataclass
 class CrawlerSettings:
     #: Requests on the wire at once, all sites together.
@@ -335,11 +342,10 @@ class Crawler:
 
     def _client_factory(self, connections: int):
         """Makes the clients of :class:`ClientPool`, ``connections`` each (the pool never
-        puts more requests on one), all with one TLS context (making one loads the CA
-        bundle: ~10 ms each)."""
+        puts more requests on one), all with the process's one TLS context."""
         s = self.settings
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        tls = httpx.create_ssl_context(trust_env=s.trust_env)
+        tls = _tls_context(s.trust_env)
         timeout = httpx.Timeout(s.timeout)
         headers = {"User-Agent": s.user_agent}
 

@@ -16,12 +16,14 @@ def urls(*names):
     return [f"http://site{n % 5}.example/{n}" for n in names]
 
 
-@pytest.mark.parametrize("mode", ["exact", "exact-lan", "paper"])
+@pytest.mark.parametrize("mode", ["exact", "exact-lan", "exact-gather", "paper"])
 @pytest.mark.parametrize("seed", range(60))
 def test_concurrent_discovery_random_interleavings(mode, seed):
     lookup = "lan" if mode == "exact-lan" else None
-    mode = mode.removesuffix("-lan")
-    net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3, foreign_lookup=lookup, local_lookup=lookup)
+    gather = 0.5 if mode == "exact-gather" else 0.0  # R4: a center's sets go on to the peers as one
+    mode = mode.split("-")[0]
+    net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3, foreign_lookup=lookup, local_lookup=lookup,
+                 gather_linger=gather)
     shared = urls(*range(12))
     for i, host in enumerate(net.hosts.values()):
         host.push(net.rnd.sample(shared, 8) + urls(100 + i))
@@ -58,15 +60,18 @@ def push_shared(net: MemNet) -> set[str]:
     return set(shared) | {u for i in range(len(net.hosts)) for u in urls(100 + i)}
 
 
-@pytest.mark.parametrize("lookup", ["center", "lan"])
+@pytest.mark.parametrize("lookup", ["center", "lan", "center-gather"])
 @pytest.mark.parametrize("seed", range(30))
 def test_exact_under_late_answers_and_partitions(seed, lookup):
     """Slow is not dead: timers fire while answers are on their way, and WAN links are
     cut (what was on them is lost) and healed. Exact mode ("wait") still admits every
     URL exactly once and concludes nothing incomplete, whoever answers the sets (the
-    center's records, or every host: foreign_lookup and local_lookup)."""
+    center's records, or every host: foreign_lookup and local_lookup), and with a
+    center's sets gathered into one for the peers (R4; its timer fires at random too)."""
+    gather = 0.5 if lookup.endswith("-gather") else 0.0
+    lookup = lookup.split("-")[0]
     net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, max_in_flight=1 + seed % 4,
-                 foreign_lookup=lookup, local_lookup=lookup)
+                 foreign_lookup=lookup, local_lookup=lookup, gather_linger=gather)
     pushed = push_shared(net)
     net.run()
     net.settle()
@@ -273,6 +278,37 @@ def test_center_restart_resumes_and_loses_nothing():
     assert "127.0.1.12" not in c.core.sets[5].awaiting
     c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 5, 3)))
     assert c.admitted == {"http://a/"}
+
+
+def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
+    """R4 (PROTOCOL.md §10): while a set of ours is out with the peers, the LAN's next
+    sets are gathered; they go on as one set under the lowest of their numbers, whose
+    claims cover all their URLs, and every number gathered is concluded with it."""
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5)
+    c.feed(cp.Joined(cp.Peer(2)))
+    first = Frame({"http://a/1": 0}, "127.0.1.10", 9 << 32 | 1 << 16 | 10, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    assert [m.number for to, m in sent(c) if isinstance(m, Frame)] == [first.number]  # nothing out: at once
+    second = Frame({"http://b/1": 0, "http://b/2": 0}, "127.0.1.11", 7 << 32 | 1 << 16 | 11, 1)
+    third = Frame({"http://c/1": 0}, "127.0.1.10", 8 << 32 | 1 << 16 | 10, 1)
+    for f in (second, third):
+        c.feed(cp.Received(cp.Host(f.IP), f))
+    assert not [m for to, m in sent(c) if isinstance(m, Frame)] and c.timers == {first.number: 2.0, cp.GATHER_TIMER: 0.5}
+    assert c.core.claims["http://c/1"] == third.number
+    c.fire(cp.GATHER_TIMER)
+    (to, out), = [(to, m) for to, m in sent(c) if isinstance(m, Frame)]
+    assert (to, out.number, out.flag, set(out.URL_set)) == ("net:2", second.number, 2, {"http://b/1", "http://b/2", "http://c/1"})
+    assert {c.core.claims[u] for u in out.URL_set} == {second.number}
+    assert set(c.dist_reduce_pool) == {first.number, second.number} and not c.local_reduce_pool
+    c = c.restart()  # a crash now: the gathered set is stored whole, claims rebuilt from it
+    assert c.core.claims["http://c/1"] == second.number
+    c.feed(cp.Joined(cp.Peer(2)))
+    sent(c)
+    c.feed(cp.Received(cp.Peer(2), out.with_flag(3)))
+    assert {"http://b/1", "http://b/2", "http://c/1"} <= c.admitted
+    assert {second.number, third.number} <= c.concluded
+    c.feed(cp.Received(cp.Host(third.IP), third))  # re-sent (its ack lost): known, not redone
+    assert sent(c) == [(third.IP, Ack(third.number, "duplicate"))]
 
 
 def admit_one_set_of_30_sites(c) -> dict:

@@ -41,6 +41,7 @@ class SimConfig:
     timeout: float = 120.0
     set_size: int = 400
     set_linger: float = 0.5
+    gather_linger: float = 0.5  # centers (R4); 0: each host's set goes to the peers alone
     partition_policy: str | None = None  # the mode's default
     answer_timeout: float = 2.0
     #: Fault injection: every message a host sends waits this long (hosts too busy to

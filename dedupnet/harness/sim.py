@@ -164,6 +164,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
         else:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
                                      prefix=prefix, crawler=crawler, set_linger=cfg.set_linger,
+                                     gather_linger=cfg.gather_linger,
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
                                      **_link_relays(cfg),

@@ -356,6 +356,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
         argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
                 "--listen", f"{center_ip(n)}:{port}", "--redis", redis_url, "--prefix", f"{prefix}:center{n}",
                 "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout),
+                "--gather-linger", str(cfg.gather_linger),
                 "--no-discovery"]  # hosts are told their center; a simulation opens no UDP port
         if cfg.partition_policy:
             argv += ["--partition-policy", cfg.partition_policy]

@@ -94,6 +94,11 @@ class Settings:
     #: Who answers this LAN's own sets (§2.3): ``center`` (exact mode's default: the
     #: center's admitted record, no LAN broadcast) or ``lan`` (the paper: every other host).
     local_lookup: str | None = None
+    #: Exact mode, a center: seconds its LAN's sets gather into one set for the peer
+    #: networks while one of its own is out with them (docs/PROTOCOL.md §10, R4): every
+    #: peer answers every set, so this divides their work by up to the hosts per LAN.
+    #: 0: each host's set goes on alone.
+    gather_linger: float = 0.5
     heartbeat_interval: float = 1.0
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
@@ -162,8 +167,8 @@ class Settings:
             raise ValueError(f"local_lookup must be one of {', '.join(LOCAL_LOOKUPS)}, not {self.local_lookup!r}")
         if self.key_poll_interval <= 0:
             raise ValueError("key_poll_interval must be positive")
-        if self.set_linger < 0:
-            raise ValueError("set_linger must not be negative")
+        if self.set_linger < 0 or self.gather_linger < 0:
+            raise ValueError("set_linger and gather_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
                      "heartbeat_interval", "heartbeat_timeout", "max_connections_per_source", "max_bytes_per_s",
                      "max_messages_per_s"):

@@ -61,7 +61,7 @@ def _data_dir(settings: Settings, default: str) -> str | None:
 def _timing(settings: Settings) -> dict:
     return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
                 partition_policy=settings.partition_policy, foreign_lookup=settings.foreign_lookup,
-                local_lookup=settings.local_lookup,
+                local_lookup=settings.local_lookup, gather_linger=settings.gather_linger,
                 heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
