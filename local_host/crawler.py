@@ -342,9 +342,13 @@ class Crawler:
 
     def _client_factory(self, connections: int):
         """Makes the clients of :class:`ClientPool`, ``connections`` each (the pool never
-        puts more requests on one), all with the process's one TLS context."""
+        puts more requests on one), all with the process's one TLS context. An idle
+        connection is kept as long as its client (httpx's default, 5 s, made a crawler
+        that comes back to a site every few seconds connect again each time; a
+        connection the server closed meanwhile is seen before it is used)."""
         s = self.settings
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                              keepalive_expiry=CLIENT_IDLE)
         tls = _tls_context(s.trust_env)
         timeout = httpx.Timeout(s.timeout)
         headers = {"User-Agent": s.user_agent}

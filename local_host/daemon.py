@@ -41,6 +41,10 @@ MAX_IDLE_POLL = 0.5
 #: How much longer a part-full set may fill while an earlier one is unacknowledged or
 #: this host's crawler has work.
 MAX_LINGER_FACTOR = 4
+#: ... and at most this much longer while the crawler holds work for twice as long.
+MAX_BACKLOG_FACTOR = 8
+#: Seconds over which the crawler's pages per second are measured.
+RATE_WINDOW = 2.0
 
 
 @dataclass
@@ -112,8 +116,11 @@ class LocalDaemon:
         self.on_found: Callable[[list[tuple[bytes, str]]], None] | None = None
         #: The LAN's keyring (None: not authenticated), re-read while running.
         self.lan_keyring = keyring_from(settings.lan_key_file)
+        #: (when, pages done then, pages per second over the window before): the crawler's rate.
+        self._rate = (0.0, 0, 0.0)  # set when run() starts
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self._rate = (trio.current_time(), 0, 0.0)
         await until_stored(self.store, self.counters, self.pools.setup)
         resume, orphans = await until_stored(self.store, self.counters, self.pools.load)
         await self.reactor.process(resume)
@@ -246,7 +253,21 @@ class LocalDaemon:
         progress will bring links (counting them took the 3x3 10,000-page run's sets
         from 109 to 164 URLs on average)."""
         busy = self.core.unacked or (self.crawler is not None and not self.crawler.idle)
-        return since + self.settings.set_linger * (MAX_LINGER_FACTOR if busy else 1)
+        factor = MAX_LINGER_FACTOR if busy else 1
+        if self.crawler is not None and self.settings.set_linger > 0:
+            factor = max(factor, min(MAX_BACKLOG_FACTOR, self._backlog() / (2 * self.settings.set_linger)))
+        return since + self.settings.set_linger * factor
+
+    def _backlog(self) -> float:
+        """Seconds of work this host's crawler holds: pages in progress over its recent
+        rate. A set may fill for half of it (up to ``MAX_BACKLOG_FACTOR`` lingers): what
+        it holds is crawled after that work anyway, and a fuller set costs every center
+        less (8x4, 10,000 pages: a 4 s linger instead of 2 s cut the process's CPU by 8 %)."""
+        now, (then, done, rate) = trio.current_time(), self._rate
+        if now - then >= RATE_WINDOW:
+            rate = (self.crawler.pages_done - done) / (now - then)
+            self._rate = (now, self.crawler.pages_done, rate)
+        return self.crawler.in_progress / rate if rate > 0 else 0.0
 
     def _send(self, data: bytes) -> None:
         if self.conn is None or not self.conn.send_nowait(data):

@@ -309,11 +309,11 @@ def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_ha
     also while the crawler has read every task but still has pages in progress."""
     from types import SimpleNamespace
 
-    from local_host.daemon import MAX_LINGER_FACTOR, LocalDaemon
+    from local_host.daemon import MAX_BACKLOG_FACTOR, MAX_LINGER_FACTOR, LocalDaemon
 
-    def linger(unacked, crawler):
+    def linger(unacked, crawler, backlog=0.0):
         fake = SimpleNamespace(settings=SimpleNamespace(set_linger=0.5), core=SimpleNamespace(unacked=unacked),
-                               crawler=crawler)
+                               crawler=crawler, _backlog=lambda: backlog)
         return LocalDaemon._linger_until(fake, 10.0) - 10.0
 
     idle, fetching = SimpleNamespace(idle=True), SimpleNamespace(idle=False)
@@ -327,3 +327,25 @@ def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_ha
     assert not crawler.idle and linger({}, crawler) == 0.5 * MAX_LINGER_FACTOR
     crawler.in_progress = 0
     assert crawler.idle and linger({}, crawler) == 0.5
+    # A crawler that holds more work: up to half of it (seconds), at most MAX_BACKLOG_FACTOR lingers.
+    assert linger({}, fetching, backlog=6.0) == 3.0 and linger({}, idle, backlog=100.0) == 0.5 * MAX_BACKLOG_FACTOR
+    assert linger({}, fetching, backlog=1.0) == 0.5 * MAX_LINGER_FACTOR
+
+
+async def test_the_crawlers_backlog_is_its_pages_in_progress_over_its_recent_rate(autojump_clock):
+    from types import SimpleNamespace
+
+    from local_host.daemon import RATE_WINDOW, LocalDaemon
+
+    crawler = SimpleNamespace(pages_done=0, in_progress=40)
+    fake = SimpleNamespace(crawler=crawler, _rate=(trio.current_time(), 0, 0.0))
+    assert LocalDaemon._backlog(fake) == 0.0  # no rate measured yet: no backlog claimed
+    await trio.sleep(RATE_WINDOW)
+    crawler.pages_done = 40  # 20 pages a second
+    assert LocalDaemon._backlog(fake) == 2.0
+    crawler.pages_done, crawler.in_progress = 50, 10
+    assert LocalDaemon._backlog(fake) == 0.5  # the rate holds until the next window ends
+    await trio.sleep(RATE_WINDOW)
+    assert LocalDaemon._backlog(fake) == 2.0  # 10 pages in this window: 5 a second
+    await trio.sleep(RATE_WINDOW)
+    assert LocalDaemon._backlog(fake) == 0.0  # nothing done for a window: no rate, no backlog claimed
