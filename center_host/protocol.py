@@ -420,14 +420,18 @@ class CenterProtocol:
         return [Lookup(frame.number, tuple(frame.URL_set))]
 
     def _start_waiting(self) -> list[Action]:
-        """A set left: the oldest held-back frame whose host is still here goes on
-        (only one: a look-up must be the last action of an event)."""
-        while self.waiting and self.own_in_flight() < self.config.max_in_flight:
+        """Sets left, or were gathered into one (R4): the oldest held-back frames whose
+        hosts are still here go on, as many as now fit under ``max_in_flight`` (each
+        look-up is made, and its result handled, in turn)."""
+        actions: list[Action] = []
+        room = self.config.max_in_flight - self.own_in_flight()
+        while self.waiting and room > 0:
             number = next(iter(self.waiting))
             sender, frame = self.waiting.pop(number)
             if sender.ip in self.hosts:
-                return self._start_own(sender, frame)
-        return []
+                actions += self._start_own(sender, frame)
+                room -= 1
+        return actions
 
     def _own_set_arrived(self, sender: Host, frame: Frame, found: LookupDone) -> list[Action]:
         ack = Send((sender,), wire.encode(Ack(frame.number, "duplicate" if found.concluded else "stored")))
@@ -593,7 +597,8 @@ class CenterProtocol:
                 self.claims[url] = head.number
             self.counters.inc("sets_gathered", amount=len(rest))
             log.info("set %d: gathered with %d more of this LAN's sets", head.number, len(rest))
-        return [*(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._to_peers(head)]
+        # Fewer sets in flight now: held-back frames may go on.
+        return [*(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._to_peers(head), *self._start_waiting()]
 
     def peers_to_ask(self) -> set[str]:
         """Paper gap 4: under ``wait`` every configured peer network (those not connected

@@ -311,6 +311,22 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
     assert sent(c) == [(third.IP, Ack(third.number, "duplicate"))]
 
 
+def test_gathering_frees_room_for_every_frame_held_back():
+    """R4 with back-pressure: sets gathered into one leave room under max_in_flight, and
+    every held-back frame that now fits goes on (before, one per admitted set: at 5x5,
+    10,000 pages, the centers then took one set per round trip and the crawl stalled)."""
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, max_in_flight=4)
+    c.feed(cp.Joined(cp.Peer(2)))
+    frames = [Frame({f"http://s{i}/p": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1) for i in range(7)]
+    for f in frames:
+        c.feed(cp.Received(cp.Host(f.IP), f))
+    acked = {m.number for to, m in sent(c) if isinstance(m, Ack)}
+    assert acked == {f.number for f in frames[:4]}  # one out, three gathering; three held back
+    c.fire(cp.GATHER_TIMER)  # the three go on as one: room for two more
+    assert {m.number for to, m in sent(c) if isinstance(m, Ack)} == {frames[4].number, frames[5].number}
+    assert list(c.core.waiting) == [frames[6].number]
+
+
 def admit_one_set_of_30_sites(c) -> dict:
     """Set 5 from .10 with 30 sites, answered by .11 and .12: admitted, so assigned by
     site to the three hosts. Returns the Task sent to each host."""
