@@ -66,6 +66,37 @@ async def test_two_networks_three_hosts_each_url_in_one_task_pool(system):
     assert lan.get("urls_dropped", stage="dist") > 0  # §2.4: the other network had it
 
 
+async def test_quiescent_sees_a_set_that_leaves_its_host_during_the_check(redis_url, monkeypatch):
+    """Every test here asserts on task_pools once ``wait_quiescent`` returns, so the check
+    must not miss a set that moves while it runs: reading a host's URL_pool is an await,
+    during which a frame may reach its center, be stored and acknowledged, and its
+    entries leave URL_pool. Here the host's URL_pool read is held until exactly that has
+    happened (as a slow read under load lets it), and the set stays in flight because
+    the other host is alive and never answers (``wait``, local_lookup "lan"). Checking
+    the centers before that read, as the harness did, reported quiescence with the set
+    in flight: test_two_networks_three_hosts_each_url_in_one_task_pool[exact/lan] then
+    found its last set's URLs in no task_pool (3 runs in 173 on a quiet machine; they
+    all arrived a moment later)."""
+    async with open_cluster(redis_url, 1, 2, set_size=5, prefix=f"quiet{random.random()}",
+                            local_lookup="lan") as system:
+        center = system.centers[1]
+        finder, silent = system.hosts["127.0.1.10"], system.hosts["127.0.1.11"]
+        silent.settings.send_delay = 3600.0  # its answers wait; its heartbeats (urgent) do not
+        read = finder.store.run
+
+        async def slow_read(fn, *args):
+            if fn == finder.pools.sizes:
+                while not center.core.sets or finder.core.unacked or not finder.reactor.idle:
+                    await trio.sleep(0.01)
+            return await read(fn, *args)
+
+        monkeypatch.setattr(finder.store, "run", slow_read)
+        finder.pools.push(site_urls("quiet", 5))  # one full set: the walker sends it at once
+        with trio.fail_after(30):
+            assert not await system.quiescent()
+        assert center.core.sets and not finder.core.unacked  # it was in flight, acknowledged
+
+
 @pytest.mark.parametrize("seed", range(3))
 async def test_concurrent_discovery_exact_mode_admits_once(system, seed):
     rnd = random.Random(seed)
