@@ -283,6 +283,9 @@ class Crawler:
         self._leases = trio.Semaphore(max(1, s.max_leased))
         self._drained = False
         self._taken: set[bytes] = set()  # task entry ids in progress here
+        #: While this consumer's pending entries are read: the ids of tasks finished
+        #: meanwhile (that read may still list them: see :meth:`_take`).
+        self._finished_during_read: set[bytes] | None = None
         #: Cancelled by :meth:`stop_taking`: no new task is taken, those taken finish.
         self._take_scope = trio.CancelScope()
         self._page_file = None
@@ -416,8 +419,16 @@ class Crawler:
                     break
                 n += 1
             if cursor is not None:
-                entries, cursor = await until_stored(self._reader, self.counters, self._read, n, cursor, None)
-                entries = [(eid, url) for eid, url in entries if eid not in self._taken]
+                # Pending here but not in progress: never seen (a reply lost). A task in
+                # progress when the read went out may be finished (acknowledged, out of
+                # _taken) before its reply is back, and is not taken up again.
+                self._finished_during_read = set()
+                try:
+                    entries, cursor = await until_stored(self._reader, self.counters, self._read, n, cursor, None)
+                    entries = [(eid, url) for eid, url in entries
+                               if eid not in self._taken and eid not in self._finished_during_read]
+                finally:
+                    self._finished_during_read = None
                 resumed += len(entries)
                 if cursor is None and resumed:
                     log.info("crawler %s: %d tasks delivered to it but not in progress (a restart, or a "
@@ -468,6 +479,8 @@ class Crawler:
         finally:
             self.in_progress -= 1
             self._taken.discard(eid)
+            if self._finished_during_read is not None:
+                self._finished_during_read.add(eid)
             self._leases.release()
 
     # -- recording done tasks ----------------------------------------------------------------

@@ -538,6 +538,50 @@ async def test_a_task_whose_delivery_reply_was_lost_is_crawled_once_when_idle(st
     assert len(a.hits("/lost")) == 1 and len(a.hits("/seen")) == 1
 
 
+async def test_a_rescan_does_not_take_up_again_a_task_that_finished_while_it_read(store, web, monkeypatch):
+    """Found by re-measuring the process faults (a host fetched one page twice within a
+    second, after kill-center and lossy-wan): the idle rescan of this consumer's pending
+    entries listed a task that was in progress when the read went out and finished
+    (acknowledged, no longer in progress) before the reply was handled, so it was taken
+    up as never seen. The read is held here, in its worker thread, until the task is done."""
+    import threading
+
+    monkeypatch.setattr(crawler_mod, "PENDING_RESCAN", 0.2)
+    a = web.sites["a"]
+    release = trio.Event()
+
+    async def held(n):
+        await release.wait()
+        return Reply(body=page().encode())
+
+    a.route("/slow", held)
+    read, go_on = threading.Event(), threading.Event()
+    reads = []
+    real_read = Crawler._read
+
+    def slow_read(self, count, start, block_ms):
+        reads.append(start)
+        result = real_read(self, count, start, block_ms)
+        if start == b"0" and result[0]:  # a rescan that found this consumer's pending entries
+            read.set()
+            go_on.wait(10)
+        return result
+
+    monkeypatch.setattr(Crawler, "_read", slow_read)
+    async with crawling(store, respect_robots=False) as crawler:
+        store.stream_add(TASK_POOL, [a.url("/slow")])
+        await until(lambda: crawler.in_progress == 1)
+        await trio.to_thread.run_sync(read.wait, 10)  # the rescan has listed /slow as pending
+        release.set()
+        await until(lambda: crawler.in_progress == 0)  # fetched, recorded, acknowledged
+        done_reading = len(reads)
+        go_on.set()
+        await until(lambda: len(reads) > done_reading + 1)  # the rescan's entries were handled
+        await settle(store, crawler)
+    assert len(a.hits("/slow")) == 1
+    assert_drained(store)
+
+
 async def test_a_failure_never_crashes_the_crawler(store, web, monkeypatch):
     a = web.sites["a"]
     a.page("/boom", page("/x"))
