@@ -283,7 +283,9 @@ class LocalDaemon:
         through the protocol, then hand the uncrawled task_pool back to the center and
         drop it once the center has stored it. The first hand-back also tells the center
         to assign nothing more here; tasks it sent before that arrive before its ack (one
-        connection), so a second round hands back whatever came in meanwhile.
+        connection), so a second round hands back whatever came in meanwhile. A Redis
+        that goes away meanwhile is waited for, within ``timeout`` (a hand-back given up
+        leaves the tasks in this host's Redis, where nobody else crawls them).
         Returns the number of tasks handed back."""
         handed = 0
         with trio.fail_after(timeout):
@@ -292,11 +294,11 @@ class LocalDaemon:
                 while self.crawler.in_progress:
                     await trio.sleep(0.02)
                 self.crawler_scope.cancel()
-            while self.core.unacked or (await self.store.run(self.pools.sizes))[URL_POOL]:
+            while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
                 await trio.sleep(0.05)
             first = True
             while True:
-                entries = await self.store.run(self.pools.all_tasks)
+                entries = await until_stored(self.store, self.counters, self.pools.all_tasks)
                 if not entries and not first:
                     break
                 for i in range(0, max(len(entries), 1), 5000):  # a Task holds at most 10,000 URLs
@@ -309,13 +311,13 @@ class LocalDaemon:
         return handed
 
     async def _hand_back(self, entries: list[tuple[bytes, str]]) -> None:
-        (number,) = await self.store.run(self.pools.next_numbers, self.core.config, 1)
+        (number,) = await until_stored(self.store, self.counters, self.pools.next_numbers, self.core.config, 1)
         self.handed_back, self._handing_back = trio.Event(), number
         task = wire.encode(Task(number, tuple(dict.fromkeys(u for _, u in entries))))
         while self.conn is None or not self.conn.send_nowait(task):
             await trio.sleep(0.05)
         await self.handed_back.wait()
-        await self.store.run(self.pools.drop_tasks, [i for i, _ in entries])
+        await until_stored(self.store, self.counters, self.pools.drop_tasks, [i for i, _ in entries])
 
     async def status(self) -> dict:
         return {

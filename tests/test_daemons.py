@@ -380,3 +380,37 @@ async def test_the_crawlers_backlog_is_its_pages_in_progress_over_its_recent_rat
     assert LocalDaemon._backlog(fake) == 2.0  # 10 pages in this window: 5 a second
     await trio.sleep(RATE_WINDOW)
     assert LocalDaemon._backlog(fake) == 0.0  # nothing done for a window: no rate, no backlog claimed
+
+
+async def test_a_host_leaving_while_redis_is_down_hands_every_task_back(tmp_path):
+    """Found by re-measuring the short chaos run: a host that leaves (SIGTERM) while the
+    Redis goes away for a few seconds gave up the hand-back after the store's retries
+    (about 1.5 s), and the tasks it still held stayed in its Redis: 9 URLs lost. The
+    hand-back now waits for Redis, within the leave's deadline."""
+    from dedupnet.harness.procfaults import KillableRedis
+
+    redis = KillableRedis(tmp_path)
+    url = redis.start()
+    try:
+        async with open_cluster(url, 1, 2, set_size=20, prefix="leave") as system:
+            leaving, staying = system.hosts["127.0.1.10"], system.hosts["127.0.1.11"]
+            urls = [f"http://site{i}.example/p" for i in range(40)]  # 40 sites: both hosts get some
+            await leaving.store.run(leaving.pools.push, urls)
+            with trio.fail_after(30):
+                await system.wait_quiescent()
+            held = await host_tasks(leaving)
+            assert held and set(await task_pool_urls(system)) == set(urls)
+            await trio.sleep(1.2)  # the AOF is fsynced every second
+            await trio.to_thread.run_sync(redis.kill)
+
+            async def back_later():
+                await trio.sleep(2.5)
+                await trio.to_thread.run_sync(redis.restart)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(back_later)
+                handed = await leaving.leave(timeout=20)
+            assert handed == len(held)
+            assert set(await host_tasks(staying)) == set(urls)
+    finally:
+        redis.stop()
