@@ -564,19 +564,28 @@ class CenterProtocol:
                  rec.number, len(rec.frame.URL_set), len(rec.awaiting))
         return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
 
+    def _out_with_peers(self) -> bool:
+        return any(r.stage is Stage.DIST for r in self.sets.values())
+
     def _gather(self, rec: SetRecord) -> list[Action]:
         """R4: hold a set done with its LAN stage (it stays in ``local_reduce_pool``,
         claims and all) until nothing of ours is out with the peers, ``gather_max``
-        URLs are held, or ``gather_linger`` has passed; then they go on as one."""
+        URLs are held, or ``gather_linger`` has passed; then they go on as one. What is
+        held goes first if this set would take it past ``gather_max`` (a gathered set
+        must fit the peers' ``max_urls``)."""
         if rec.number in self.gathering:
             return []
-        first = not self.gathering
-        self.gathering[rec.number] = None
-        out = any(r.stage is Stage.DIST for r in self.sets.values())
+        actions: list[Action] = []
         held = sum(len(self.sets[n].frame.URL_set) for n in self.gathering)
-        if not out or held >= self.config.gather_max:
-            return ([] if first else [CancelTimer(GATHER_TIMER)]) + self._send_gathered()
-        return [SetTimer(GATHER_TIMER, self.config.gather_linger)] if first else []
+        if self.gathering and held + len(rec.frame.URL_set) > self.config.gather_max:
+            actions += [CancelTimer(GATHER_TIMER), *self._send_gathered()]
+            held = 0
+        self.gathering[rec.number] = None
+        held += len(rec.frame.URL_set)
+        if not self._out_with_peers() or held >= self.config.gather_max:
+            timer = [CancelTimer(GATHER_TIMER)] if len(self.gathering) > 1 else []
+            return actions + timer + self._send_gathered()
+        return actions + ([SetTimer(GATHER_TIMER, self.config.gather_linger)] if len(self.gathering) == 1 else [])
 
     def _send_gathered(self) -> list[Action]:
         """R4: the gathered sets become one, under the lowest of their numbers, which now
@@ -616,7 +625,7 @@ class CenterProtocol:
         actions: list[Action] = [Admit(rec.number, tuple(urls)), Drop(POOL_OF[rec.stage], rec.number),
                                  *(Conclude(n, not rec.incomplete) for n in (rec.number, *rec.gathered))]
         actions += self._assign(rec.number, urls)
-        if self.gathering and not any(r.stage is Stage.DIST for r in self.sets.values()):
+        if self.gathering and not self._out_with_peers():
             actions += [CancelTimer(GATHER_TIMER), *self._send_gathered()]  # R4: nothing of ours is out now
         return actions + self._start_waiting()
 

@@ -311,6 +311,20 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
     assert sent(c) == [(third.IP, Ack(third.number, "duplicate"))]
 
 
+def test_a_gathered_set_stays_within_gather_max():
+    """What is held goes on first when the next set would take it past gather_max: a
+    gathered set must fit the peers' max_urls (hosts' sets may be up to that size)."""
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, gather_max=3)
+    c.feed(cp.Joined(cp.Peer(2)))
+    frames = [Frame({f"http://s{i}/a": 0, f"http://s{i}/b": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1)
+              for i in range(3)]
+    for f in frames:
+        c.feed(cp.Received(cp.Host(f.IP), f))
+    out = [m for to, m in sent(c) if isinstance(m, Frame)]
+    assert [(m.number, len(m.URL_set)) for m in out] == [(frames[0].number, 2), (frames[1].number, 2)]
+    assert list(c.core.gathering) == [frames[2].number] and c.timers[cp.GATHER_TIMER] == 0.5
+
+
 def test_gathering_frees_room_for_every_frame_held_back():
     """R4 with back-pressure: sets gathered into one leave room under max_in_flight, and
     every held-back frame that now fits goes on (before, one per admitted set: at 5x5,
