@@ -578,13 +578,12 @@ class CenterProtocol:
         actions: list[Action] = []
         held = sum(len(self.sets[n].frame.URL_set) for n in self.gathering)
         if self.gathering and held + len(rec.frame.URL_set) > self.config.gather_max:
-            actions += [CancelTimer(GATHER_TIMER), *self._send_gathered()]
+            actions += self._send_gathered()
             held = 0
         self.gathering[rec.number] = None
         held += len(rec.frame.URL_set)
         if not self._out_with_peers() or held >= self.config.gather_max:
-            timer = [CancelTimer(GATHER_TIMER)] if len(self.gathering) > 1 else []
-            return actions + timer + self._send_gathered()
+            return actions + self._send_gathered()
         return actions + ([SetTimer(GATHER_TIMER, self.config.gather_linger)] if len(self.gathering) == 1 else [])
 
     def _send_gathered(self) -> list[Action]:
@@ -593,8 +592,9 @@ class CenterProtocol:
         §10); the others leave ``local_reduce_pool`` in the same write."""
         members = sorted((self.sets[n] for n in self.gathering if n in self.sets), key=lambda r: r.number)
         self.gathering.clear()
+        done = CancelTimer(GATHER_TIMER)  # whoever sends them on (after it fired: harmless)
         if not members:
-            return []
+            return [done]
         head, rest = members[0], members[1:]
         if rest:
             for m in rest:
@@ -607,7 +607,7 @@ class CenterProtocol:
             self.counters.inc("sets_gathered", amount=len(rest))
             log.info("set %d: gathered with %d more of this LAN's sets", head.number, len(rest))
         # Fewer sets in flight now: held-back frames may go on.
-        return [*(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._to_peers(head), *self._start_waiting()]
+        return [done, *(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._to_peers(head), *self._start_waiting()]
 
     def peers_to_ask(self) -> set[str]:
         """Paper gap 4: under ``wait`` every configured peer network (those not connected
@@ -626,7 +626,7 @@ class CenterProtocol:
                                  *(Conclude(n, not rec.incomplete) for n in (rec.number, *rec.gathered))]
         actions += self._assign(rec.number, urls)
         if self.gathering and not self._out_with_peers():
-            actions += [CancelTimer(GATHER_TIMER), *self._send_gathered()]  # R4: nothing of ours is out now
+            actions += self._send_gathered()  # R4: nothing of ours is out now
         return actions + self._start_waiting()
 
     def _reply_foreign(self, rec: SetRecord, found: LookupDone | None) -> list[Action]:
