@@ -129,11 +129,29 @@ def run_dedupnet(store: Store, urls: list[str], batch: int) -> dict:
             "bytes_info": used / distinct, "bytes_usage": usage / distinct, "encoding": "/".join(sorted(encodings))}
 
 
+def fingerprint_costs(r: redis.Redis, urls: list[str]) -> tuple[float, float]:
+    """Microseconds a request for the fingerprint alone, no Redis: scrapy-redis's
+    ``request_fingerprint`` (``canonicalize_url``, JSON, SHA-1 hex) against dedupnet's
+    normalisation and xxh3 (``URLGate.accept`` and ``fingerprint_many``, in one batch)."""
+    df = RFPDupeFilter(r, "bench-sr:unused")
+    requests = [Request(u) for u in urls]
+    t = time.perf_counter()
+    for req in requests:
+        df.request_fingerprint(req)
+    sr = time.perf_counter() - t
+    t = time.perf_counter()
+    fingerprint_many(URLGate().accept([req.url for req in requests]))
+    dn = time.perf_counter() - t
+    return sr / len(urls) * 1e6, dn / len(urls) * 1e6
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--urls", type=int, default=1_000_000, help="requests through dedupnet (default 1M)")
     ap.add_argument("--scrapy-redis-urls", type=int, help="requests through scrapy-redis (default: --urls)")
     ap.add_argument("--batch", type=int, default=10_000, help="URLs per dedupnet round trip (default 10,000)")
+    ap.add_argument("--fingerprint-urls", type=int, default=50_000,
+                    help="requests for the fingerprint-only costs (default 50,000; 0: skip)")
     ap.add_argument("--configs", default="default,dedupnet",
                     help="set-max-intset-entries settings to run: default (512), dedupnet (1048576)")
     args = ap.parse_args()
@@ -146,6 +164,10 @@ def main() -> None:
         store = Store(url, "bench-dn")
         print(f"Redis {r.info('server').get('redis_version')} at {url}; {len(urls):,} requests "
               f"({len(set(urls)):,} distinct URLs), scrapy-redis on the first {n_sr:,}, dedupnet batch {args.batch:,}")
+        if args.fingerprint_urls:
+            sr_us, dn_us = fingerprint_costs(r, urls[: args.fingerprint_urls])
+            print(f"  fingerprint alone, no Redis ({min(args.fingerprint_urls, len(urls)):,} requests): "
+                  f"scrapy-redis {sr_us:.1f} µs a request, dedupnet {dn_us:.1f} µs", flush=True)
         for name in args.configs.split(","):
             r.config_set("set-max-intset-entries", settings[name])
             dn = run_dedupnet(store, urls, args.batch)

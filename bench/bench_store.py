@@ -33,6 +33,27 @@ def rate(n: int, seconds: float) -> str:
     return f"{n / seconds:>12,.0f} URLs/s"
 
 
+def one_big_set(store: Store, urls: list[str]) -> float:
+    """Redis bytes per URL if the fingerprints were one plain set instead of 1,024
+    bucketed intsets (docs/DECISIONS.md "Store"): the same 64-bit fingerprints as
+    integer members of one key, at the server's default ``set-max-intset-entries``."""
+    r = store.redis
+    key = "bench:one-big-set"
+    limit = r.config_get("set-max-intset-entries")["set-max-intset-entries"]
+    r.config_set("set-max-intset-entries", 512)
+    try:
+        m0 = store.used_memory()
+        for i in range(0, len(urls), 10_000):
+            r.sadd(key, *fingerprint_many(urls[i : i + 10_000]).view(np.int64).tolist())
+        per_url = (store.used_memory() - m0) / r.scard(key)
+    finally:
+        r.delete(key)
+        r.config_set("set-max-intset-entries", limit)
+        while int(r.info("memory").get("lazyfree_pending_objects", 0)):  # a lazy free would skew the next delta
+            time.sleep(0.05)
+    return per_url
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--urls", type=int, default=1_000_000, help="stored URLs, and URLs checked (default 1M)")
@@ -74,6 +95,8 @@ def main() -> None:
         check_rate = n / check_s
         print(f"check (fingerprint+lookup)  {rate(n, check_s)}   ({hits:,} found)")
         print(f"Redis bytes per stored URL  {bytes_per_url:>12.1f}")
+        print(f"one big set, same URLs      {one_big_set(store, stored):>12.1f} bytes/URL "
+              "(every fingerprint in one key, server default set-max-intset-entries 512)")
 
         # Baseline: SHA-1 hex per URL, one SADD round trip each (common Redis dupefilters).
         r = redis.Redis.from_url(url)
