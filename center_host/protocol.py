@@ -39,6 +39,10 @@ from dedupnet.codec.urls import site_of
 
 log = logging.getLogger("dedupnet.center")
 
+#: Own set numbers remembered after admission, to tell a late answer from an unknown one
+#: (a few minutes of sets at the rates measured; 8 bytes and a dict slot each).
+RECENTLY_CONCLUDED = 4096
+
 
 class Stage(str, enum.Enum):
     LAN = "lan"  # own set, asking the LAN's hosts (§2.3), held in local_reduce_pool
@@ -309,11 +313,14 @@ class SetRecord:
 
 
 class Rejected(Exception):
-    """Input the protocol does not allow; ``reason`` names it (and labels its counter)."""
+    """Input the protocol does not allow; ``reason`` names it (and labels its counter).
+    ``level``: how loudly it is logged (a late answer is counted all the same, but it is
+    what re-sends and time limits produce, not news for the operator)."""
 
-    def __init__(self, reason: str, message: str):
+    def __init__(self, reason: str, message: str, level: int = logging.WARNING):
         super().__init__(message)
         self.reason = reason
+        self.level = level
 
 
 def task_key(number: int, host: str) -> str:
@@ -356,6 +363,10 @@ class CenterProtocol:
         self.waiting: dict[int, tuple[Host, Frame]] = {}  # flag=1 frames held back (not acked)
         #: R4: own sets done with their LAN stage, waiting to go on as one (ordered).
         self.gathering: dict[int, None] = {}
+        #: Own sets admitted lately (newest last, ``RECENTLY_CONCLUDED`` of them): an answer
+        #: for one is late (a re-sent question answered twice, an ``admit`` time limit),
+        #: logged at debug; an answer for a number never held here stays a warning.
+        self.recently_concluded: dict[int, None] = {}
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, event: object) -> list[Action]:
@@ -363,7 +374,7 @@ class CenterProtocol:
             return self._dispatch(event)
         except Rejected as e:
             self.counters.inc("rejected", reason=e.reason)
-            log.warning("rejected %s: %s", e.reason, e)
+            log.log(e.level, "rejected %s: %s", e.reason, e)
             return []
 
     def _dispatch(self, event: object) -> list[Action]:
@@ -479,6 +490,9 @@ class CenterProtocol:
     def _answer(self, sender: Member, frame: Frame) -> list[Action]:
         rec = self.sets.get(frame.number)
         if rec is None:
+            if frame.number in self.recently_concluded:
+                raise Rejected("unknown-number", f"late answer for set {frame.number}, concluded already, from {sender}",
+                               level=logging.DEBUG)
             raise Rejected("unknown-number", f"answer for unknown number {frame.number} from {sender}")
         who = str(sender)
         if who in rec.answered:
@@ -619,6 +633,10 @@ class CenterProtocol:
         for url in urls:
             self.claims.pop(url, None)
         del self.sets[rec.number]
+        for n in (rec.number, *rec.gathered):
+            self.recently_concluded[n] = None
+        while len(self.recently_concluded) > RECENTLY_CONCLUDED:
+            del self.recently_concluded[next(iter(self.recently_concluded))]
         self.counters.inc("urls_admitted", amount=len(urls))
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")

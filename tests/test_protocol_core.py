@@ -244,6 +244,23 @@ def test_answer_from_a_host_that_was_not_asked_and_repeated_answers():
     assert c.admitted == {"http://b/"}
 
 
+def test_a_late_answer_is_counted_quietly_an_unknown_one_loudly(caplog):
+    """Both are ``rejected{reason="unknown-number"}`` (the conformance vectors count them
+    alike); only an answer for a number never held here is a warning in the log."""
+    c = center(peers={})
+    f = Frame({"http://a/": 0}, "127.0.1.10", 5, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    for ip in ("127.0.1.11", "127.0.1.12"):
+        c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
+    assert c.admitted == {"http://a/"}
+    with caplog.at_level("DEBUG", logger="dedupnet.center"):
+        c.feed(cp.Received(cp.Host("127.0.1.12"), f.with_flag(3)))  # a re-sent question answered again
+        c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a/": 0}, "127.0.1.10", 6, 3)))  # never held
+    assert c.core.counters.get("rejected", reason="unknown-number") == 2
+    logged = [(r.levelname, "late answer" in r.getMessage()) for r in caplog.records if "rejected" in r.getMessage()]
+    assert logged == [("DEBUG", True), ("WARNING", False)]
+
+
 def test_foreign_request_inverted_sentence_resolved():
     """§2.4 gap 1: a non-zero answer marks the URL seen; zero leaves it unseen."""
     c = center(mode="paper")
