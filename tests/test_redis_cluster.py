@@ -11,6 +11,7 @@ a clear error, retried, nothing lost once it is back.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import os
@@ -230,6 +231,30 @@ def test_protocol_end_to_end_on_the_cluster(cluster):
     r = trio.run(functools.partial(simulate, cfg, cluster.url, out=None))
     assert not r.timed_out
     assert r.duplicate_fetches == 0 and r.lost_urls == 0 and r.fetched_urls == r.reachable_urls
+
+
+def test_every_daemon_its_own_process_on_the_cluster(cluster):
+    """``dedupnet sim --processes --redis-cluster N``: every daemon process is given the
+    cluster URL, and the harness reads counters and memory from every node. The run
+    leaves none of its keys behind."""
+    from dedupnet.adapters.redis_cluster import admin_client
+    from dedupnet.harness.faults import Fault
+    from dedupnet.harness.report import SimConfig
+    from dedupnet.harness.simproc import simulate_processes
+
+    cfg = SimConfig(networks=2, hosts=2, pages=300, sites=10, timeout=60)
+    r = trio.run(functools.partial(simulate_processes, cfg, cluster.url, out=None))
+    assert not r.timed_out
+    assert r.duplicate_fetches == 0 and r.lost_urls == 0 and r.fetched_urls == r.reachable_urls
+    assert r.redis_lookups > 0 and r.redis_bytes["center"].get("admitted", 0) > 0
+    admin = admin_client(cluster.url)
+    try:
+        assert not list(admin.scan_iter(match="simproc-*", target_nodes=admin.PRIMARIES))
+    finally:
+        admin.close()
+    with pytest.raises(ValueError, match="kill-redis"):
+        trio.run(functools.partial(simulate_processes, dataclasses.replace(cfg, faults=(Fault("kill-redis"),)),
+                                   cluster.url, out=None))
 
 
 def test_a_killed_master(cluster, caplog):

@@ -52,6 +52,8 @@ from types import SimpleNamespace
 import redis
 import trio
 
+from dedupnet.adapters.redis_cluster import admin_client
+from dedupnet.adapters.store import is_cluster_url
 from dedupnet.adapters.stores import store_for
 from local_host.pools import HostPools
 
@@ -673,6 +675,9 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
     or raises; the daemons' logs are kept (path printed) unless the run succeeded.
     """
     _check(cfg)
+    if is_cluster_url(redis_url) and any(f.kind == "kill-redis" for f in cfg.faults):
+        raise ValueError("kill-redis kills the run's own single server, not a cluster's node: run it without "
+                         "--redis-cluster (tests/test_redis_cluster.py kills a cluster master)")
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
     prefix = f"simproc-{cfg.mode}-{cfg.seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     logdir = Path(tempfile.mkdtemp(prefix="dedupnet-simproc-"))
@@ -682,7 +687,7 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
         # A server this run may kill: its own, persistent, on a fixed port (not redis_url).
         killable = KillableRedis(logdir / "redis")
         redis_url = await trio.to_thread.run_sync(killable.start)
-    server = redis.Redis.from_url(redis_url)
+    server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     daemons: list[Daemon] = []
     succeeded = False
     problems: list[str] = []
