@@ -168,7 +168,12 @@ def _check(run: dict, *, allow_refetch_by: str | None = None) -> None:
         # and nobody else fetches them.
         dups = {u: by for u, by in dups.items() if set(by) != {allow_refetch_by}}
     assert not lost, f"{len(lost)} lost, e.g. {sorted(lost)[:5]}"
-    assert not extra, f"{len(extra)} fetched that a correct crawl does not request: {sorted(extra)[:5]}"
+    if extra:  # seen once in a full suite run (a robots-disallowed page); what the spiders said of robots.txt
+        robots = {s.ip: [line for line in s.log().splitlines() if "robots" in line or "Error downloading" in line]
+                  for s in run["spiders"]}
+        raise AssertionError(f"{len(extra)} fetched that a correct crawl does not request, by: "
+                             f"{ {u: web.answered_by[u] for u in sorted(extra)[:5]} }; robots.txt requests: "
+                             f"{dict(web.robots_fetches)}; the spiders' robots lines: {robots}")
     assert not dups, f"{len(dups)} fetched twice: {list(dups.items())[:5]}"
     by_client = collections.Counter(ip for u in answered for ip in web.answered_by[u])
     for ip in (*SCRAPY_HOSTS, CRAWLER_HOST):
