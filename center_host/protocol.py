@@ -323,6 +323,14 @@ class Rejected(Exception):
         self.level = level
 
 
+def _remember(d: dict, key, value, limit: int) -> None:
+    """``d[key] = value`` as its newest entry; the oldest go beyond ``limit`` entries."""
+    d.pop(key, None)
+    d[key] = value
+    while len(d) > limit:
+        del d[next(iter(d))]
+
+
 def task_key(number: int, host: str) -> str:
     """The ``task_URL`` key of set ``number``'s URLs for ``host`` ("" = no host yet)."""
     return f"{number}:{host}"
@@ -634,9 +642,7 @@ class CenterProtocol:
             self.claims.pop(url, None)
         del self.sets[rec.number]
         for n in (rec.number, *rec.gathered):
-            self.recently_concluded[n] = None
-        while len(self.recently_concluded) > RECENTLY_CONCLUDED:
-            del self.recently_concluded[next(iter(self.recently_concluded))]
+            _remember(self.recently_concluded, n, None, RECENTLY_CONCLUDED)
         self.counters.inc("urls_admitted", amount=len(urls))
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
@@ -682,10 +688,7 @@ class CenterProtocol:
         "Re-crawl by age")."""
         if self.config.recrawl is not None:
             return
-        self.held_elsewhere.pop(url, None)
-        self.held_elsewhere[url] = number
-        while len(self.held_elsewhere) > self.config.held_elsewhere_max:
-            del self.held_elsewhere[next(iter(self.held_elsewhere))]
+        _remember(self.held_elsewhere, url, number, self.config.held_elsewhere_max)
 
     def _lose(self, url: str, number: int) -> int:
         """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered
