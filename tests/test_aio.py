@@ -2,11 +2,12 @@
 
 import numpy as np
 import pytest
+import redis
 import trio
 from redis.exceptions import ResponseError
 
 from dedupnet.adapters.aio import AsyncStore
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.embedded import EmbeddedRedis, _free_port
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.adapters.runtime import Reactor
 from dedupnet.adapters.store import FINISH_URL, URL_POOL, RetryPolicy, Store
@@ -292,3 +293,57 @@ async def test_a_round_trip_on_a_descriptor_past_fd_setsize(store):
         for fd in filler:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+async def test_a_restarted_server_still_loading_is_waited_for_not_read_as_data(tmp_path, prefix):
+    """A server restarted on its AOF answers ``-LOADING`` to every command until it has
+    read it back (a `kill-redis` chaos run met it: a host's look-up read the error reply
+    as flags and the daemon exited). The native driver must wait and send again, as the
+    synchronous store does (store.raise_if_loading). Real time: a real server loading
+    2,000 keys at 1 ms each, answering clients every 1 KiB it reads."""
+    server = EmbeddedRedis(persistent=True, data_dir=tmp_path, port=_free_port("127.0.0.1"), config={
+        "key-load-delay": "1000", "loading-process-events-interval-bytes": "1024"})
+    url = server.start()
+    store = Store(url, prefix, retry=RetryPolicy(attempts=60, first_delay=0.05, max_delay=0.2))
+    astore = AsyncStore(store)
+    try:
+        fps = fingerprint_many(urls(100))
+        store.fp_add(FINISH_URL, fps)
+        for i in range(0, 2000, 500):
+            store.redis.mset({f"{prefix}:filler:{j}": j for j in range(i, i + 500)})
+        store.redis.bgrewriteaof()  # the keys in the AOF's base, which the server loads key by key
+        while int(store.redis.info("persistence")["aof_rewrite_in_progress"]):
+            await trio.sleep(0.05)
+        server.stop()
+        restarted = trio.Event()
+
+        async def restart():
+            await trio.to_thread.run_sync(server.start)  # returns once PING is answered: loaded
+            restarted.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(restart)
+            loading = 0
+            with trio.fail_after(30):
+                while loading == 0 and not restarted.is_set():  # until a client has been told LOADING
+                    await trio.sleep(0.02)
+                    probe = redis.Redis.from_url(url, socket_timeout=1)
+                    try:
+                        probe.ping()
+                    except redis.BusyLoadingError:
+                        loading += 1
+                    except redis.ConnectionError:
+                        pass  # not listening yet
+                    finally:
+                        probe.close()
+                assert not restarted.is_set(), "the server loaded before it could be asked"
+                retries = store.reconnects
+                batch = store.batch()
+                flags = batch.fingerprints(b"SMISMEMBER", store.key(FINISH_URL), fps)
+                got = flags.flags(await astore.execute(batch))
+            assert store.reconnects > retries  # told LOADING (or refused), waited, sent again
+            assert got.all()  # ...and answered from the data once loaded
+    finally:
+        await astore.aclose()
+        store.close()
+        server.stop()

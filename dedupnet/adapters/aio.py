@@ -36,7 +36,7 @@ from redis.connection import parse_url
 from redis.exceptions import ResponseError
 
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command
+from dedupnet.adapters.store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command, raise_if_loading
 
 log = logging.getLogger("dedupnet.adapters.aio")
 
@@ -126,7 +126,8 @@ class AsyncStore:
                     if conn is None:
                         conn = await self._connect()
                     results = await _exchange(conn, payload, replies)
-                done = True
+                done = True  # the connection is sound even if the server is still loading
+                raise_if_loading(results)
             finally:
                 if done:
                     self._idle.append(conn)
