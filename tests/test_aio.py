@@ -347,3 +347,38 @@ async def test_a_restarted_server_still_loading_is_waited_for_not_read_as_data(t
         await astore.aclose()
         store.close()
         server.stop()
+
+
+async def test_an_error_reply_to_a_fingerprint_command_is_waited_out_not_read_as_data(store, astore, caplog):
+    """``-OOM`` (past ``maxmemory``; ``-MISCONF`` when the server cannot persist is the
+    same case) answers a write with an error, not a count: raised as the Redis error it
+    is, so the daemons' ``until_stored`` logs it, counts it and tries again until
+    Redis accepts the write, instead of the daemon exiting on a TypeError."""
+    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.runtime import until_stored
+
+    fps = fingerprint_many(urls(50, tag="oom"))
+
+    def add_steps():
+        batch = store.batch()
+        added = batch.fingerprints(b"SADD", store.key(FINISH_URL), fps)
+        return added.total((yield batch))
+
+    counters = Counters()
+    before = store.redis.config_get("maxmemory")["maxmemory"]
+    store.redis.config_set("maxmemory", 1)  # every write refused: -OOM
+    try:
+        async with trio.open_nursery() as nursery:
+            added = []
+
+            async def add():
+                added.append(await until_stored(astore, counters, add_steps))
+
+            nursery.start_soon(add)
+            await trio.sleep(0.5)
+            assert not added and counters.get("store_errors") >= 2
+            store.redis.config_set("maxmemory", before)
+    finally:
+        store.redis.config_set("maxmemory", before)
+    assert added == [50]
+    assert any("OOM" in r.getMessage() for r in caplog.records)

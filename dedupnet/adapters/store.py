@@ -284,7 +284,15 @@ class FingerprintReplies:
     size: int
 
     def _slice(self, results: list) -> list:
-        return results[self.first : self.first + len(self.counts)]
+        """This call's replies; an error reply among them (``-MISCONF`` when the server
+        cannot persist, ``-OOM`` past ``maxmemory``, ``-WRONGTYPE``) is raised: it is no
+        answer to a fingerprint command, and read as one it would take the daemon down.
+        Raised, it is a Redis error: the daemons wait and retry (``until_stored``)."""
+        replies = results[self.first : self.first + len(self.counts)]
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                raise reply
+        return replies
 
     def flags(self, results: list) -> np.ndarray:
         """Per-fingerprint 0/1 replies (SMISMEMBER) in the caller's original order."""
