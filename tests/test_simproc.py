@@ -89,6 +89,9 @@ async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(re
     assert sum(report.per_network_admitted.values()) >= report.reachable_urls
     assert report.frames["frame"] > 0 and report.frames["task"] > 0
     assert "status" not in report.frames  # the harness's status polls are not protocol traffic
+    # ... nor their Welcomes: one per connection that offers compression, here the four
+    # hosts' links and the one peer link (a reconnection adds one; the polls added hundreds)
+    assert 0 < report.frames.get("welcome", 0) <= 10, report.frames
     assert report.bytes_on_wire > 0 and report.redis_lookups > 0
     assert report.latency_p50 is None and report.latency_p99 is None  # not observable from outside
     assert report.config["processes"] is True

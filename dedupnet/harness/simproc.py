@@ -173,8 +173,10 @@ class Daemon:
             ip = source_ip_towards(self.address[0])
             register = Register(ip, 0, "control", f"{ip}:1")
             with trio.fail_after(timeout):
+                # compress=False: no Welcome, so the daemon's frames_sent{kind="welcome"}
+                # stays the protocol's own (the report's frames per URL), not the polls'.
                 async with await connect(*self.address, register, local_ip=ip, counters=counters,
-                                         keyring=self.keyring) as conn:
+                                         keyring=self.keyring, compress=False) as conn:
                     conn.send_nowait(wire.encode(Status(True)))
                     while True:
                         reply = await conn.receive()
