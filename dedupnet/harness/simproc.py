@@ -39,7 +39,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -60,7 +59,7 @@ from local_host.pools import HostPools
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring, keyring_from, new_key_line, write_key_file
 from dedupnet.harness.cluster import center_ip, host_ip, lan
-from dedupnet.adapters.embedded import _spawn
+from dedupnet.adapters.embedded import _free_port, _spawn  # a lost port race: the daemon exits, log shown
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Register, Status
 from dedupnet.adapters.metrics import Counters
@@ -316,14 +315,6 @@ def _link_records(cfg: SimConfig, links: LinkFaults, trio_t0: float, end: float)
             rec.note = "not injected: the crawl ended before its moment"
         records.append(rec.to_json())
     return records
-
-
-def _free_port(host: str) -> int:
-    """A port free on ``host`` now (the daemon binds it a moment later; a lost race shows
-    as a daemon exiting at start, reported with its log)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _center_ports(cfg: SimConfig) -> dict[int, int]:
