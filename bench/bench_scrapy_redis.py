@@ -59,17 +59,6 @@ def url_stream(n: int, seed: int = 1) -> list[str]:
     return out
 
 
-def used_memory(r: redis.Redis) -> int:
-    """``used_memory`` once the keys deleted before (UNLINK, or DEL with lazy free) are
-    freed: a background free still under way would be taken off the next delta."""
-    for _ in range(600):
-        info = r.info("memory")
-        if not int(info.get("lazyfree_pending_objects", 0)):
-            return int(info["used_memory"])
-        time.sleep(0.05)
-    return int(r.info("memory")["used_memory"])
-
-
 def memory_usage(r: redis.Redis, pattern: str) -> int:
     total = 0
     for key in r.scan_iter(match=pattern, count=1000):
@@ -77,11 +66,12 @@ def memory_usage(r: redis.Redis, pattern: str) -> int:
     return total
 
 
-def run_scrapy_redis(r: redis.Redis, urls: list[str]) -> dict:
+def run_scrapy_redis(store: Store, urls: list[str]) -> dict:
+    r = store.redis
     key = "bench-sr:dupefilter"
     r.delete(key)
     df = RFPDupeFilter(r, key)
-    m0 = used_memory(r)
+    m0 = store.used_memory()
     seen = 0
     spent = 0.0
     for i in range(0, len(urls), CHUNK):
@@ -90,7 +80,7 @@ def run_scrapy_redis(r: redis.Redis, urls: list[str]) -> dict:
         for req in requests:
             seen += df.request_seen(req)
         spent += time.perf_counter() - t
-    used = used_memory(r) - m0
+    used = store.used_memory() - m0
     distinct = r.scard(key)
     usage = memory_usage(r, key)
     r.delete(key)
@@ -101,7 +91,7 @@ def run_scrapy_redis(r: redis.Redis, urls: list[str]) -> dict:
 def run_dedupnet(store: Store, urls: list[str], batch: int) -> dict:
     store.delete_prefix()
     r = store.redis
-    m0 = used_memory(r)
+    m0 = store.used_memory()
     gate = URLGate()
     seen = 0
     spent = 0.0
@@ -120,7 +110,7 @@ def run_dedupnet(store: Store, urls: list[str], batch: int) -> dict:
             present = asked.flags(store.execute(b))
             seen += int(present.sum()) + (len(fps) - len(uniq))
         spent += time.perf_counter() - t
-    used = used_memory(r) - m0
+    used = store.used_memory() - m0
     distinct = store.fp_count(POOL)
     usage = memory_usage(r, f"{key}:*")
     encodings = {r.object("encoding", k).decode() for k in list(r.scan_iter(match=f"{key}:*", count=1000))[:50]}
@@ -173,7 +163,7 @@ def main() -> None:
             dn = run_dedupnet(store, urls, args.batch)
             print(f"  [{name}] dedupnet     {dn['rate']:>12,.0f} req/s  {dn['bytes_info']:6.1f} B/URL (INFO)  "
                   f"{dn['bytes_usage']:6.1f} B/URL (MEMORY USAGE)  {dn['seen']:,} seen  {dn['encoding']}", flush=True)
-            sr = run_scrapy_redis(r, urls[:n_sr])
+            sr = run_scrapy_redis(store, urls[:n_sr])
             print(f"  [{name}] scrapy-redis {sr['rate']:>12,.0f} req/s  {sr['bytes_info']:6.1f} B/URL (INFO)  "
                   f"{sr['bytes_usage']:6.1f} B/URL (MEMORY USAGE)  {sr['seen']:,} seen  {sr['encoding']}", flush=True)
             if n_sr == len(urls):

@@ -59,7 +59,7 @@ from local_host.pools import HostPools
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring, keyring_from, new_key_line, write_key_file
 from dedupnet.harness.cluster import center_ip, host_ip, lan
-from dedupnet.adapters.embedded import _free_port, _spawn  # a lost port race: the daemon exits, log shown
+from dedupnet.adapters.embedded import _free_port, _spawn
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Register, Status
 from dedupnet.adapters.metrics import Counters
@@ -318,6 +318,8 @@ def _link_records(cfg: SimConfig, links: LinkFaults, trio_t0: float, end: float)
 
 
 def _center_ports(cfg: SimConfig) -> dict[int, int]:
+    """A port free now for each center (it binds it a moment later; a lost race shows as
+    a daemon exiting at start, reported with its log)."""
     return {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
 
 
