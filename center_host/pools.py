@@ -30,8 +30,12 @@ from . import protocol as cp
 
 ADMITTED = "admitted"
 CONCLUDED = "concluded"
+#: number -> digest of the set it concluded (own sets): tells a reused number from a repeat.
+CONCLUDED_DIGEST = "concluded_digest"
+#: host IP -> the highest sequence of its sets stored here.
+SEQUENCES = "host_sequences"
 
-WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.SaveTask, cp.DropTask)
+WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.SaveTask, cp.DropTask)
 
 
 class CenterPools:
@@ -62,6 +66,10 @@ class CenterPools:
                     batch.fingerprints(b"SADD", key(ADMITTED), fingerprint_many(a.urls))
             elif isinstance(a, cp.Conclude):
                 batch.fingerprints(b"SADD", key(CONCLUDED), np.array([a.number], dtype=np.uint64))
+                if a.digest:
+                    batch.add(b"HSET", key(CONCLUDED_DIGEST), a.number, a.digest)
+            elif isinstance(a, cp.NoteSequence):
+                batch.add(b"HSET", key(SEQUENCES), a.host, a.sequence)
             elif isinstance(a, cp.SaveTask):
                 batch.add(b"HSET", key(TASK_URL), a.key, orjson.dumps(a.urls))
             elif isinstance(a, cp.DropTask):
@@ -78,18 +86,21 @@ class CenterPools:
             admitted = self.admitted.contains(batch, urls)
         else:
             admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fingerprint_many(urls))
+        digest_at = batch.add(b"HGET", key(CONCLUDED_DIGEST), number)
         results = yield batch
-        return cp.LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist())
+        return cp.LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist(),
+                             int(results[digest_at] or 0))
 
     def load(self) -> cp.Resume:
         """Everything a restarted center must pick up."""
         batch = self.store.batch()
-        for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL):
+        for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL, SEQUENCES):
             batch.add(b"HGETALL", self.store.key(pool))
-        local, dist, tasks = self.store.execute(batch)
+        local, dist, tasks, sequences = self.store.execute(batch)
         return cp.Resume(
             sets=_values(local) + _values(dist),
             tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
+            sequences={k.decode(): int(v) for k, v in _pairs(sequences)},
         )
 
     def sizes(self) -> dict[str, int]:

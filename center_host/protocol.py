@@ -35,7 +35,8 @@ from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, A
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
-from dedupnet.codec.urls import site_of
+from dedupnet.codec.numbers import host_id_from_ip, split_number
+from dedupnet.codec.urls import canonical_set, set_digest, site_of
 
 log = logging.getLogger("dedupnet.center")
 
@@ -108,6 +109,8 @@ class LookupDone:
     number: int
     concluded: bool  # the number was concluded before (a repeated frame)
     admitted: list[bool]  # URL is in this center's admitted record
+    #: The concluded set's :func:`~dedupnet.codec.urls.set_digest` (0: not recorded).
+    digest: int = 0
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,7 @@ class Resume:
 
     sets: list[bytes]
     tasks: dict[str, list[str]]  # task key "number:host" -> URLs
+    sequences: dict[str, int] = field(default_factory=dict)  # host IP -> highest sequence stored
 
 
 # -- actions ----------------------------------------------------------------------
@@ -168,10 +172,21 @@ class Admit:
 
 @dataclass(frozen=True)
 class Conclude:
-    """``number`` is finished here; remember it so a repeated frame is recognised."""
+    """``number`` is finished here; remember it (and its set's digest, 0 if none) so a
+    repeated frame is recognised and a reused number told from it."""
 
     number: int
     complete: bool
+    digest: int = 0
+
+
+@dataclass(frozen=True)
+class NoteSequence:
+    """The highest sequence stored from ``host``: what a host that lost its store is
+    told to number from."""
+
+    host: str
+    sequence: int
 
 
 @dataclass(frozen=True)
@@ -185,7 +200,7 @@ class DropTask:
     key: str
 
 
-Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, SaveTask, DropTask]
+Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, NoteSequence, SaveTask, DropTask]
 
 
 # -- configuration -------------------------------------------------------------------
@@ -267,6 +282,13 @@ class CenterConfig:
             raise ValueError(f"local_lookup must be one of {LOCAL_LOOKUPS} ('lan' in paper mode), "
                              f"not {self.local_lookup!r}")
 
+    def host_id_of(self, ip: str) -> int | None:
+        """The host part a LAN host's numbers must carry (None: a LAN too wide to tell)."""
+        try:
+            return host_id_from_ip(ip, self.lan)
+        except ValueError:
+            return None
+
     def network_of(self, ip: str) -> int | None:
         addr = ipaddress.ip_address(ip)
         if addr in ipaddress.ip_network(self.lan):
@@ -292,6 +314,8 @@ class SetRecord:
     incomplete: bool = False
     #: R4: the numbers of the LAN's sets gathered into this one (besides its own).
     gathered: tuple[int, ...] = ()
+    #: The set as it arrived (:func:`~dedupnet.codec.urls.set_digest`; 0: not known).
+    digest: int = 0
 
     @property
     def number(self) -> int:
@@ -302,6 +326,7 @@ class SetRecord:
             "frame": self.frame.to_json(), "stage": self.stage.value, "origin": self.origin,
             "awaiting": sorted(self.awaiting), "answered": sorted(self.answered),
             "attempts": self.attempts, "incomplete": self.incomplete, "gathered": list(self.gathered),
+            "digest": self.digest,
         })
 
     @classmethod
@@ -309,7 +334,8 @@ class SetRecord:
         d = orjson.loads(data)
         f = d["frame"]
         return cls(Frame(dict(f["URL_set"]), f["IP"], f["number"], f["flag"]), Stage(d["stage"]), d["origin"],
-                   set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"], tuple(d.get("gathered", ())))
+                   set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"], tuple(d.get("gathered", ())),
+                   d.get("digest", 0))
 
 
 class Rejected(Exception):
@@ -375,6 +401,8 @@ class CenterProtocol:
         #: for one is late (a re-sent question answered twice, an ``admit`` time limit),
         #: logged at debug; an answer for a number never held here stays a warning.
         self.recently_concluded: dict[int, None] = {}
+        #: Host IP -> the highest sequence of its sets stored here (durable: NoteSequence).
+        self.sequences: dict[str, int] = {}
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, event: object) -> list[Action]:
@@ -402,6 +430,7 @@ class CenterProtocol:
 
     def _received(self, sender: Member, message: object) -> list[Action]:
         if isinstance(message, Frame):
+            message = self._canonical(sender, message)
             if isinstance(sender, Host):
                 return self._frame_from_host(sender, message)
             return self._frame_from_peer(sender, message)
@@ -411,16 +440,56 @@ class CenterProtocol:
             return self._handed_back(sender, message)
         raise Rejected("unexpected-message", f"{type(message).__name__} from {sender} is not expected at a center")
 
+    def _canonical(self, sender: Member, frame: Frame) -> Frame:
+        """The frame with every URL in the form a host would have stored it (docs/PROTOCOL.md
+        §8): nothing a peer spells enters a pool unchecked. What cannot be a pool's URL is
+        dropped from the set and counted."""
+        url_set, bad = canonical_set(frame.URL_set)
+        if bad:
+            self.counters.inc("bad_input", reason="bad-url", amount=bad)
+            log.warning("set %d from %s: %d URLs dropped (not http(s) URLs a pool may hold)", frame.number, sender, bad)
+        return Frame(url_set, frame.IP, frame.number, frame.flag)
+
+    def _check_number(self, sender: Member, number: int) -> None:
+        """A new set's number carries its sender's network (and, for a LAN host, its host
+        part): a number made in someone else's name is refused, so it cannot take the
+        number its owner will use (docs/PROTOCOL.md §7)."""
+        network, host, _ = split_number(number)
+        if isinstance(sender, Peer):
+            ok = network == sender.network
+        else:
+            expected = self.config.host_id_of(sender.ip)
+            ok = network == self.config.network and (expected is None or host == expected)
+        if not ok:
+            raise Rejected("number-not-sender", f"set number {number} (network {network}, host {host}) "
+                                                f"is not {sender}'s")
+
+    def _reused(self, sender: Host, number: int) -> list[Action]:
+        """A number that arrives again with other URLs: the sender lost the store its
+        sequence lived in. Its set is refused, never acknowledged as a duplicate (that
+        would lose its URLs); it numbers the set again above what is stored here."""
+        sequence = self.sequences.get(sender.ip, 0) + 1
+        self.counters.inc("rejected", reason="number-reused")
+        log.warning("set %d from %s: number used before for another set; asking it to number its sets from %d",
+                    number, sender, sequence)
+        return [Send((sender,), wire.encode(Ack(number, "rejected", "number-reused", sequence)))]
+
     # -- §2.3: frames from LAN hosts ----------------------------------------------------
     def _frame_from_host(self, sender: Host, frame: Frame) -> list[Action]:
         self.counters.inc("frames_in", stage="lan", flag=str(frame.flag))
         if frame.flag == FLAG_REQUEST:
             if frame.IP != sender.ip:
                 raise Rejected("ip-mismatch", f"flag=1 number {frame.number} from {sender} carries IP {frame.IP}")
-            if frame.number in self.sets:  # stored already: the ack was lost, repeat it
+            self._check_number(sender, frame.number)
+            held = self.sets.get(frame.number)
+            if held is not None:  # stored already: the ack was lost, repeat it
+                if held.digest and held.digest != set_digest(frame.URL_set):
+                    return self._reused(sender, frame.number)
                 self.counters.inc("repeated_frames")
                 return [Send((sender,), wire.encode(Ack(frame.number, "duplicate")))]
             if frame.number in self.waiting:
+                if set_digest(self.waiting[frame.number][1].URL_set) != set_digest(frame.URL_set):
+                    return self._reused(sender, frame.number)
                 return []
             if self.own_in_flight() >= self.config.max_in_flight:
                 self.waiting[frame.number] = (sender, frame)
@@ -453,6 +522,9 @@ class CenterProtocol:
         return actions
 
     def _own_set_arrived(self, sender: Host, frame: Frame, found: LookupDone) -> list[Action]:
+        digest = set_digest(frame.URL_set)
+        if found.concluded and found.digest and found.digest != digest:
+            return self._reused(sender, frame.number)
         ack = Send((sender,), wire.encode(Ack(frame.number, "duplicate" if found.concluded else "stored")))
         if found.concluded:
             self.counters.inc("repeated_frames")
@@ -467,12 +539,20 @@ class CenterProtocol:
                 self.claims[url] = frame.number
         self.counters.inc("urls_in", stage="lan", amount=len(frame.URL_set))
         ask = {h for h in self.hosts if h != sender.ip} if self.config.local_lookup == "lan" else set()
-        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, sender.ip, ask)
+        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, sender.ip, ask, digest=digest)
         self.sets[frame.number] = rec
         log.info("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
                  frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))
         # Durable first (§ gap 7: the host lets the URLs go on this ack), then ask.
-        return [Save(LOCAL_REDUCE_POOL, frame.number, rec.dump()), ack, *self._ask(rec)]
+        return [Save(LOCAL_REDUCE_POOL, frame.number, rec.dump()), *self._note_sequence(sender, frame.number),
+                ack, *self._ask(rec)]
+
+    def _note_sequence(self, sender: Host, number: int) -> list[Action]:
+        sequence = split_number(number)[2]
+        if sequence <= self.sequences.get(sender.ip, 0):
+            return []
+        self.sequences[sender.ip] = sequence
+        return [NoteSequence(sender.ip, sequence)]
 
     def _ask(self, rec: SetRecord) -> list[Action]:
         """Broadcast the stored frame to the members still awaited, or move on if none."""
@@ -541,6 +621,7 @@ class CenterProtocol:
             raise Rejected("flag2-own-network", f"flag=2 number {frame.number} for our own IP {frame.IP} from {sender}")
         if origin is None or origin != sender.network:
             raise Rejected("not-a-peer", f"flag=2 number {frame.number}: IP {frame.IP} is not of peer {sender}")
+        self._check_number(sender, frame.number)
         if frame.number in self.sets:
             self.counters.inc("repeated_frames")
             return []
@@ -647,7 +728,8 @@ class CenterProtocol:
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
         actions: list[Action] = [Admit(rec.number, tuple(urls)), Drop(POOL_OF[rec.stage], rec.number),
-                                 *(Conclude(n, not rec.incomplete) for n in (rec.number, *rec.gathered))]
+                                 Conclude(rec.number, not rec.incomplete, rec.digest),
+                                 *(Conclude(n, not rec.incomplete) for n in rec.gathered)]
         actions += self._assign(rec.number, urls)
         if self.gathering and not self._out_with_peers():
             actions += self._send_gathered()  # R4: nothing of ours is out now
@@ -873,5 +955,6 @@ class CenterProtocol:
                     self.claims[url] = rec.number
             actions.append(SetTimer(rec.number, self.config.resume_grace))
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
+        self.sequences.update(event.sequences)
         log.info("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
         return actions

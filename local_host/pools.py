@@ -36,6 +36,11 @@ UNACKED = f"{URL_POOL}:unacked"
 UNACKED_IDS = f"{URL_POOL}:unacked_ids"
 TASK_FP = f"{TASK_POOL}:fp"
 
+#: Raise the sequence counter to at least ARGV[1], then reserve ARGV[2] numbers (INCRBY).
+RAISE_AND_RESERVE = (b"local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
+                     b"if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end "
+                     b"return redis.call('INCRBY', KEYS[1], ARGV[2])")
+
 WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)
 
 
@@ -94,7 +99,11 @@ class HostPools:
         # incoming tasks: a task sent again (its ack was lost) is not queued twice.
         use_queued = self.exact or action.token[0] == "task"
         queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
-        seq_at = batch.add(b"INCRBY", self.store.key("number_seq"), action.sets) if action.sets else None
+        seq_at = None
+        if action.floor:
+            seq_at = batch.add(b"EVAL", RAISE_AND_RESERVE, 1, self.store.key("number_seq"), action.floor - 1, action.sets)
+        elif action.sets:
+            seq_at = batch.add(b"INCRBY", self.store.key("number_seq"), action.sets)
         results = yield batch
         seen = finished.flags(results)
         if queued is not None:

@@ -71,11 +71,13 @@ class Send:
 @dataclass(frozen=True)
 class Lookup:
     """Which ``urls`` this host has seen: ``finish_URL``, and in exact mode ``task_pool``.
-    For ``found`` look-ups also reserve ``sets`` sequence numbers."""
+    Also reserve ``sets`` sequence numbers, none below ``floor`` (the counter is raised
+    to it first: the center has stored sets numbered below it)."""
 
     token: tuple[str, int]
     urls: tuple[str, ...]
     sets: int = 0
+    floor: int = 0
 
 
 @dataclass(frozen=True)
@@ -193,6 +195,8 @@ class HostProtocol:
             self._pending[token] = message
             return [Lookup(token, tuple(message.URL_set))]
         if isinstance(message, Ack):
+            if message.status == "rejected":
+                return self._rejected(message)
             entry = self.unacked.pop(message.number, None)
             if entry is None:
                 self.counters.inc("repeated_acks")
@@ -206,11 +210,43 @@ class HostProtocol:
         log.warning("rejected unexpected-message: %s from the center", type(message).__name__)
         return []
 
+    def _rejected(self, ack: Ack) -> list[Action]:
+        """The center would not take a set. Its URLs stay in ``URL_pool`` either way: a set
+        whose number the center has seen with other URLs (this host's store, and its
+        sequence, were lost) is numbered again from the sequence the center names; any
+        other refusal keeps the set for the next connection and says why."""
+        if ack.number not in self.unacked:
+            self.counters.inc("repeated_acks")
+            return []
+        if ack.reason == "number-reused" and ack.sequence:
+            self.counters.inc("sets_renumbered")
+            token = ("renumber", ack.number)
+            self._pending[token] = None
+            return [Lookup(token, (), sets=1, floor=ack.sequence)]
+        self.counters.inc("sets_rejected", reason=ack.reason or "unknown")
+        log.error("set %d refused by the center (%s); kept, and sent again on the next connection",
+                  ack.number, ack.reason or "no reason given")
+        return []
+
+    def _renumber(self, old: int, done: LookupDone) -> list[Action]:
+        entry = self.unacked.pop(old, None)
+        if entry is None:  # acknowledged meanwhile
+            return []
+        data, ids = entry
+        frame = wire.decode_one(data, max_urls=max(len(ids), 1))
+        number = make_number(self.config.network, self.config.host_id, done.sequences[0])
+        data = wire.encode(Frame(frame.URL_set, frame.IP, number, frame.flag))
+        self.unacked[number] = (data, ids)
+        log.warning("set %d: number used before this host's store was lost; sent again as %d", old, number)
+        return [SaveUnacked(number, data, tuple(ids)), Release(old, ()), Send(data)]
+
     def _lookup_done(self, done: LookupDone) -> list[Action]:
         ctx = self._pending.pop(done.token)
         kind = done.token[0]
         if kind == "found":
             return self._reduce(ctx, done)
+        if kind == "renumber":
+            return self._renumber(done.token[1], done)
         if kind == "answer":
             # §2.3: seen URLs get value 1, then flag=3 back to the center.
             answer = {u: int(s) for u, s in zip(ctx.URL_set, done.seen)}

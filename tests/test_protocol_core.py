@@ -12,6 +12,13 @@ from .conformance.memnet import MemNet
 from .conformance.memory import MemoryCenter, MemoryHost, decode
 
 
+def num(ip, seq):
+    """Set ``seq`` of the LAN host (or a peer network's host) ``ip``: the number its
+    center accepts from it (docs/PROTOCOL.md §7)."""
+    _, _, network, host = map(int, ip.split("."))
+    return seq << 32 | network << 16 | host
+
+
 def urls(*names):
     return [f"http://site{n % 5}.example/{n}" for n in names]
 
@@ -140,16 +147,16 @@ def sent(c):
 
 def test_silent_host_set_concludes_after_resends_under_admit():
     c = center(peers={}, max_resends=2, partition_policy="admit")
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)))
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)))
     out = sent(c)
-    assert ("127.0.1.10", Ack(7, "stored")) in out
+    assert ("127.0.1.10", Ack(num("127.0.1.10", 7), "stored")) in out
     assert sorted(to for to, m in out if isinstance(m, Frame)) == ["127.0.1.11", "127.0.1.12"]
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
     sent(c)
     for attempt in range(2):  # re-sent to the silent host only
-        c.fire(7)
+        c.fire(num("127.0.1.10", 7))
         assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.12"]
-    c.fire(7)
+    c.fire(num("127.0.1.10", 7))
     assert c.core.counters.get("concluded_incomplete", stage="lan") == 1
     assert c.admitted == {"http://a.example/"} and not c.timers and not c.local_reduce_pool
 
@@ -158,17 +165,17 @@ def test_silent_live_host_is_waited_for_with_backoff():
     """"wait" (exact's default): a host that is alive but slow is asked again, less and
     less often, and the set concludes complete once it answers — never without it."""
     c = center(peers={}, max_resends=1, answer_timeout=2.0, max_resend_interval=10.0)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)))
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
     sent(c)
     delays = []
     for _ in range(6):
-        delays.append(c.timers[7])
-        c.fire(7)
+        delays.append(c.timers[num("127.0.1.10", 7)])
+        c.fire(num("127.0.1.10", 7))
         assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.12"]
     assert delays == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
-    assert not c.admitted and 7 in c.core.sets and c.core.waiting_for() == {"127.0.1.12": 1}
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a.example/": 0}, "127.0.1.10", 7, 3)))
+    assert not c.admitted and num("127.0.1.10", 7) in c.core.sets and c.core.waiting_for() == {"127.0.1.12": 1}
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
     assert c.admitted == {"http://a.example/"} and not c.timers
     assert c.core.counters.get("sets_concluded", complete="true") == 1
 
@@ -179,13 +186,13 @@ def test_set_waits_for_a_peer_network_that_is_down():
     back it is asked, and both conclude complete."""
     c = center(peers={2: "127.0.2.0/24"})
     c.feed(cp.Joined(cp.Peer(2)))
-    first = Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)
+    first = Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), first))
     for ip in ("127.0.1.11", "127.0.1.12"):
         c.feed(cp.Received(cp.Host(ip), first.with_flag(3)))
     assert [to for to, m in sent(c) if isinstance(m, Frame)][-1:] == ["net:2"]
     c.feed(cp.Left(cp.Peer(2)))
-    second = Frame({"http://b.example/": 0}, "127.0.1.11", 8, 1)
+    second = Frame({"http://b.example/": 0}, "127.0.1.11", num("127.0.1.11", 8), 1)
     c.feed(cp.Received(cp.Host("127.0.1.11"), second))
     for ip in ("127.0.1.10", "127.0.1.12"):
         c.feed(cp.Received(cp.Host(ip), second.with_flag(3)))
@@ -194,11 +201,11 @@ def test_set_waits_for_a_peer_network_that_is_down():
         for n in list(c.timers):
             c.fire(n)
     assert not [m for _, m in sent(c) if isinstance(m, (Frame, Task))]
-    assert not c.admitted and sorted(c.dist_reduce_pool) == [7, 8]
+    assert not c.admitted and sorted(c.dist_reduce_pool) == [num("127.0.1.10", 7), num("127.0.1.11", 8)]
     assert c.core.waiting_for() == {"net:2": 2}
     c.feed(cp.Joined(cp.Peer(2)))
     asked = [m for to, m in sent(c) if isinstance(m, Frame)]
-    assert sorted(m.number for m in asked) == [7, 8]
+    assert sorted(m.number for m in asked) == [num("127.0.1.10", 7), num("127.0.1.11", 8)]
     for m in asked:
         c.feed(cp.Received(cp.Peer(2), m.with_flag(3)))
     assert c.admitted == {"http://a.example/", "http://b.example/"} and not c.dist_reduce_pool
@@ -207,13 +214,13 @@ def test_set_waits_for_a_peer_network_that_is_down():
 
 def test_a_network_removed_from_the_configuration_is_no_longer_waited_for():
     c = center(peers={2: "127.0.2.0/24"})
-    f = Frame({"http://a.example/": 0}, "127.0.1.10", 7, 1)
+    f = Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), f))
     for ip in ("127.0.1.11", "127.0.1.12"):
         c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
-    assert 7 in c.dist_reduce_pool  # network 2 never connected: waited for
+    assert num("127.0.1.10", 7) in c.dist_reduce_pool  # network 2 never connected: waited for
     c = c.restart(peers={})  # the operator removes it and restarts the center
-    c.fire(7)
+    c.fire(num("127.0.1.10", 7))
     assert c.admitted == {"http://a.example/"}
 
 
@@ -233,14 +240,14 @@ def test_illegal_input_is_rejected_by_name(sender, frame, reason):
 
 def test_answer_from_a_host_that_was_not_asked_and_repeated_answers():
     c = center(peers={})
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", 5, 1)))
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
     sent(c)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 1}, "127.0.1.10", 5, 3)))  # the origin was not asked
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 1}, "127.0.1.10", num("127.0.1.10", 5), 3)))  # the origin was not asked
     assert c.core.counters.get("rejected", reason="not-asked") == 1
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 1, "http://b/": 0}, "127.0.1.10", 5, 3)))
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0, "http://b/": 1}, "127.0.1.10", 5, 3)))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 1, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0, "http://b/": 1}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     assert c.core.counters.get("repeated_answers") == 1
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", 5, 3)))
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     assert c.admitted == {"http://b/"}
 
 
@@ -248,7 +255,7 @@ def test_a_late_answer_is_counted_quietly_an_unknown_one_loudly(caplog):
     """Both are ``rejected{reason="unknown-number"}`` (the conformance vectors count them
     alike); only an answer for a number never held here is a warning in the log."""
     c = center(peers={})
-    f = Frame({"http://a/": 0}, "127.0.1.10", 5, 1)
+    f = Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), f))
     for ip in ("127.0.1.11", "127.0.1.12"):
         c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
@@ -265,35 +272,35 @@ def test_foreign_request_inverted_sentence_resolved():
     """§2.4 gap 1: a non-zero answer marks the URL seen; zero leaves it unseen."""
     c = center(mode="paper")
     c.feed(cp.Joined(cp.Peer(2)))
-    c.feed(cp.Received(cp.Peer(2), Frame({"http://a/": 0, "http://b/": 0}, "127.0.2.10", 11, 2)))
+    c.feed(cp.Received(cp.Peer(2), Frame({"http://a/": 0, "http://b/": 0}, "127.0.2.10", num("127.0.2.10", 11), 2)))
     assert sorted(to for to, m in sent(c)) == ["127.0.1.10", "127.0.1.11", "127.0.1.12"]
     for ip, seen in (("127.0.1.10", {"http://a/": 1, "http://b/": 0}), ("127.0.1.11", {"http://a/": 0, "http://b/": 0}),
                      ("127.0.1.12", {"http://a/": 0, "http://b/": 0})):
-        c.feed(cp.Received(cp.Host(ip), Frame(seen, "127.0.2.10", 11, 3)))
-    assert sent(c) == [("net:2", Frame({"http://a/": 1, "http://b/": 0}, "127.0.2.10", 11, 3))]
+        c.feed(cp.Received(cp.Host(ip), Frame(seen, "127.0.2.10", num("127.0.2.10", 11), 3)))
+    assert sent(c) == [("net:2", Frame({"http://a/": 1, "http://b/": 0}, "127.0.2.10", num("127.0.2.10", 11), 3))]
     assert not c.dist_reduce_pool
 
 
 def test_repeated_flag1_is_acknowledged_not_redone():
     c = center(peers={})
-    f = Frame({"http://a/": 0}, "127.0.1.10", 5, 1)
+    f = Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), f))
     sent(c)
     c.feed(cp.Received(cp.Host("127.0.1.10"), f))
-    assert sent(c) == [("127.0.1.10", Ack(5, "duplicate"))]
+    assert sent(c) == [("127.0.1.10", Ack(num("127.0.1.10", 5), "duplicate"))]
 
 
 def test_center_restart_resumes_and_loses_nothing():
     c = center(peers={}, resume_grace=1.0)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0}, "127.0.1.10", 5, 1)))
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
     sent(c)
     c = c.restart()
-    assert 5 in c.core.sets and c.timers == {5: 1.0}
+    assert num("127.0.1.10", 5) in c.core.sets and c.timers == {num("127.0.1.10", 5): 1.0}
     c.feed(cp.Joined(cp.Host("127.0.1.11")))  # back: asked at once
     assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.11"]
-    c.fire(5)  # 127.0.1.12 never came back: no longer waited for
-    assert "127.0.1.12" not in c.core.sets[5].awaiting
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 5, 3)))
+    c.fire(num("127.0.1.10", 5))  # 127.0.1.12 never came back: no longer waited for
+    assert "127.0.1.12" not in c.core.sets[num("127.0.1.10", 5)].awaiting
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     assert c.admitted == {"http://a/"}
 
 
@@ -359,12 +366,12 @@ def test_gathering_frees_room_for_every_frame_held_back():
 
 
 def admit_one_set_of_30_sites(c) -> dict:
-    """Set 5 from .10 with 30 sites, answered by .11 and .12: admitted, so assigned by
+    """Set num("127.0.1.10", 5) from .10 with 30 sites, answered by .11 and .12: admitted, so assigned by
     site to the three hosts. Returns the Task sent to each host."""
     batch = {f"http://site{i}.example/p": 0 for i in range(30)}
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", 5, 1)))
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", num("127.0.1.10", 5), 1)))
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", 5, 3)))
+        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", num("127.0.1.10", 5), 3)))
     return {to: m for to, m in sent(c) if isinstance(m, Task)}
 
 
@@ -372,13 +379,13 @@ def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_ba
     c = center(peers={})
     tasks = admit_one_set_of_30_sites(c)
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
     # .12 leaves (missed heartbeats, a closed connection): its task may be in its socket
     # or its task_pool already, so nobody else gets it (issue #9: a frozen host crawled
     # what had been given to another meanwhile); it is sent again when .12 is back.
     c.feed(cp.Left(cp.Host("127.0.1.12")))
     assert not [m for _, m in sent(c) if isinstance(m, Task)]
-    assert list(c.task_URL["5:127.0.1.12"]) == list(tasks["127.0.1.12"].URLs)
+    assert list(c.task_URL[f"{num('127.0.1.10', 5)}:127.0.1.12"]) == list(tasks["127.0.1.12"].URLs)
     c.feed(cp.Joined(cp.Host("127.0.1.12")))
     again = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
     assert [(to, set(m.URLs)) for to, m in again if to == "127.0.1.12"] == [("127.0.1.12", set(tasks["127.0.1.12"].URLs))]
@@ -394,7 +401,7 @@ def test_under_admit_a_host_that_leaves_has_its_tasks_reassigned():
     c = center(peers={}, partition_policy="admit")  # under "wait" they stay (tests around)
     tasks = admit_one_set_of_30_sites(c)
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(5, "stored")))
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
     c.feed(cp.Left(cp.Host("127.0.1.12")))
     moved = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
     # .12's URLs go to the live hosts (joining .10's unacknowledged task, sent again whole).
@@ -414,7 +421,7 @@ def test_under_wait_a_host_that_disconnects_keeps_its_unacknowledged_tasks():
     assert c.core.counters.get("tasks_reassigned") == 0
     c.feed(cp.Joined(cp.Host("127.0.1.12")))
     assert [(to, m) for to, m in sent(c) if isinstance(m, Task)] == [("127.0.1.12", tasks["127.0.1.12"])]
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Ack(5, "stored")))
+    c.feed(cp.Received(cp.Host("127.0.1.12"), Ack(num("127.0.1.10", 5), "stored")))
     assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
 
 
@@ -443,17 +450,17 @@ def test_host_keeps_urls_until_acknowledged_and_resends_after_reconnect():
 
 def test_back_pressure_holds_frames_unacknowledged_until_a_set_concludes():
     c = center(peers={}, max_in_flight=1)
-    first = Frame({"http://a/": 0}, "127.0.1.10", 5, 1)
-    second = Frame({"http://b/": 0}, "127.0.1.11", 6, 1)
+    first = Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)
+    second = Frame({"http://b/": 0}, "127.0.1.11", num("127.0.1.11", 6), 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), first))
     sent(c)
     c.feed(cp.Received(cp.Host("127.0.1.11"), second))
-    assert sent(c) == [] and 6 in c.core.waiting  # held: no ack, so host .11 keeps it
+    assert sent(c) == [] and num("127.0.1.11", 6) in c.core.waiting  # held: no ack, so host .11 keeps it
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), Frame({"http://a/": 0}, "127.0.1.10", 5, 3)))
+        c.feed(cp.Received(cp.Host(ip), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     out = sent(c)
-    assert ("127.0.1.11", Ack(6, "stored")) in out  # the first concluded; the held one goes on
-    assert 6 in c.core.sets and not c.core.waiting
+    assert ("127.0.1.11", Ack(num("127.0.1.11", 6), "stored")) in out  # the first concluded; the held one goes on
+    assert num("127.0.1.11", 6) in c.core.sets and not c.core.waiting
 
 
 def test_urls_held_by_other_networks_sets_are_a_bounded_memory_cache():
@@ -461,14 +468,14 @@ def test_urls_held_by_other_networks_sets_are_a_bounded_memory_cache():
     (never Redis, never needed for exactness): the oldest entries go first."""
     c = center(held_elsewhere_max=2)
     c.feed(cp.Joined(cp.Peer(2)))
-    for i, number in enumerate((11, 12, 13)):
+    for i, number in enumerate((num("127.0.2.10", 11), num("127.0.2.10", 12), num("127.0.2.10", 13))):
         f = Frame({f"http://e.example/{i}": 0}, "127.0.2.10", number, 2)
         c.feed(cp.Received(cp.Peer(2), f))
         for ip in ("127.0.1.10", "127.0.1.11", "127.0.1.12"):
             c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
-    assert c.core.held_elsewhere == {"http://e.example/1": 12, "http://e.example/2": 13}
+    assert c.core.held_elsewhere == {"http://e.example/1": num("127.0.2.10", 12), "http://e.example/2": num("127.0.2.10", 13)}
     sent(c)
     c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://e.example/0": 0, "http://e.example/2": 0},
-                                                   "127.0.1.10", 20, 1)))
+                                                   "127.0.1.10", num("127.0.1.10", 20), 1)))
     asked = [m for _, m in sent(c) if isinstance(m, Frame)]
     assert asked and all(m.URL_set == {"http://e.example/0": 0} for m in asked)

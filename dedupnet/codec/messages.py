@@ -172,6 +172,9 @@ class Ack:
     number: int
     status: str  # "stored" | "duplicate" | "rejected"
     reason: str | None = None
+    #: With reason "number-reused": the lowest sequence the sender may number its sets
+    #: from (its store lost the counter; docs/PROTOCOL.md §7).
+    sequence: int | None = None
 
     KIND: ClassVar[Kind] = Kind.ACK
 
@@ -179,6 +182,8 @@ class Ack:
         obj: dict[str, Any] = {"number": self.number, "status": self.status}
         if self.reason is not None:
             obj["reason"] = self.reason
+        if self.sequence is not None:
+            obj["sequence"] = self.sequence
         return obj
 
 
@@ -460,7 +465,9 @@ def _heartbeat(obj: dict[str, Any]) -> Heartbeat:
 
 def _ack(obj: dict[str, Any]) -> Ack:
     _strict_int(Kind.ACK, obj, "number")
-    return Ack(obj["number"], obj["status"], obj.get("reason"))
+    if "sequence" in obj:
+        _strict_int(Kind.ACK, obj, "sequence")
+    return Ack(obj["number"], obj["status"], obj.get("reason"), obj.get("sequence"))
 
 
 def _task(obj: dict[str, Any]) -> Task:

@@ -27,7 +27,7 @@ import xxhash
 
 from dedupnet.codec.errors import BadURL
 
-__all__ = ["normalize", "fingerprint", "fingerprint_many", "site_of", "URLGate"]
+__all__ = ["normalize", "fingerprint", "fingerprint_many", "site_of", "canonical_set", "set_digest", "URLGate"]
 
 log = logging.getLogger("dedupnet.codec.urls")
 
@@ -253,6 +253,33 @@ def fingerprint_many(normalized: Sequence[str]) -> np.ndarray:
     h = xxhash.xxh3_64_intdigest
     return np.fromiter((h(u.encode("utf-8")) for u in normalized), dtype=np.uint64,
                        count=len(normalized))
+
+
+def canonical_set(url_set: dict[str, int], max_length: int = 2048) -> tuple[dict[str, int], int]:
+    """A received ``URL_set`` in canonical form, and how many of its URLs were refused.
+
+    A daemon trusts no peer's spelling: every URL is normalised with the rules a host
+    applies before it stores anything (two spellings of one page are one URL; a URL a
+    pool may not hold never reaches one). Spellings that meet keep the highest value
+    (seen wins)."""
+    out: dict[str, int] = {}
+    bad = 0
+    for url, value in url_set.items():
+        try:
+            key = normalize(url, max_length=max_length)
+        except BadURL:
+            bad += 1
+            continue
+        if value > out.get(key, -1):
+            out[key] = value
+    return out, bad
+
+
+def set_digest(urls: Iterable[str]) -> int:
+    """A set's content as one non-zero 64-bit number (order does not matter): tells a
+    frame sent again from a different set that reuses its number."""
+    h = xxhash.xxh3_64_intdigest
+    return (sum(h(u.encode("utf-8")) for u in urls) & 0xFFFF_FFFF_FFFF_FFFF) or 1
 
 
 _SITE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://(?:[^/?#]*@)?(\[[^\]/?#@]*\]|[^:/?#@]*)")

@@ -24,6 +24,8 @@ class MemoryCenter:
     task_URL: dict[str, tuple[str, ...]] = field(default_factory=dict)
     admitted: set[str] = field(default_factory=set)
     concluded: set[int] = field(default_factory=set)
+    digests: dict[int, int] = field(default_factory=dict)
+    sequences: dict[str, int] = field(default_factory=dict)
     timers: dict[int, float] = field(default_factory=dict)
     outbox: list[tuple[cp.Member, bytes]] = field(default_factory=list)
     admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
@@ -60,6 +62,10 @@ class MemoryCenter:
                 self.admissions.append((a.number, a.urls))
             elif isinstance(a, cp.Conclude):
                 self.concluded.add(a.number)
+                if a.digest:
+                    self.digests[a.number] = a.digest
+            elif isinstance(a, cp.NoteSequence):
+                self.sequences[a.host] = a.sequence
             elif isinstance(a, cp.SaveTask):
                 self.task_URL[a.key] = a.urls
             elif isinstance(a, cp.DropTask):
@@ -69,7 +75,7 @@ class MemoryCenter:
         for a in deferred:
             self.run(self.core.handle(cp.LookupDone(
                 a.number, a.number in self.concluded,
-                [u in self.admitted for u in a.urls])))
+                [u in self.admitted for u in a.urls], self.digests.get(a.number, 0))))
 
     def fire(self, number: int) -> None:
         assert number in self.timers, f"no timer set for {number}"
@@ -85,9 +91,9 @@ class MemoryCenter:
         with ``changes`` to its configuration (an operator's edit)."""
         fresh = MemoryCenter(cp.CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
                              self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
-                             admissions=self.admissions)
+                             self.digests, self.sequences, admissions=self.admissions)
         fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
-                             {k: list(v) for k, v in self.task_URL.items()}))
+                             {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences)))
         return fresh
 
 
@@ -148,6 +154,7 @@ class MemoryHost:
             else:
                 raise TypeError(a)
         for a in deferred:
+            self.sequence = max(self.sequence, a.floor - 1)
             seqs = range(self.sequence + 1, self.sequence + 1 + a.sets)
             self.sequence += a.sets
             self.run(self.core.handle(hp.LookupDone(a.token, [self.seen(u, a.token[0]) for u in a.urls], seqs)))
