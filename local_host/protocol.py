@@ -23,7 +23,7 @@ from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.numbers import make_number
-from dedupnet.codec.urls import fingerprint_many
+from dedupnet.codec.urls import canonical_set, fingerprint_many
 
 from .local_dedup import local_reduce
 
@@ -192,8 +192,9 @@ class HostProtocol:
                 self.counters.inc("own_requests_dropped")
                 return []
             token = ("answer", message.number)
-            self._pending[token] = message
-            return [Lookup(token, tuple(message.URL_set))]
+            urls = self._canonical(message.number, message.URL_set)
+            self._pending[token] = Frame(urls, message.IP, message.number, message.flag)
+            return [Lookup(token, tuple(urls))]
         if isinstance(message, Ack):
             if message.status == "rejected":
                 return self._rejected(message)
@@ -204,11 +205,21 @@ class HostProtocol:
             return [Release(message.number, tuple(entry[1]))]
         if isinstance(message, Task):
             token = ("task", message.number)
-            self._pending[token] = message
-            return [Lookup(token, tuple(message.URLs))]
+            urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
+            self._pending[token] = Task(message.number, urls)
+            return [Lookup(token, urls)]
         self.counters.inc("rejected", reason="unexpected-message")
         log.warning("rejected unexpected-message: %s from the center", type(message).__name__)
         return []
+
+    def _canonical(self, number: int, url_set: dict[str, int]) -> dict[str, int]:
+        """What the center sends is checked as a center checks what a host sends
+        (docs/PROTOCOL.md §8): only URLs a pool may hold, in their one spelling."""
+        urls, bad = canonical_set(url_set)
+        if bad:
+            self.counters.inc("bad_input", reason="bad-url", amount=bad)
+            log.warning("message %d from the center: %d URLs dropped (not http(s) URLs a pool may hold)", number, bad)
+        return urls
 
     def _rejected(self, ack: Ack) -> list[Action]:
         """The center would not take a set. Its URLs stay in ``URL_pool`` either way: a set

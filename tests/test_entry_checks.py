@@ -127,3 +127,17 @@ async def test_a_host_restarted_on_an_empty_store_loses_none_of_its_new_urls(red
         assert center.counters.get("rejected", reason="number-reused") >= 1
         assert host.counters.get("sets_renumbered") >= 1
         assert set(then) <= {u for _, u in await host.store.run(host.pools.all_tasks)}
+
+
+def test_a_host_checks_the_urls_of_tasks_and_requests_as_a_center_does():
+    from local_host import protocol as hp
+
+    from .conformance.memory import MemoryHost
+
+    h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, mode="exact")
+    h.feed(hp.FromCenter(Task(5, ("javascript:alert(1)", "HTTP://A.example:80/x#f"))))
+    assert h.task_pool == ["http://a.example/x"]
+    h.feed(hp.FromCenter(Frame({"mailto:x@y": 0, "http://A.example/x": 0}, "127.0.1.10", 6, 2)))
+    (answer,) = [wire.decode_one(d) for d in h.take_outbox() if isinstance(wire.decode_one(d), Frame)]
+    assert answer.URL_set == {"http://a.example/x": 1}  # queued here already: seen
+    assert h.core.counters.get("bad_input", reason="bad-url") == 2
