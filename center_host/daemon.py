@@ -61,6 +61,9 @@ class CenterSettings:
     partition_policy: str | None = None  # default by mode (CenterConfig)
     foreign_lookup: str | None = None  # default by mode (CenterConfig)
     local_lookup: str | None = None  # default by mode (CenterConfig)
+    routing: str | None = None  # default by mode (CenterConfig): "home" in exact mode
+    #: Each network's share of the sites under ``routing = "home"`` (1 if absent).
+    weights: dict[int, float] = field(default_factory=dict)
     #: Exact mode: seconds this LAN's sets gather into one for the peers while one of
     #: ours is out with them (R4, CenterConfig.gather_linger); 0: each goes alone.
     gather_linger: float = 0.5
@@ -107,7 +110,7 @@ class CenterDaemon:
             mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
             resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
             foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
-            gather_linger=settings.gather_linger,
+            gather_linger=settings.gather_linger, routing=settings.routing, weights=settings.weights,
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store, settings.recrawl)
@@ -137,7 +140,22 @@ class CenterDaemon:
 
     def register(self) -> Register:
         s = self.settings
-        return Register(s.ip, s.network, "center", f"{s.ip}:{self.port}", s.lan)
+        homes = self.core.homes.describe() if self.core.homes is not None else None
+        return Register(s.ip, s.network, "center", f"{s.ip}:{self.port}", s.lan, homes=homes)
+
+    async def _refused_map(self, conn: Connection, reg: Register) -> bool:
+        """Every center must compute the same home for every site (docs/PROTOCOL.md §11):
+        a peer that routes by another map, or broadcasts while we route, is refused."""
+        ours = self.register().homes
+        if reg.homes == ours:
+            return False
+        why = (f"network {reg.network} routes by homes {reg.homes or '(none: broadcast)'}, network "
+               f"{self.settings.network} by {ours or '(none: broadcast)'}: give every center the same "
+               f"networks, weights and routing")
+        self.counters.inc("rejected", reason="map-mismatch")
+        log.error("peer refused: %s", why)
+        await conn.close_with_error("map-mismatch", why)
+        return True
 
     # -- running -------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
@@ -204,6 +222,8 @@ class CenterDaemon:
         reply = await conn.receive(timeout=self.settings.heartbeat_timeout)  # the peer registers back
         if not isinstance(reply, Register) or reply.role != "center":
             raise ConnectionClosed(f"peer answered {type(reply).__name__}, not a center's Register")
+        if await self._refused_map(conn, reply):
+            raise ConnectionClosed("map-mismatch")
         await self._member_session(conn, cp.Peer(reply.network))
 
     async def _on_connection(self, conn: Connection) -> None:
@@ -218,6 +238,8 @@ class CenterDaemon:
         if reg.network not in self.core.config.peers:
             self.counters.inc("rejected", reason="unknown-peer")
             return await conn.close_with_error("unknown-peer", f"network {reg.network} is not a configured peer")
+        if await self._refused_map(conn, reg):
+            return
         conn.send_nowait(wire.encode(self.register()))
         await self._member_session(conn, cp.Peer(reg.network))
 

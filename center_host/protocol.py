@@ -35,6 +35,7 @@ from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, A
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+from dedupnet.codec.homes import HomeMap
 from dedupnet.codec.numbers import host_id_from_ip, split_number
 from dedupnet.codec.urls import canonical_set, set_digest, site_of
 
@@ -49,9 +50,11 @@ class Stage(str, enum.Enum):
     LAN = "lan"  # own set, asking the LAN's hosts (§2.3), held in local_reduce_pool
     DIST = "dist"  # own set, asking the other networks (§2.4), held in dist_reduce_pool
     FOREIGN = "foreign"  # another network's set, asking our LAN (§2.4), in dist_reduce_pool
+    HOME = "home"  # own set, its URLs of other networks' sites with their home centers (§11)
 
 
-POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOREIGN: DIST_REDUCE_POOL}
+POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOREIGN: DIST_REDUCE_POOL,
+           Stage.HOME: DIST_REDUCE_POOL}
 #: The timer of R4's gathering (no set has number 0: a host's sequence starts at 1, §7).
 GATHER_TIMER = 0
 
@@ -205,6 +208,7 @@ Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude,
 
 # -- configuration -------------------------------------------------------------------
 PARTITION_POLICIES = ("wait", "admit")
+ROUTINGS = ("home", "broadcast")
 FOREIGN_LOOKUPS = ("center", "lan")
 LOCAL_LOOKUPS = FOREIGN_LOOKUPS
 
@@ -261,6 +265,16 @@ class CenterConfig:
     gather_linger: float = 0.0
     #: A gathered set goes as soon as it holds this many URLs.
     gather_max: int = 1000
+    #: Exact mode, where a URL is decided (docs/PROTOCOL.md §11): ``"home"`` (the
+    #: default), by the center of its site's home network alone — one message to one
+    #: center for a URL of another network's site, none for the rest; ``"broadcast"``,
+    #: by asking every peer network (§10), the baseline. Paper mode always broadcasts.
+    routing: str | None = None
+    #: ``routing = "home"``: each network's share of the sites (capacity); 1 if absent.
+    weights: dict[int, float] = field(default_factory=dict)
+    #: ``routing = "home"``: URLs this center may hold for home networks that have not
+    #: taken them yet (one that is down); above it new sets wait unacknowledged.
+    max_routed_waiting: int = 1_000_000
 
     def __post_init__(self) -> None:
         if self.mode not in ("exact", "paper"):
@@ -281,6 +295,17 @@ class CenterConfig:
         if self.local_lookup not in LOCAL_LOOKUPS or (self.mode == "paper" and self.local_lookup != "lan"):
             raise ValueError(f"local_lookup must be one of {LOCAL_LOOKUPS} ('lan' in paper mode), "
                              f"not {self.local_lookup!r}")
+        if self.routing is None:
+            object.__setattr__(self, "routing", "home" if self.mode == "exact" else "broadcast")
+        if self.routing not in ROUTINGS or (self.mode == "paper" and self.routing != "broadcast"):
+            raise ValueError(f"routing must be one of {ROUTINGS} ('broadcast' in paper mode), not {self.routing!r}")
+        unknown = set(self.weights) - {self.network, *self.peers}
+        if unknown:
+            raise ValueError(f"weights for networks {sorted(unknown)}, which are neither this one nor a peer")
+
+    def home_map(self) -> HomeMap:
+        """Every configured network with its weight: the same map at every center."""
+        return HomeMap({n: self.weights.get(n, 1.0) for n in (self.network, *self.peers)})
 
     def host_id_of(self, ip: str) -> int | None:
         """The host part a LAN host's numbers must carry (None: a LAN too wide to tell)."""
@@ -316,6 +341,8 @@ class SetRecord:
     gathered: tuple[int, ...] = ()
     #: The set as it arrived (:func:`~dedupnet.codec.urls.set_digest`; 0: not known).
     digest: int = 0
+    #: Stage HOME: home network -> its URLs of this set, not yet taken there.
+    routes: dict[int, list[str]] = field(default_factory=dict)
 
     @property
     def number(self) -> int:
@@ -326,7 +353,7 @@ class SetRecord:
             "frame": self.frame.to_json(), "stage": self.stage.value, "origin": self.origin,
             "awaiting": sorted(self.awaiting), "answered": sorted(self.answered),
             "attempts": self.attempts, "incomplete": self.incomplete, "gathered": list(self.gathered),
-            "digest": self.digest,
+            "digest": self.digest, "routes": {str(n): urls for n, urls in self.routes.items()},
         })
 
     @classmethod
@@ -335,7 +362,7 @@ class SetRecord:
         f = d["frame"]
         return cls(Frame(dict(f["URL_set"]), f["IP"], f["number"], f["flag"]), Stage(d["stage"]), d["origin"],
                    set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"], tuple(d.get("gathered", ())),
-                   d.get("digest", 0))
+                   d.get("digest", 0), {int(n): urls for n, urls in d.get("routes", {}).items()})
 
 
 class Rejected(Exception):
@@ -383,6 +410,7 @@ class CenterProtocol:
         self.config = config
         self.exact = config.mode == "exact"
         self.wait = config.partition_policy == "wait"
+        self.homes = config.home_map() if config.routing == "home" else None
         self.counters = counters or Counters()
         self.sets: dict[int, SetRecord] = {}
         self.hosts: set[str] = set()  # live LAN members
@@ -436,6 +464,8 @@ class CenterProtocol:
             return self._frame_from_peer(sender, message)
         if isinstance(message, Ack) and isinstance(sender, Host):
             return self._task_acked(sender, message.number)
+        if isinstance(message, Ack) and self.homes is not None:
+            return self._home_acked(sender, message)
         if isinstance(message, Task) and isinstance(sender, Host):
             return self._handed_back(sender, message)
         raise Rejected("unexpected-message", f"{type(message).__name__} from {sender} is not expected at a center")
@@ -491,7 +521,7 @@ class CenterProtocol:
                 if set_digest(self.waiting[frame.number][1].URL_set) != set_digest(frame.URL_set):
                     return self._reused(sender, frame.number)
                 return []
-            if self.own_in_flight() >= self.config.max_in_flight:
+            if self._room() <= 0:
                 self.waiting[frame.number] = (sender, frame)
                 self.counters.inc("frames_held")
                 return []
@@ -501,9 +531,25 @@ class CenterProtocol:
         raise Rejected("flag2-from-lan", f"flag=2 number {frame.number} from LAN host {sender} (§2.4: not handled)")
 
     def own_in_flight(self) -> int:
-        return sum(1 for r in self.sets.values() if r.stage is not Stage.FOREIGN)
+        """Own sets in a stage that asks others (a set with its home networks does not
+        count: back-pressure for those is ``max_routed_waiting``)."""
+        return sum(1 for r in self.sets.values() if r.stage in (Stage.LAN, Stage.DIST))
 
-    def _start_own(self, sender: Host, frame: Frame) -> list[Action]:
+    def routed_waiting(self) -> dict[int, int]:
+        """§11: per home network, the URLs this center holds for it that it has not taken."""
+        out: dict[int, int] = {}
+        for rec in self.sets.values():
+            for network, urls in rec.routes.items():
+                out[network] = out.get(network, 0) + len(urls)
+        return out
+
+    def _room(self) -> int:
+        """How many more own sets may start now."""
+        if self.homes is not None and sum(self.routed_waiting().values()) >= self.config.max_routed_waiting:
+            return 0
+        return self.config.max_in_flight - self.own_in_flight()
+
+    def _start_own(self, sender: Member, frame: Frame) -> list[Action]:
         self._lookups[frame.number] = ("own", (sender, frame))
         return [Lookup(frame.number, tuple(frame.URL_set))]
 
@@ -512,7 +558,7 @@ class CenterProtocol:
         hosts are still here go on, as many as now fit under ``max_in_flight`` (each
         look-up is made, and its result handled, in turn)."""
         actions: list[Action] = []
-        room = self.config.max_in_flight - self.own_in_flight()
+        room = self._room()
         while self.waiting and room > 0:
             number = next(iter(self.waiting))
             sender, frame = self.waiting.pop(number)
@@ -521,12 +567,17 @@ class CenterProtocol:
                 room -= 1
         return actions
 
-    def _own_set_arrived(self, sender: Host, frame: Frame, found: LookupDone) -> list[Action]:
+    def _own_set_arrived(self, sender: Member, frame: Frame, found: LookupDone) -> list[Action]:
+        """A new set to decide here: from a LAN host, or (§11) the URLs a peer found of
+        sites homed here. Its number seen before with the same URLs is a repeat; with
+        other URLs, a host's lost store (refused) or a peer's set routed again after
+        the map changed (decided like a new one: the record keeps it exact)."""
         digest = set_digest(frame.URL_set)
-        if found.concluded and found.digest and found.digest != digest:
+        repeat = found.concluded and (not found.digest or found.digest == digest)
+        if found.concluded and not repeat and isinstance(sender, Host):
             return self._reused(sender, frame.number)
-        ack = Send((sender,), wire.encode(Ack(frame.number, "duplicate" if found.concluded else "stored")))
-        if found.concluded:
+        ack = Send((sender,), wire.encode(Ack(frame.number, "duplicate" if repeat else "stored")))
+        if repeat:
             self.counters.inc("repeated_frames")
             return [ack]
         urls = {}
@@ -537,9 +588,9 @@ class CenterProtocol:
             urls[url] = 0
             if self.exact:
                 self.claims[url] = frame.number
-        self.counters.inc("urls_in", stage="lan", amount=len(frame.URL_set))
-        ask = {h for h in self.hosts if h != sender.ip} if self.config.local_lookup == "lan" else set()
-        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, sender.ip, ask, digest=digest)
+        self.counters.inc("urls_in", stage="lan" if isinstance(sender, Host) else "routed", amount=len(frame.URL_set))
+        ask = {h for h in self.hosts if str(sender) != h} if self.config.local_lookup == "lan" else set()
+        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, str(sender), ask, digest=digest)
         self.sets[frame.number] = rec
         log.info("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
                  frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))
@@ -547,7 +598,9 @@ class CenterProtocol:
         return [Save(LOCAL_REDUCE_POOL, frame.number, rec.dump()), *self._note_sequence(sender, frame.number),
                 ack, *self._ask(rec)]
 
-    def _note_sequence(self, sender: Host, number: int) -> list[Action]:
+    def _note_sequence(self, sender: Member, number: int) -> list[Action]:
+        if not isinstance(sender, Host):
+            return []
         sequence = split_number(number)[2]
         if sequence <= self.sequences.get(sender.ip, 0):
             return []
@@ -566,6 +619,10 @@ class CenterProtocol:
         """The stored frame to those of ``members`` that are connected now (one encoding);
         the others are sent it when they come back (:meth:`_joined`)."""
         to = tuple(member_from_str(m) for m in sorted(members) if self._live(m))
+        if rec.stage is Stage.HOME:  # §11: each home network is sent its own sites' URLs
+            return [Send((m,), wire.encode(Frame(dict.fromkeys(rec.routes[m.network], 0), rec.frame.IP, rec.number,
+                                                 FLAG_REQUEST)))
+                    for m in to if isinstance(m, Peer) and m.network in rec.routes]
         return [Send(to, wire.encode(rec.frame))] if to else []
 
     def _resend_delay(self, rec: SetRecord) -> float:
@@ -611,6 +668,8 @@ class CenterProtocol:
     def _frame_from_peer(self, sender: Peer, frame: Frame) -> list[Action]:
         self.counters.inc("frames_in", stage="dist", flag=str(frame.flag))
         origin = self.config.network_of(frame.IP)
+        if frame.flag == FLAG_REQUEST and self.homes is not None:
+            return self._routed_in(sender, frame, origin)
         if frame.flag == FLAG_ANSWER:
             if origin != self.config.network:
                 raise Rejected("not-our-set", f"flag=3 number {frame.number} from {sender} for IP {frame.IP} of another network")
@@ -639,8 +698,90 @@ class CenterProtocol:
         log.info("set %d from %s: %d URLs; asking %d hosts", frame.number, sender, len(frame.URL_set), len(rec.awaiting))
         return [Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
 
+    # -- §11: one home per site ----------------------------------------------------------
+    def _routed_in(self, sender: Peer, frame: Frame, origin: int | None) -> list[Action]:
+        """A peer's URLs of sites homed here (flag=1, as from a host): decided here, as
+        an own set; acknowledged once stored, which lets the peer drop them."""
+        if origin != sender.network:
+            raise Rejected("not-a-peer", f"flag=1 number {frame.number}: IP {frame.IP} is not of peer {sender}")
+        self._check_number(sender, frame.number)
+        held = self.sets.get(frame.number)
+        if held is not None:
+            if held.digest != set_digest(frame.URL_set):
+                return []  # routed again with other URLs: asked again once this one is done
+            self.counters.inc("repeated_frames")
+            return [Send((sender,), wire.encode(Ack(frame.number, "duplicate")))]
+        return self._start_own(sender, frame)
+
+    def _route(self, rec: SetRecord) -> list[Action]:
+        """What is left of an own set after its LAN stage: URLs of sites homed here are
+        admitted now; the others go, one frame per home network, to their home center,
+        which decides them. The set stays in ``dist_reduce_pool`` (stage HOME) until each
+        home has acknowledged its URLs, so a home that is down delays only its own
+        sites. A set a peer routed here is homed here whole. URLs routed to a network no
+        longer configured are routed again by the current map."""
+        for network in [n for n in rec.routes if str(Peer(n)) not in rec.awaiting]:
+            del rec.routes[network]
+        routed = {url for urls in rec.routes.values() for url in urls}
+        here: list[str] = []
+        away: dict[int, list[str]] = {}
+        routed_in = rec.origin.startswith("net:")
+        for url in rec.frame.URL_set:
+            if url in routed:
+                continue
+            home = self.config.network if routed_in else self.homes.home_of(url)
+            if home == self.config.network:
+                here.append(url)
+            else:
+                away.setdefault(home, []).append(url)
+        if not rec.routes and not away:
+            return self._admit(rec)
+        actions: list[Action] = []
+        if here:
+            for url in here:
+                del rec.frame.URL_set[url]
+                if self.claims.get(url) == rec.number:
+                    del self.claims[url]
+            self.counters.inc("urls_admitted", amount=len(here))
+            actions += [Admit(rec.number, tuple(here)), *self._assign(rec.number, here)]
+        if rec.stage is Stage.LAN:
+            actions.append(Drop(LOCAL_REDUCE_POOL, rec.number))
+            rec.attempts = 1
+        rec.stage = Stage.HOME
+        rec.routes.update(away)
+        rec.awaiting = {str(Peer(n)) for n in rec.routes}
+        self.counters.inc("urls_routed", amount=sum(map(len, away.values())))
+        log.info("set %d: %d URLs admitted here, %d for their home networks %s", rec.number, len(here),
+                 sum(map(len, away.values())), sorted(away))
+        return [*actions, Save(DIST_REDUCE_POOL, rec.number, rec.dump()),
+                *self._send_to(rec, [str(Peer(n)) for n in away]), SetTimer(rec.number, self._resend_delay(rec)),
+                *self._start_waiting()]
+
+    def _home_acked(self, sender: Member, ack: Ack) -> list[Action]:
+        """A home network holds (or had decided) its URLs of our set: they leave it."""
+        rec = self.sets.get(ack.number)
+        if not isinstance(sender, Peer) or rec is None or sender.network not in rec.routes:
+            self.counters.inc("repeated_acks")
+            return []
+        if ack.status == "rejected":
+            self.counters.inc("routed_refused", reason=ack.reason or "unknown")
+            log.error("set %d: network %d refused its URLs (%s); kept, asked again", ack.number, sender.network,
+                      ack.reason or "no reason given")
+            return []
+        for url in rec.routes.pop(sender.network):
+            rec.frame.URL_set.pop(url, None)
+            if self.claims.get(url) == rec.number:
+                del self.claims[url]
+        rec.awaiting.discard(str(sender))
+        rec.answered.add(str(sender))
+        if rec.awaiting:
+            return self._start_waiting()
+        return [CancelTimer(rec.number), *self._stage_done(rec)]
+
     # -- the end of a stage --------------------------------------------------------------
     def _stage_done(self, rec: SetRecord) -> list[Action]:
+        if self.homes is not None and rec.stage is not Stage.FOREIGN:
+            return self._route(rec)
         if rec.stage is Stage.LAN and rec.frame.URL_set and self.config.peers:
             missing = set(self.config.peers) - self.peers
             if missing and self.wait:
@@ -798,7 +939,7 @@ class CenterProtocol:
         rec = self.sets.get(number)
         if rec is None:
             return []
-        if self.wait:
+        if self.wait or rec.stage is Stage.HOME:  # a home's URLs are never given up
             return self._timer_wait(rec)
         live = {m for m in rec.awaiting if self._live(m)}  # gap 3: the dead are not waited for
         rec.incomplete |= live != rec.awaiting
@@ -881,7 +1022,7 @@ class CenterProtocol:
             log.warning("%s is down: %d sets wait for it in dist_reduce_pool", who, waiting)
             return actions
         for rec in list(self.sets.values()):
-            if who in rec.awaiting:
+            if who in rec.awaiting and rec.stage is not Stage.HOME:
                 rec.awaiting.discard(who)
                 rec.incomplete = True
                 if not rec.awaiting:

@@ -32,9 +32,12 @@ async def crawl_everything(cluster):
 @pytest.fixture
 async def system(redis_url, request):
     mode, *lookup = getattr(request, "param", "exact").split("/")
+    # Asking another network's LAN (foreign_lookup "lan") exists only where every network
+    # is asked: routing "broadcast".
     async with open_cluster(redis_url, 2, 3, mode=mode, set_size=20, prefix=f"t{random.random()}",
                             foreign_lookup=lookup[0] if lookup else None,
-                            local_lookup=lookup[0] if lookup else None) as cluster:
+                            local_lookup=lookup[0] if lookup else None,
+                            routing="broadcast" if lookup else None) as cluster:
         yield cluster
 
 

@@ -23,14 +23,15 @@ def urls(*names):
     return [f"http://site{n % 5}.example/{n}" for n in names]
 
 
-@pytest.mark.parametrize("mode", ["exact", "exact-lan", "exact-gather", "paper"])
+@pytest.mark.parametrize("mode", ["exact", "exact-lan", "exact-broadcast", "exact-broadcast-lan", "exact-gather", "paper"])
 @pytest.mark.parametrize("seed", range(60))
 def test_concurrent_discovery_random_interleavings(mode, seed):
-    lookup = "lan" if mode == "exact-lan" else None
+    lookup = "lan" if mode.endswith("-lan") else None
     gather = 0.5 if mode == "exact-gather" else 0.0  # R4: a center's sets go on to the peers as one
+    routing = "broadcast" if "broadcast" in mode or "gather" in mode or mode == "paper" else "home"
     mode = mode.split("-")[0]
     net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3, foreign_lookup=lookup, local_lookup=lookup,
-                 gather_linger=gather)
+                 gather_linger=gather, routing=routing)
     shared = urls(*range(12))
     for i, host in enumerate(net.hosts.values()):
         host.push(net.rnd.sample(shared, 8) + urls(100 + i))
@@ -92,7 +93,8 @@ def test_admit_policy_under_the_same_faults_concludes_incomplete_and_says_so():
     without late or cut-off networks, counts them, and so may admit a URL twice."""
     incomplete = dups = 0
     for seed in range(40):
-        net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, partition_policy="admit")
+        net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, partition_policy="admit",
+                     routing="broadcast")
         pushed = push_shared(net)
         net.run()
         net.settle()
@@ -184,7 +186,7 @@ def test_set_waits_for_a_peer_network_that_is_down():
     """"wait": a set whose peer network is down stays in dist_reduce_pool, asks nobody,
     admits nothing; so does one that reaches the stage meanwhile. When the network is
     back it is asked, and both conclude complete."""
-    c = center(peers={2: "127.0.2.0/24"})
+    c = center(peers={2: "127.0.2.0/24"}, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     first = Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), first))
@@ -308,7 +310,7 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
     """R4 (PROTOCOL.md §10): while a set of ours is out with the peers, the LAN's next
     sets are gathered; they go on as one set under the lowest of their numbers, whose
     claims cover all their URLs, and every number gathered is concluded with it."""
-    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5)
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     first = Frame({"http://a/1": 0}, "127.0.1.10", 9 << 32 | 1 << 16 | 10, 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), first))
@@ -338,7 +340,7 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
 def test_a_gathered_set_stays_within_gather_max():
     """What is held goes on first when the next set would take it past gather_max: a
     gathered set must fit the peers' max_urls (hosts' sets may be up to that size)."""
-    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, gather_max=3)
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, gather_max=3, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     frames = [Frame({f"http://s{i}/a": 0, f"http://s{i}/b": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1)
               for i in range(3)]
@@ -353,7 +355,7 @@ def test_gathering_frees_room_for_every_frame_held_back():
     """R4 with back-pressure: sets gathered into one leave room under max_in_flight, and
     every held-back frame that now fits goes on (before, one per admitted set: at 5x5,
     10,000 pages, the centers then took one set per round trip and the crawl stalled)."""
-    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, max_in_flight=4)
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, max_in_flight=4, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     frames = [Frame({f"http://s{i}/p": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1) for i in range(7)]
     for f in frames:

@@ -140,6 +140,8 @@ class Register:
     CIDR: str | None = None  # the sender's LAN, e.g. "127.0.1.0/24"
     #: Body compressions offered (e.g. ("zstd",)); None: no offer (and no Welcome back).
     compress: tuple[str, ...] | None = None
+    #: A center's home map (``HomeMap.describe()``); None: it broadcasts.
+    homes: str | None = None
 
     KIND: ClassVar[Kind] = Kind.REGISTER
 
@@ -149,6 +151,8 @@ class Register:
             obj["CIDR"] = self.CIDR
         if self.compress is not None:
             obj["compress"] = list(self.compress)
+        if self.homes is not None:
+            obj["homes"] = self.homes
         return obj
 
 
@@ -456,7 +460,7 @@ def _register(obj: dict[str, Any]) -> Register:
             raise _fail(Kind.REGISTER, f"field 'CIDR' is not a network ({exc})") from None
     compress = obj.get("compress")
     return Register(_ip(Kind.REGISTER, obj["IP"]), obj["network"], obj["role"], listen, cidr,
-                    None if compress is None else tuple(compress))
+                    None if compress is None else tuple(compress), obj.get("homes"))
 
 
 def _heartbeat(obj: dict[str, Any]) -> Heartbeat:

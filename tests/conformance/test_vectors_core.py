@@ -28,7 +28,7 @@ def on_the_wire(spec: dict):
 class CenterUnderTest:
     def __init__(self, vector, mode: str):
         cfg = vector["config"]
-        keys = ("answer_timeout", "max_resends", "partition_policy", "foreign_lookup", "local_lookup")
+        keys = ("answer_timeout", "max_resends", "partition_policy", "foreign_lookup", "local_lookup", "routing")
         self.m = MemoryCenter.make(network=cfg["network"], lan=cfg["lan"], mode=mode,
                                    peers={int(n): cidr for n, cidr in cfg.get("peers", {}).items()},
                                    **{k: cfg[k] for k in keys if k in cfg})

@@ -170,7 +170,7 @@ class CenterUnderTest:
                                   max_resends=self.cfg.get("max_resends", 2),
                                   partition_policy=self.cfg.get("partition_policy"),
                                   foreign_lookup=self.cfg.get("foreign_lookup"),
-                                  local_lookup=self.cfg.get("local_lookup"))
+                                  local_lookup=self.cfg.get("local_lookup"), routing=self.cfg.get("routing"))
         self.daemon = CenterDaemon(settings, store)
         self.tap = Tap(self.daemon.reactor)
         self.fakes = Fakes(nursery)
@@ -200,7 +200,8 @@ class CenterUnderTest:
             n = int(who[4:])
             cidr = self.cfg["peers"][str(n)]
             ip = first_address(cidr)
-            register = Register(ip, n, "center", f"{ip}:1", cidr)
+            # A peer routes by the same home map as the center under test (or broadcasts as it does).
+            register = Register(ip, n, "center", f"{ip}:1", cidr, homes=self.daemon.register().homes)
         else:
             register = Register(who, self.cfg["network"], "host", f"{who}:1", self.cfg["lan"])
         await self.fakes.dial(who, self.port, register, self.ip)

@@ -1,0 +1,80 @@
+"""One home network per site (docs/PROTOCOL.md §11).
+
+Every large crawler partitions the web by site across its workers; dedupnet gives each
+site one *home network*, whose center alone admits the site's URLs, so a URL costs one
+message to one center (none when it is found at home), politeness and robots.txt hold
+for the whole system, and a network that is down delays only its own sites.
+
+The map is weighted rendezvous (highest-random-weight) hashing of the site over the
+configured networks: each network scores ``weight / -ln(u)`` with ``u`` uniform in
+(0, 1) from ``xxh3(site # network)``, and the highest score is home. Every center
+computes the same map from the same ``{network: weight}``; a network's expected share
+is its weight over the sum; adding one network of weight ``w`` moves only the share
+it takes, about ``w / (W + w)`` of the sites, all of them to the new network.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from functools import lru_cache
+
+import xxhash
+
+from dedupnet.codec.urls import site_of
+
+__all__ = ["HomeMap", "parse_weights"]
+
+_SCALE = 1.0 / 2.0**64
+
+
+class HomeMap:
+    """``{network id: weight}`` -> the home network of a site or URL."""
+
+    def __init__(self, weights: Mapping[int, float]):
+        if not weights:
+            raise ValueError("a home map needs at least one network")
+        for network, weight in weights.items():
+            if not 1 <= network <= 65535:
+                raise ValueError(f"network id {network} outside 1..65535")
+            if not (weight > 0 and math.isfinite(weight)):
+                raise ValueError(f"network {network}: weight must be a positive number, not {weight!r}")
+        self.weights = dict(sorted(weights.items()))
+        salted = [(n, w, b"#%d" % n) for n, w in self.weights.items()]
+        h = xxhash.xxh3_64_intdigest
+        log = math.log
+
+        @lru_cache(maxsize=1 << 16)
+        def home_of_site(site: str) -> int:
+            key = site.encode()
+            return max(salted, key=lambda s: s[1] / -log((h(key + s[2]) + 0.5) * _SCALE))[0]
+
+        self.home_of_site = home_of_site
+
+    def home_of(self, url: str) -> int:
+        """The home network of a normalised URL's site."""
+        return self.home_of_site(site_of(url))
+
+    def describe(self) -> str:
+        """The map as text every center must agree on, e.g. ``"1:1,2:1,3:2.5"``."""
+        return ",".join(f"{n}:{w:g}" for n, w in self.weights.items())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, HomeMap) and self.weights == other.weights
+
+    def __repr__(self) -> str:
+        return f"HomeMap({self.describe()})"
+
+
+def parse_weights(items: list[str]) -> dict[int, float]:
+    """``["3=2", "4=0.5"]`` -> ``{3: 2.0, 4: 0.5}`` (the ``weights`` setting)."""
+    out: dict[int, float] = {}
+    for item in items:
+        network, sep, weight = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out[int(network)] = float(weight)
+        except ValueError:
+            raise ValueError(f"a network weight is NETWORK=WEIGHT (e.g. 3=2), not {item!r}") from None
+    return out

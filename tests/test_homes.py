@@ -1,0 +1,197 @@
+"""One home per site (docs/PROTOCOL.md §11): the map, and the center core routing by it."""
+
+from collections import Counter
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from center_host import protocol as cp
+from dedupnet.codec.homes import HomeMap, parse_weights
+from dedupnet.codec.messages import Ack, Frame, Task
+
+from .conformance.memnet import MemNet
+from .conformance.memory import MemoryCenter, decode
+
+SITES = [f"site{i}.example" for i in range(6000)]
+
+
+def shares(m: HomeMap) -> Counter:
+    return Counter(m.home_of_site(s) for s in SITES)
+
+
+@given(st.dictionaries(st.integers(1, 65535), st.floats(0.1, 10), min_size=1, max_size=12))
+@settings(max_examples=50, deadline=None)
+def test_the_same_configuration_gives_the_same_home_everywhere(weights):
+    a, b = HomeMap(weights), HomeMap(dict(reversed(list(weights.items()))))
+    assert a.describe() == b.describe()
+    assert all(a.home_of_site(s) == b.home_of_site(s) for s in SITES[:300])
+    assert all(a.home_of_site(s) in weights for s in SITES[:300])
+
+
+@pytest.mark.parametrize("networks", [2, 3, 5, 8, 16])
+def test_adding_a_network_moves_about_its_share_and_only_to_it(networks):
+    before = HomeMap({n: 1.0 for n in range(1, networks + 1)})
+    after = HomeMap({n: 1.0 for n in range(1, networks + 2)})
+    moved = [s for s in SITES if before.home_of_site(s) != after.home_of_site(s)]
+    assert all(after.home_of_site(s) == networks + 1 for s in moved)  # nothing moves between old networks
+    expected = len(SITES) / (networks + 1)
+    assert abs(len(moved) - expected) < 4 * expected**0.5  # 4 sigma of a binomial count
+    # Removing it again puts every site back where it was.
+    assert all(before.home_of_site(s) == HomeMap(before.weights).home_of_site(s) for s in moved)
+
+
+@pytest.mark.parametrize("weights", [{1: 1, 2: 1, 3: 2}, {1: 0.5, 2: 3}, {1: 1, 2: 1, 3: 1, 4: 5}])
+def test_weights_shift_shares_as_configured(weights):
+    got = shares(HomeMap(weights))
+    total = sum(weights.values())
+    for network, weight in weights.items():
+        expected = len(SITES) * weight / total
+        assert abs(got[network] - expected) < 5 * expected**0.5, (network, got)
+
+
+def test_weights_are_parsed_and_checked():
+    assert parse_weights(["3=2", "4=0.5"]) == {3: 2.0, 4: 0.5}
+    for bad in (["3"], ["x=1"], ["3=y"]):
+        with pytest.raises(ValueError, match="NETWORK=WEIGHT"):
+            parse_weights(bad)
+    with pytest.raises(ValueError, match="positive"):
+        HomeMap({1: 0})
+    with pytest.raises(ValueError, match="neither this one nor a peer"):
+        cp.CenterConfig(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, weights={9: 1})
+
+
+# -- the core -------------------------------------------------------------------------
+def center(network=1, peers=(2, 3), hosts=("10", "11"), **kw):
+    c = MemoryCenter.make(network=network, lan=f"127.0.{network}.0/24",
+                          peers={n: f"127.0.{n}.0/24" for n in peers}, **kw)
+    for h in hosts:
+        c.feed(cp.Joined(cp.Host(f"127.0.{network}.{h}")))
+    for n in peers:
+        c.feed(cp.Joined(cp.Peer(n)))
+    c.take_outbox()
+    return c
+
+
+def num(network, host, seq):
+    return seq << 32 | network << 16 | host
+
+
+def urls_homed(m: HomeMap, network: int, k: int, tag="p") -> list[str]:
+    return [f"http://{s}/{tag}" for s in SITES if m.home_of_site(s) == network][:k]
+
+
+def sent(c):
+    return [(str(to), decode(data)) for to, data in c.take_outbox()]
+
+
+def test_urls_homed_here_are_admitted_with_no_wan_message_others_go_to_their_home_alone():
+    c = center()
+    m = c.core.homes
+    here, two, three = urls_homed(m, 1, 5), urls_homed(m, 2, 4), urls_homed(m, 3, 3)
+    n = num(1, 10, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(here + two + three, 0), "127.0.1.10", n, 1)))
+    out = sent(c)
+    assert c.admitted == set(here)  # decided here at once
+    to_peers = {to: msg for to, msg in out if to.startswith("net:")}
+    assert set(to_peers) == {"net:2", "net:3"}  # one frame to each home, none to anyone else
+    assert set(to_peers["net:2"].URL_set) == set(two) and to_peers["net:2"].flag == 1
+    assert set(to_peers["net:3"].URL_set) == set(three)
+    assert c.core.routed_waiting() == {2: 4, 3: 3} and n in c.dist_reduce_pool
+    c.feed(cp.Received(cp.Peer(2), Ack(n, "stored")))
+    assert c.core.routed_waiting() == {3: 3}
+    c.feed(cp.Received(cp.Peer(3), Ack(n, "duplicate")))  # a repeat is as good: held there
+    assert not c.core.sets and not c.dist_reduce_pool and n in c.concluded and not c.core.claims
+
+
+def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_its_lan():
+    c = center(network=2, peers=(1, 3), hosts=("10",))
+    m = c.core.homes
+    mine = urls_homed(m, 2, 4)
+    c.admitted.add(mine[0])  # admitted here before (found in this network)
+    n = num(1, 10, 7)
+    c.feed(cp.Received(cp.Peer(1), Frame(dict.fromkeys(mine, 0), "127.0.1.10", n, 1)))
+    out = sent(c)
+    assert ("net:1", Ack(n, "stored")) in out
+    assert c.admitted == set(mine)
+    (task,) = [msg for _, msg in out if isinstance(msg, Task)]
+    assert set(task.URLs) == set(mine[1:])
+    c.feed(cp.Received(cp.Peer(1), Frame(dict.fromkeys(mine, 0), "127.0.1.10", n, 1)))  # the ack was lost
+    assert sent(c) == [("net:1", Ack(n, "duplicate"))]
+
+
+@pytest.mark.parametrize("frame, reason", [
+    (Frame({"http://a.example/": 0}, "127.0.3.10", num(1, 10, 1), 1), "not-a-peer"),  # IP of another network
+    (Frame({"http://a.example/": 0}, "127.0.1.10", num(3, 10, 1), 1), "number-not-sender"),
+])
+def test_a_peer_routes_only_its_own_networks_sets(frame, reason):
+    c = center(network=2, peers=(1, 3))
+    c.feed(cp.Received(cp.Peer(1), frame))
+    assert c.core.counters.get("rejected", reason=reason) == 1 and not c.admitted and not sent(c)
+
+
+def test_a_home_that_is_down_delays_only_its_own_sites_and_gets_them_when_back():
+    c = center()
+    m = c.core.homes
+    c.feed(cp.Left(cp.Peer(3)))
+    for seq in range(1, 6):
+        here, three = urls_homed(m, 1, 10, f"s{seq}"), urls_homed(m, 3, 2, f"s{seq}")
+        c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(here + three, 0), "127.0.1.10",
+                                                        num(1, 10, seq), 1)))
+    assert len(c.admitted) == 50  # every URL of this network's sites: admitted during the cut
+    assert c.core.routed_waiting() == {3: 10} and not [to for to, _ in sent(c) if to == "net:3"]
+    for number in list(c.timers):  # time passes: nothing is given up, nothing sent to the dead
+        c.fire(number)
+    assert c.core.routed_waiting() == {3: 10} and c.core.counters.get("sets_concluded", complete="false") == 0
+    c.feed(cp.Joined(cp.Peer(3)))
+    asked = [msg for to, msg in sent(c) if to == "net:3"]
+    assert sum(len(f.URL_set) for f in asked) == 10
+    for f in asked:
+        c.feed(cp.Received(cp.Peer(3), Ack(f.number, "stored")))
+    assert not c.core.sets and c.core.routed_waiting() == {}
+
+
+def test_the_urls_a_center_holds_for_other_homes_are_bounded():
+    c = center(max_routed_waiting=4)
+    m = c.core.homes
+    c.feed(cp.Left(cp.Peer(2)))
+    first = Frame(dict.fromkeys(urls_homed(m, 2, 4), 0), "127.0.1.10", num(1, 10, 1), 1)
+    second = Frame(dict.fromkeys(urls_homed(m, 1, 2), 0), "127.0.1.10", num(1, 10, 2), 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    c.feed(cp.Received(cp.Host("127.0.1.10"), second))
+    assert ("127.0.1.10", Ack(second.number, "stored")) not in sent(c)  # held back: not acknowledged
+    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(cp.Received(cp.Peer(2), Ack(first.number, "stored")))
+    assert ("127.0.1.10", Ack(second.number, "stored")) in sent(c)
+
+
+def test_a_restarted_center_sends_the_urls_it_holds_to_their_homes_again():
+    c = center(resume_grace=1.0)
+    m = c.core.homes
+    two = urls_homed(m, 2, 3)
+    n = num(1, 10, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(two, 0), "127.0.1.10", n, 1)))
+    sent(c)
+    c = c.restart()
+    assert c.core.claims == dict.fromkeys(two, n)
+    c.feed(cp.Joined(cp.Peer(2)))
+    assert [(to, set(f.URL_set)) for to, f in sent(c)] == [("net:2", set(two))]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_interleavings_with_partitions_admit_each_url_once_at_its_home(seed):
+    net = MemNet(4, 2, mode="exact", seed=seed, early_timers=0.3, partitions=0.05)
+    shared = [f"http://site{i % 23}.example/{i}" for i in range(40)]
+    pushed = set()
+    for i, host in enumerate(net.hosts.values()):
+        found = net.rnd.sample(shared, 20) + [f"http://own{i}.example/x"]
+        host.push(found)
+        pushed.update(found)
+    net.run()
+    net.settle()
+    admitted = Counter(net.admitted())
+    assert set(admitted) == pushed
+    assert max(admitted.values()) == 1
+    homes = next(iter(net.centers.values())).core.homes
+    for n, c in net.centers.items():  # each URL admitted by its site's home network
+        assert all(homes.home_of(u) == n for u in c.admitted)
