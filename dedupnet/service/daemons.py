@@ -136,7 +136,8 @@ def run_local(settings: Settings) -> int:
     local = LocalSettings(
         network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
-        heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
+        heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout,
+        max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
