@@ -80,6 +80,11 @@ async def test_a_server_that_cannot_be_started_again_ends_the_supervisor_with_on
     assert "could not be restarted" in text and "in use" in text
 
 
+def stat_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_a_host_daemon_whose_redis_cannot_come_back_exits_1_with_one_line(tmp_path):
     """The daemon as a service manager sees it: not alive and stuck, but gone with a reason."""
     ip = "127.0.42.10"
@@ -101,6 +106,12 @@ def test_a_host_daemon_whose_redis_cannot_come_back_exits_1_with_one_line(tmp_pa
         (pid, _), = server_processes(lambda ppid, cwd, cmd: ppid == proc.pid)
         taken = socket.socket()
         taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        # The daemon is stopped while its Redis dies and the port is taken, or it could
+        # restart the server first.
+        os.kill(proc.pid, signal.SIGSTOP)
+        while stat_state(proc.pid) != "T":
+            assert time.monotonic() < deadline + 10
+            time.sleep(0.01)
         os.kill(pid, signal.SIGKILL)
         while True:
             try:
@@ -110,6 +121,7 @@ def test_a_host_daemon_whose_redis_cannot_come_back_exits_1_with_one_line(tmp_pa
                 assert time.monotonic() < deadline + 10
                 time.sleep(0.01)
         taken.listen()
+        os.kill(proc.pid, signal.SIGCONT)
         try:
             code = proc.wait(timeout=60)
         finally:
