@@ -293,7 +293,8 @@ class CenterDaemon:
                 seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled
                 if seen < limit and member in self.conns:
                     self.counters.inc("heartbeat_missed")
-                    log.warning("%s missed its heartbeats; it leaves", member)
+                    log.warning("%s missed its heartbeats: silent for %.1f s (heartbeat timeout %g s); it leaves",
+                                member, now - seen, self.settings.heartbeat_timeout)
                     await self.conns[member].aclose()
 
     def _gauge_waiting(self) -> None:

@@ -61,7 +61,7 @@ DAEMON = [
                                    help="a silent member or a network that is down: wait (exact mode's default) "
                                         "or admit without it after --max-resends (paper mode's default)")),
     (("--heartbeat-interval",), dict(type=float, metavar="S")),
-    (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves (default 5)")),
+    (("--heartbeat-timeout",), dict(type=float, metavar="S", help="silence after which a member leaves, and a host gives its center up and dials again (default 5)")),
     (("--no-compress",), dict(dest="compress", action="store_const", const=False,
                               help="never offer or accept zstd-compressed bodies (default: negotiated per connection)")),
     (("--lan-key-file",), dict(metavar="FILE", help="LAN key file ('KEY_ID HEX_SECRET [send]' lines): every message "

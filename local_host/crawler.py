@@ -293,6 +293,13 @@ class Crawler:
         #: Done tasks waiting to be written: (entry id, outcome, written event, error box).
         self._done_queue: list[tuple[bytes, Outcome, trio.Event, list]] = []
         self._done_ready = trio.Event()
+        #: Set while Redis answers; cleared when a call to it failed (the store counts
+        #: every failed attempt in ``reconnects``): no fetch starts meanwhile
+        #: (:meth:`_until_store_answers`).
+        self.store_up = trio.Event()
+        self.store_up.set()
+        self._reconnects = getattr(store, "reconnects", 0)
+        self._probing = trio.Lock()
         #: Called after each write that pushed links into URL_pool (the host's walker
         #: wakes on it instead of polling).
         self.on_commit: Callable[[], None] | None = None
@@ -580,6 +587,32 @@ class Crawler:
             delay = max(delay, min(retry_after, s.retry_max_delay))
         return delay
 
+    async def _until_store_answers(self) -> None:
+        """Start no fetch while Redis does not answer: a page's result exists only in
+        memory until its transaction is written, so pages fetched meanwhile would be
+        fetched again if the daemon stopped before Redis came back. The tasks taken
+        wait instead (their leases are in Redis); a crash re-fetches at most the pages
+        that were in flight when the crawler saw a call to Redis fail (the crawl
+        concurrency; twice that at worst, when the slots of the pages in flight are
+        taken by the next ones before those pages' write has failed). One waiting task
+        asks Redis until it answers."""
+        reconnects = getattr(self.store, "reconnects", 0)
+        if reconnects != self._reconnects:  # a call failed since we last looked: is it back?
+            self._reconnects = reconnects
+            if self.store_up.is_set():
+                self.store_up = trio.Event()
+        while not self.store_up.is_set():
+            if self._probing.locked():
+                await self.store_up.wait()
+                continue
+            async with self._probing:
+                if not self.store_up.is_set():
+                    self.counters.inc("fetches_held")
+                    log.info("crawler %s: a call to Redis failed; no fetch starts until it answers", self.consumer)
+                    await until_stored(self._writer, self.counters, self.store.command, b"PING")
+                    self._reconnects = getattr(self.store, "reconnects", 0)
+                    self.store_up.set()
+
     async def _crawl(self, raw_url: str) -> Outcome:
         s = self.settings
         try:
@@ -711,6 +744,7 @@ class Crawler:
         s = self.settings
         site = site_of(url)
         async with self.politeness.slot(site) as sent, self._clients.client(site) as client:
+            await self._until_store_answers()  # with the slot: the check is the last thing before the request
             with trio.move_on_after(s.page_timeout):
                 try:
                     async with client.stream("GET", url, headers={"Accept": ACCEPT},

@@ -2,7 +2,9 @@
 
 The host connects to its center (source address bound to its own IP, so the center
 can trust who it is), registers, sends heartbeats, and re-sends every frame the
-center has not acknowledged each time it (re)connects. A walker takes new entries
+center has not acknowledged each time it (re)connects. A center silent for
+``heartbeat_timeout`` is given up and dialled again, as the center does with a silent
+host: a stopped center whose TCP connection stays open must not hold the host's sets. A walker takes new entries
 from ``URL_pool`` while fewer than ``max_unacked`` frames are in flight.
 """
 
@@ -61,6 +63,9 @@ class LocalSettings:
     mode: str = "exact"
     max_unacked: int = 64
     heartbeat_interval: float = 1.0
+    #: A center silent this long (no heartbeat, no other message) is given up: the
+    #: connection is closed and dialled again, and the unacknowledged sets go again.
+    heartbeat_timeout: float = 5.0
     idle_poll: float = 0.05
     max_frame_size: int = 4 * 1024 * 1024
     max_urls: int = 10_000
@@ -145,7 +150,7 @@ class LocalDaemon:
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
                 max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress, keyring=self.lan_keyring,
-                **self._center_tls()))
+                silence_timeout=s.heartbeat_timeout, **self._center_tls()))
             log.info("host %s (network %d, LAN %s) with center %s:%d, %s mode", s.ip, s.network, s.lan,
                      *s.center, s.mode)
             if self.settings.recrawl is not None:

@@ -670,3 +670,46 @@ async def test_idle_and_blocking_take(store, web):
         assert trio.current_time() - t0 < 0.5  # taken at once, not when the block times out
         await settle(store, crawler)
         await until(lambda: crawler.idle)
+
+
+async def test_no_fetch_starts_while_redis_is_down(web, tmp_path):
+    """A page's result is in memory only until its transaction is written: a crawler that
+    went on fetching its leased tasks while its Redis was dead held every one of them
+    (up to max_leased) in memory, all fetched again if the daemon was then restarted.
+    Now the tasks wait: during the outage only the pages in flight at the kill, and those
+    that started before the crawler saw a call to Redis fail, are fetched; after it, each
+    page once."""
+    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.store import Store
+
+    a = web.sites["a"]
+
+    async def slow(n):
+        await trio.sleep(0.2)
+        return Reply(body=page().encode())
+
+    tasks = []
+    for i in range(20):
+        a.route(f"/w{i}", slow)
+        tasks.append(a.url(f"/w{i}"))
+    server = EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis")
+    store = Store(server.start(), "held")
+    try:
+        store.stream_add(TASK_POOL, tasks)
+        async with crawling(store, concurrency=2, per_site_concurrency=0, max_leased=20, take_batch=20,
+                            respect_robots=False) as crawler:
+            await until(lambda: a.active == 2 and crawler.in_progress == 20)
+            await trio.to_thread.run_sync(server.kill)
+            killed = len(a.hits())
+            await trio.sleep(1.5)  # the 18 others would all be fetched by now
+            during = len(a.hits()) - killed
+            await trio.to_thread.run_sync(server.restart)
+            await settle(store, crawler)
+        # The pages in flight, and at most the next ones that took their slots before
+        # those pages' write failed (the crawler's first sight of the dead Redis).
+        assert during <= 2 * 2, during
+        assert [len(a.hits(f"/w{i}")) for i in range(20)] == [1] * 20
+        assert finished(store, tasks) == [True] * 20
+    finally:
+        store.close()
+        server.stop()

@@ -284,6 +284,18 @@ async def test_a_host_frozen_past_the_heartbeat_timeout_fetches_nothing_twice(re
     _assert_clean(report, log)
 
 
+async def test_a_host_whose_own_redis_is_killed_restarts_it_and_the_crawl_completes(redis_url):
+    """kill -9 of the embedded Redis a host started itself, mid-crawl: the host daemon
+    starts it again on its data dir and carries on, with no operator action; nothing is
+    lost, and the host fetches again at most the pages it had in flight (its crawl
+    concurrency)."""
+    report, log = await _run_fault(redis_url, "kill-host-redis:at=0.3,target=host:1.0")
+    _assert_clean(report, log)
+    (fault,) = report.faults
+    assert "the host restarted it as pid" in fault["note"], (fault, log)
+    assert report.duplicate_fetches <= SimConfig().concurrency, report.invariant_examples
+
+
 async def test_a_wan_partition_between_center_processes_loses_nothing(redis_url):
     """A link fault with --processes: the WAN link 1-2 goes through a relay in the
     harness (center 1's --peer points at it; it connects on from 127.0.1.1, so center 2

@@ -550,6 +550,78 @@ async def test_connect_forever_survives_a_failing_session(caplog, autojump_clock
     assert any(r.exc_info and "bug in a session" in str(r.exc_info[1]) for r in caplog.records)
 
 
+async def _mute_server(accepted: list) -> tuple[int, list]:
+    """A TCP server that accepts and then never reads or sends a byte (a stopped process
+    whose kernel still holds its sockets). Returns the port; connections go to ``accepted``."""
+    (listener,) = await trio.open_tcp_listeners(0, host=SERVER)
+
+    async def accept_forever() -> None:
+        async with listener:
+            while True:
+                accepted.append((trio.current_time(), await listener.accept()))
+
+    return listener.socket.getsockname()[1], accept_forever
+
+
+async def test_connect_forever_gives_a_silent_server_up_within_the_timeout_and_dials_again(caplog, autojump_clock):
+    caplog.set_level(logging.INFO, logger=T)
+    counters = Counters()
+    accepted: list = []
+    ended: list[tuple[float, str]] = []
+    port, accept_forever = await _mute_server(accepted)
+
+    async def on_connected(conn):
+        try:
+            await conn.receive()
+        finally:
+            ended.append((trio.current_time(), conn.close_reason))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(accept_forever)
+        nursery.start_soon(partial(connect_forever, SERVER, port, reg(GOOD_IP), on_connected, local_ip=GOOD_IP,
+                                   counters=counters, backoff_initial=0.1, silence_timeout=5.0))
+        with trio.fail_after(60):
+            while len(accepted) < 2:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    (first_at, _), (second_at, _) = accepted[:2]
+    assert ended[0][1] == "silent"
+    assert 5.0 <= ended[0][0] - first_at <= 5.1  # given up at the timeout, not later
+    assert second_at - ended[0][0] <= 0.2  # and dialled again at once (back-off 0.1)
+    assert counters.get("heartbeat_missed") == 1 and counters.get("connected") == 2
+    (line,) = lines(caplog, "sent nothing")
+    assert f"{SERVER}:{port} sent nothing for 5.0 s" in line and "dialling again" in line
+    for _, stream in accepted:
+        await stream.aclose()
+
+
+async def test_a_server_that_heartbeats_or_a_busy_reader_is_never_given_up(autojump_clock):
+    """Silence is time spent listening for a peer that sends nothing: heartbeats reset it,
+    and a session that is busy (not in receive) does not count its peer as silent."""
+    counters = Counters()
+    received = []
+
+    async def heartbeats(conn):
+        while True:
+            conn.send_urgent(encode(Heartbeat(SERVER, trio.current_time())))
+            await trio.sleep(1.0)
+
+    async def on_connected(conn):
+        while True:
+            received.append(await conn.receive())
+            if len(received) == 3:
+                await trio.sleep(30)  # busy for six timeouts: its backlog is not the server's silence
+
+    async with trio.open_nursery() as nursery:
+        port = await start_server(nursery, heartbeats, Counters(), verify_source=False)
+        nursery.start_soon(partial(connect_forever, SERVER, port, reg(GOOD_IP), on_connected, local_ip=GOOD_IP,
+                                   counters=counters, silence_timeout=5.0))
+        await trio.sleep(60)
+        nursery.cancel_scope.cancel()
+    assert counters.get("heartbeat_missed") == 0 and counters.get("connected") == 1
+    assert len(received) > 20
+
+
 async def test_connect_failure_is_an_oserror():
     port = free_port(SERVER)  # nothing listens there
     with trio.fail_after(10), pytest.raises(OSError):

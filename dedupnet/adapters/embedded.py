@@ -230,6 +230,30 @@ class EmbeddedRedis:
             self._url = None
             log.info("embedded Redis killed (pid %d)", proc.pid)
 
+    def exit_status(self) -> int | None:
+        """The server's exit status if it was started and has died since (reaping it, so
+        it is no zombie), None while it runs or when it was never started."""
+        proc = self._proc
+        return None if proc is None else proc.poll()
+
+    def restart(self) -> str:
+        """Start a server that died again, on the port and data dir it had (so every
+        client's URL stays valid and a persistent server reads its AOF back); wait until
+        it answers. :class:`EmbeddedRedisError` if it cannot (the port taken meanwhile,
+        the binary or the data dir gone)."""
+        with self._lock:
+            proc = self._proc
+            if not self._client_kwargs:
+                raise EmbeddedRedisError("embedded Redis was never started", reason="not-running")
+            if proc is not None and proc.poll() is None:
+                raise EmbeddedRedisError("embedded Redis is still running", reason="running")
+            if not self.unix_socket:
+                self.port = self._client_kwargs["port"]
+            self._proc = self._url = None
+            atexit.unregister(self.stop)  # start() registers it again
+            self._cleanup_dir()
+            return self.start()
+
     def __enter__(self) -> str:
         return self.start()
 

@@ -1,6 +1,6 @@
 """What both daemons need around a sans-I/O core: serial event processing, timers,
 the store on trio (worker threads for what is still synchronous), and the embedded
-Redis when no URL is given."""
+Redis when no URL is given, kept running (:func:`supervise_redis`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import trio
 from redis.exceptions import RedisError
 
 from dedupnet.codec import wire
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Status
 from dedupnet.adapters.store import Store
@@ -28,11 +28,14 @@ log = logging.getLogger("dedupnet.adapters.runtime")
 
 
 @contextlib.contextmanager
-def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 10) -> Iterator[Store]:
+def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None,
+               bucket_bits: int = 10) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
     """A store on ``redis_url``, or on an embedded server (persistent when it has a
-    ``data_dir``). Must be entered from the main thread, before ``trio.run``: the
-    embedded server dies with the thread that started it."""
+    ``data_dir``), and that server (None with ``redis_url``): the daemon runs
+    :func:`supervise_redis` on it. Must be entered from the main thread, before
+    ``trio.run``: the embedded server dies with the thread that started it."""
     with contextlib.ExitStack() as stack:
+        server = None
         if redis_url is None:
             server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir)
             redis_url = stack.enter_context(server)
@@ -42,7 +45,64 @@ def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, buck
                 stack.callback(url_file.unlink, missing_ok=True)
         store = store_for(redis_url, prefix, bucket_bits=bucket_bits)
         stack.callback(store.close)
-        yield store
+        yield store, server
+
+
+class RedisDied(EmbeddedRedisError):
+    """The daemon's embedded server died and could not be kept running."""
+
+    reason = "redis-died"
+
+
+#: Seconds between two looks at the embedded server's process.
+SUPERVISE_POLL = 0.2
+#: Attempts to start a dead server again before the daemon gives up.
+RESTART_ATTEMPTS = 3
+#: A server that died this often within ``RESTART_WINDOW`` seconds keeps dying: give up.
+MAX_RESTARTS, RESTART_WINDOW = 5, 60.0
+
+
+async def supervise_redis(server: EmbeddedRedis, counters, *, poll: float = SUPERVISE_POLL,
+                          attempts: int = RESTART_ATTEMPTS) -> None:
+    """Keep the embedded server this daemon started running: one that died (OOM killer,
+    crash, ``kill -9``) is started again on its port and data dir, and the daemon carries
+    on (its store calls wait in :func:`until_stored` meanwhile and go on when it answers;
+    a persistent server reads its AOF back). A daemon whose Redis is gone can do nothing,
+    so when the server cannot be started again (``attempts`` in a row fail) or keeps
+    dying (``MAX_RESTARTS`` in ``RESTART_WINDOW`` seconds), this raises
+    :class:`RedisDied` with one line saying why: the daemon exits non-zero and a service
+    manager can restart it, instead of staying alive and stuck. Runs until cancelled."""
+    restarts: list[float] = []
+    while True:
+        await trio.sleep(poll)
+        status = server.exit_status()
+        if status is None:
+            continue
+        pid = server.pid
+        how = f"killed by {signal.Signals(-status).name}" if status < 0 else f"exit status {status}"
+        now = trio.current_time()
+        restarts = [t for t in restarts if now - t < RESTART_WINDOW] + [now]
+        if len(restarts) > MAX_RESTARTS:
+            raise RedisDied(f"its embedded Redis (pid {pid}) died ({how}), {len(restarts)} times in "
+                            f"{RESTART_WINDOW:g} s: not restarting it again")
+        counters.inc("redis_restarts")
+        where = server.data_dir or "a temporary directory (its data is lost)"
+        log.error("embedded Redis (pid %d) died (%s): restarting it on %s", pid, how, where)
+        delay = 0.5
+        for attempt in range(1, attempts + 1):
+            try:
+                url = await trio.to_thread.run_sync(server.restart)
+            except EmbeddedRedisError as exc:
+                why = str(exc).splitlines()[0]
+                if attempt == attempts:
+                    raise RedisDied(f"its embedded Redis (pid {pid}) died ({how}) and could not be restarted "
+                                    f"on {where}: {why}") from None
+                log.warning("restarting embedded Redis failed (attempt %d of %d): %s", attempt, attempts, why)
+                await trio.sleep(delay)
+                delay *= 2
+            else:
+                log.warning("embedded Redis restarted (pid %s) at %s; carrying on", server.pid, url)
+                break
 
 
 async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:

@@ -113,6 +113,8 @@ Counters (in the :class:`~dedupnet.adapters.metrics.Counters` passed in)
 ``tls_bytes_sent``, ``tls_bytes_received``  TCP bytes of TLS connections (records, handshakes)
 ``tls_payload_sent``                     the part of ``bytes_sent`` that went inside TLS
 ``session_error``                        client: ``on_connected`` raised (logged)
+``heartbeat_missed``                     client: the server was silent for ``silence_timeout``
+                                         (connection given up, dialled again)
 =======================================  =======================================================
 """
 
@@ -157,6 +159,7 @@ __all__ = [
     "serve",
     "connect",
     "connect_forever",
+    "close_when_silent",
     "TokenBucket",
     "watch_keyrings",
 ]
@@ -316,7 +319,7 @@ class Connection:
         counters: where this connection counts what it does.
         close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``error:<reason>``
             (we rejected the peer), ``send-overflow``, ``send-timeout``, ``broken``,
-            ``local``), None while open.
+            ``local``, ``silent``: given up by :func:`close_when_silent`), None while open.
         compress: whether this side offers/accepts compressed bodies (the setting).
         compression: the compression negotiated with the peer (``"zstd"``), or None:
             then only plain bodies are sent to it, and a compressed one from it is
@@ -387,6 +390,10 @@ class Connection:
         self._writer_done = trio.Event()
         self._exit_stack: contextlib.AsyncExitStack | None = None
         self._nursery: trio.Nursery | None = None
+        #: When the peer was last heard from (any bytes), or when we last started
+        #: listening for it: only time spent waiting in :meth:`receive` is its silence.
+        self._heard = now
+        self._listening = False
 
     def __repr__(self) -> str:
         state = f"closed ({self.close_reason})" if self._closing else "open"
@@ -513,10 +520,26 @@ class Connection:
         connection). With ``timeout``, raises :class:`trio.TooSlowError` if no complete
         message arrived in time; the connection stays usable (nothing is lost).
         """
-        if timeout is None:
-            return await self._receive()
-        with trio.fail_after(timeout):
-            return await self._receive()
+        self._heard, self._listening = trio.current_time(), True
+        try:
+            if timeout is None:
+                return await self._receive()
+            with trio.fail_after(timeout):
+                return await self._receive()
+        finally:
+            self._listening = False
+
+    @property
+    def silent_since(self) -> float:
+        """Since when (trio time) the peer has sent nothing while we were listening for
+        it; now while nobody is in :meth:`receive`. A reader that is busy (its consumer is
+        full) is not listening, so the peer is not silent meanwhile: slow is not dead."""
+        return self._heard if self._listening else trio.current_time()
+
+    def excuse(self, seconds: float) -> None:
+        """Do not count ``seconds`` against the peer: this process was paused (a GC, a
+        VM freeze, an overloaded event loop), so its silence is ours."""
+        self._heard += seconds
 
     async def _receive(self) -> Message:
         decoder = self._decoder
@@ -544,6 +567,7 @@ class Connection:
                     decoder.eof()  # ProtocolError("truncated") inside a frame
                     self._close_now("eof")
                     raise ConnectionClosed(f"{self.peer} closed the connection")
+                self._heard = trio.current_time()
                 self.counters.inc("bytes_received", len(data))
                 if self._byte_bucket is not None:
                     self._byte_bucket.take(len(data), trio.current_time())
@@ -563,6 +587,7 @@ class Connection:
                 self.counters.inc("throttled", what=what)
                 log.debug("%s is over its %s rate: not reading for %.3f s", self.peer, what, wait)
                 await trio.sleep(wait)
+                self._heard = trio.current_time()  # our own limit, not the peer's silence
 
     def _use_keyring(self, keyring: Keyring | None) -> None:
         """Server side, after the handshake: this connection's keyring from now on."""
@@ -1183,6 +1208,7 @@ async def connect_forever(
     backoff_initial: float = 0.1,
     backoff_max: float = 5.0,
     log_interval: float = 5.0,
+    silence_timeout: float | None = None,
     **connect_options: Any,
 ) -> None:
     """Stay connected: connect, run ``await on_connected(conn)``, reconnect when it ends.
@@ -1199,6 +1225,13 @@ async def connect_forever(
     normal end of a session; any other exception is logged with its traceback, counted
     (``session_error``) and followed by a reconnect. ``connect_options`` are passed to
     :func:`connect` (``connect_timeout``, ``max_queue``, ``send_timeout``, ...).
+
+    ``silence_timeout``: a server that sends nothing (heartbeats, or anything else) for
+    this long while ``on_connected`` listens is given up: the connection is closed
+    (logged, counted ``heartbeat_missed``), so the session ends and we dial again
+    (:func:`close_when_silent`). Without it a server that stops answering but keeps its
+    TCP connection open (a stopped process, a hung host) is held for as long as our own
+    sends find room in the socket buffers, which with little to send is for ever.
     """
     delay = backoff_initial
     last_log = -float("inf")
@@ -1220,6 +1253,8 @@ async def connect_forever(
             started = trio.current_time()
             log.info("connected to %s:%d from %s", host, port, local_ip or "any address")
             async with conn:
+                if silence_timeout is not None:
+                    conn._nursery.start_soon(close_when_silent, conn, silence_timeout, f"{host}:{port}")
                 try:
                     await on_connected(conn)
                 except BaseException as exc:
@@ -1234,3 +1269,22 @@ async def connect_forever(
                 delay = backoff_initial
         await trio.sleep(delay * _jitter.uniform(0.5, 1.0))
         delay = min(delay * 2, backoff_max)
+
+
+async def close_when_silent(conn: Connection, timeout: float, name: str) -> None:
+    """Close ``conn`` once its peer ``name`` has been silent for ``timeout`` seconds
+    (:attr:`Connection.silent_since`), with one log line saying who and for how long.
+    Wakes when the silence would reach the timeout; if it wakes later than that, this
+    process was paused and the delay is excused (:meth:`Connection.excuse`)."""
+    while not conn.closed:
+        deadline = conn.silent_since + timeout
+        await trio.sleep_until(deadline)
+        now = trio.current_time()
+        conn.excuse(max(0.0, now - deadline))
+        silent = now - conn.silent_since
+        if silent >= timeout and not conn.closed:
+            conn.counters.inc("heartbeat_missed")
+            log.warning("%s sent nothing for %.1f s (heartbeat timeout %g s): giving the connection up and "
+                        "dialling again", name, silent, timeout)
+            conn._close_now("silent")
+            return

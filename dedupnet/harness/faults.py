@@ -17,6 +17,10 @@ fetched), ``for`` (seconds down, frozen or cut) and ``target``::
     freeze-center:for=8,target=center:2
     partition:target=wan:1-2,for=20
 
+``kill-host-redis`` kills the Redis server a host started itself (that host runs with its
+own embedded server instead of the shared one); nobody restarts it but the host daemon,
+so the fault has no duration.
+
 Targets: ``host:<network>.<index>`` (index 0-based: ``host:1.0`` is 127.0.1.10, the
 first host of network 1), ``center:<network>``, ``wan:<a>-<b>`` (the link between two
 networks' centers), ``redis`` (the server the daemons use; in the simulation they share
@@ -33,7 +37,8 @@ from dataclasses import dataclass, replace
 __all__ = ["PROCESS_FAULTS", "LINK_FAULTS", "FAULTS", "Fault", "parse_fault", "format_fault", "resolve",
            "chaos_schedule", "DEFAULT_DURATION"]
 
-PROCESS_FAULTS = ("kill-host", "kill-center", "kill-redis", "freeze-host", "freeze-center", "leave-host")
+PROCESS_FAULTS = ("kill-host", "kill-center", "kill-redis", "freeze-host", "freeze-center", "leave-host",
+                  "kill-host-redis")
 LINK_FAULTS = ("partition", "lossy-wan", "lossy-lan", "duplicate-frames")
 FAULTS = PROCESS_FAULTS + LINK_FAULTS
 
@@ -43,7 +48,7 @@ FAULTS = PROCESS_FAULTS + LINK_FAULTS
 #: faults last to the end of the run (None).
 DEFAULT_DURATION: dict[str, float | None] = {
     "kill-host": 3.0, "kill-center": 3.0, "kill-redis": 2.0,
-    "freeze-host": 7.0, "freeze-center": 7.0, "leave-host": None,
+    "freeze-host": 7.0, "freeze-center": 7.0, "leave-host": None, "kill-host-redis": None,
     "partition": 20.0, "lossy-wan": None, "lossy-lan": None, "duplicate-frames": None,
 }
 
@@ -51,7 +56,7 @@ DEFAULT_DURATION: dict[str, float | None] = {
 TARGET_ROLES: dict[str, tuple[str, ...]] = {
     "kill-host": ("host",), "freeze-host": ("host",), "leave-host": ("host",), "lossy-lan": ("host",),
     "kill-center": ("center",), "freeze-center": ("center",),
-    "kill-redis": ("redis",),
+    "kill-redis": ("redis",), "kill-host-redis": ("host",),
     "partition": ("wan",), "lossy-wan": ("wan",), "duplicate-frames": ("wan", "host"),
 }
 

@@ -14,6 +14,10 @@ deployment, with signals, while the crawl runs:
 * ``kill-redis``: SIGKILL of the Redis server every daemon uses, restarted after the
   duration on the same port and data dir (AOF, ``appendfsync everysec``, as a daemon's
   own embedded server runs; docs/DECISIONS.md says why that loses nothing here).
+* ``kill-host-redis``: SIGKILL of the embedded Redis a host started itself (the harness
+  gives that host a ``--data-dir`` instead of the shared server); the harness restarts
+  nothing: the host daemon must bring its server back and carry on
+  (:func:`dedupnet.adapters.runtime.supervise_redis`).
 
 Link faults (``partition``, ``lossy-wan``, ...) are the relay's, run by the harness:
 see :func:`dedupnet.harness.simproc.start_link_faults`.
@@ -65,8 +69,7 @@ class KillableRedis:
 
     def restart(self) -> None:
         """Start it again on the same port and data dir; it loads the AOF before answering."""
-        self.server.stop()  # the process is gone: this only forgets it
-        self.server.start()
+        self.server.restart()
 
     def stop(self) -> None:
         self.server.stop()
@@ -131,9 +134,11 @@ class FaultRunner:
             self._record[id(f)].note = "not injected: the crawl ended before its moment"
 
     def killed_hosts(self) -> frozenset[str]:
-        """The IPs of the hosts this run SIGKILLed (their re-fetches are excused)."""
+        """The IPs of the hosts this run SIGKILLed, or whose Redis it SIGKILLed (their
+        re-fetches are excused: the pages in flight at the crash; the caller bounds them)."""
         return frozenset(self.daemons[r.target].name for r in self.records
-                         if r.kind == "kill-host" and r.started is not None and r.target in self.daemons)
+                         if r.kind in ("kill-host", "kill-host-redis") and r.started is not None
+                         and r.target in self.daemons)
 
     def _log(self, text: str) -> None:
         if self.out is not None:
@@ -157,6 +162,8 @@ class FaultRunner:
                 raise ValueError(f"{f.kind} is a link fault, not a process fault")
             if f.kind == "kill-redis":
                 await self._kill_redis(f, rec)
+            elif f.kind == "kill-host-redis":
+                await self._kill_host_redis(self.daemons[f.target], rec)
             else:
                 d = self.daemons.get(f.target)
                 if d is None or d.gone:
@@ -215,3 +222,40 @@ class FaultRunner:
                 await trio.to_thread.run_sync(self.redis.restart)
         rec.note = "Redis SIGKILLed, restarted on its AOF"
 
+    async def _kill_host_redis(self, d, rec: FaultRecord, timeout: float = 60.0) -> None:
+        """SIGKILL the host's own server; the fault ends when the host runs a new one (or
+        has exited, which the run then reports as a daemon failure)."""
+        old = _server_child(d.proc.pid)
+        if old is None:
+            rec.note = f"skipped: {d.name} runs no Redis of its own"
+            return
+        d.down = True  # its status needs its Redis: not polled until the server is back
+        try:
+            os.kill(old, signal.SIGKILL)
+            with trio.move_on_after(timeout):
+                while d.alive():
+                    new = _server_child(d.proc.pid)
+                    if new is not None and new != old:
+                        rec.note = f"Redis pid {old} SIGKILLed; the host restarted it as pid {new}"
+                        return
+                    await trio.sleep(0.05)
+            rec.note = (f"Redis pid {old} SIGKILLed; the host did not restart it within {timeout:g} s"
+                        if d.alive() else f"Redis pid {old} SIGKILLed; the host exited ({d.proc.returncode})")
+        finally:
+            d.down = False
+
+
+def _server_child(pid: int) -> int | None:
+    """The pid of a live Redis/Valkey server whose parent is ``pid`` (a daemon's embedded one)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, ppid = stat[stat.rindex(")") + 2 :].split()[:2]
+        if int(ppid) == pid and state not in ("Z", "X") and comm.startswith(("redis-server", "valkey-server")):
+            return int(entry.name)
+    return None

@@ -120,6 +120,15 @@ class Daemon:
     #: The LAN keyring (``--lan-key``, ``--secure``): the harness's status requests
     #: are tagged with it, as ``dedupnet status --lan-key-file`` does.
     keyring: Keyring | None = None
+    #: Its own embedded Redis's data dir (``kill-host-redis``: the daemon starts, and must
+    #: keep running, a server of its own); None: the run's shared server.
+    data_dir: Path | None = None
+
+    def redis_url(self, shared: str) -> str:
+        """Where its keys are: its own server (its ``redis.url``), or the shared one."""
+        if self.data_dir is None:
+            return shared
+        return (self.data_dir / "redis.url").read_text().strip()
 
     def cpu(self) -> float:
         """CPU seconds (user + system) this life's process has used so far; 0 if gone."""
@@ -367,14 +376,18 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
         centers.append(Daemon(f"center{n}", "center", n, (center_ip(n), port), f"{prefix}:center{n}", argv,
                               logdir / f"center{n}.log", keyring=keyring))
     hosts = []
+    own = {r.target for i, f in enumerate(cfg.faults) if f.kind == "kill-host-redis"
+           for r in [resolve(f, cfg.seed, cfg.networks, cfg.hosts, i)]}
     for n in range(1, cfg.networks + 1):
         for i in range(cfg.hosts):
             ip = host_ip(n, i)
             port = _free_port(ip)
             center_host, center_port = via.get(host_name(n, i), (center_ip(n), ports[n]))
+            data_dir = logdir / f"redis-{ip}" if f"host:{n}.{i}" in own else None
+            store = ["--redis", redis_url] if data_dir is None else ["--data-dir", str(data_dir)]
             argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n),
                     "--center", f"{center_host}:{center_port}", "--listen", f"{ip}:{port}",
-                    "--redis", redis_url, "--prefix", f"{prefix}:host:{ip}", "--set-size", str(cfg.set_size),
+                    *store, "--prefix", f"{prefix}:host:{ip}", "--set-size", str(cfg.set_size),
                     "--set-linger", str(cfg.set_linger),
                     "--mode", cfg.mode, "--concurrency", str(cfg.concurrency),
                     "--per-site", str(cfg.per_site_concurrency), "--per-site-delay", str(cfg.per_site_delay),
@@ -383,7 +396,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 argv += ["--max-depth", str(cfg.max_depth)]
             argv += _tls_flags(cfg, tls_dir, "host", n) + keys
             hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log",
-                                keyring=keyring))
+                                keyring=keyring, data_dir=data_dir))
     return centers, hosts
 
 
@@ -521,13 +534,13 @@ async def _seed(redis_url: str, hosts: list[Daemon], seeds: list[str], scenario:
     if scenario == "concurrent":
         async with trio.open_nursery() as n:
             for h in hosts:
-                n.start_soon(trio.to_thread.run_sync, _push, redis_url, h.prefix, seeds)
+                n.start_soon(trio.to_thread.run_sync, _push, h.redis_url(redis_url), h.prefix, seeds)
         return {h.name: list(seeds) for h in hosts}
     by_ip = {h.name: h for h in hosts}
     plan = assign_seeds(list(by_ip), seeds)
     for ip, urls in plan.items():
         if urls:
-            await trio.to_thread.run_sync(_push, redis_url, by_ip[ip].prefix, urls)
+            await trio.to_thread.run_sync(_push, by_ip[ip].redis_url(redis_url), by_ip[ip].prefix, urls)
     return plan
 
 

@@ -27,7 +27,8 @@ from dedupnet.codec.errors import DiscoveryError
 from dedupnet.codec.messages import Heartbeat, Register, Status
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
-from dedupnet.adapters.runtime import open_store, stop_on_signals
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.runtime import RedisDied, open_store, stop_on_signals, supervise_redis
 from dedupnet.adapters.stores import store_for
 from dedupnet.adapters.tls import TLSConfig
 from dedupnet.adapters.transport import connect
@@ -97,9 +98,8 @@ def run_center(settings: Settings) -> int:
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
-                    data_dir=data_dir, bucket_bits=settings.bucket_bits) as store:
-        trio.run(_until_signalled, CenterDaemon(center, store))
-    return 0
+                    data_dir=data_dir, bucket_bits=settings.bucket_bits) as (store, server):
+        return _run(_until_signalled, CenterDaemon(center, store), server)
 
 
 def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddress]) -> tuple[str, str]:
@@ -136,7 +136,8 @@ def run_local(settings: Settings) -> int:
     local = LocalSettings(
         network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
-        heartbeat_interval=settings.heartbeat_interval, max_frame_size=settings.max_frame_size,
+        heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout,
+        max_frame_size=settings.max_frame_size,
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
@@ -144,9 +145,30 @@ def run_local(settings: Settings) -> int:
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
-                    bucket_bits=settings.bucket_bits) as store:
+                    bucket_bits=settings.bucket_bits) as (store, server):
         bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/bloom.py
-        trio.run(_until_signalled_leaving, LocalDaemon(local, store, counters))
+        return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server)
+
+
+def _run(main, daemon, server: EmbeddedRedis | None) -> int:
+    """Run ``main(daemon)`` with its embedded Redis supervised (:func:`supervise_redis`):
+    0 when a signal stopped it, 1 (after one line saying why) when its Redis died for good."""
+    died: list[BaseException] = []
+
+    async def supervised() -> None:
+        async with trio.open_nursery() as nursery:
+            if server is not None:
+                nursery.start_soon(supervise_redis, server, daemon.counters)
+            await main(daemon)
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(supervised)
+    except* RedisDied as group:
+        died += group.exceptions
+    if died:
+        log.critical("exiting: %s", died[0])
+        return 1
     return 0
 
 
