@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from dedupnet import __version__
-from dedupnet.service.config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, Settings, endpoint, load_settings
+from dedupnet.service.config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, ROUTINGS, Settings, endpoint, load_settings
 from dedupnet.codec.errors import DiscoveryError
 
 NOT_YET: dict[str, str] = {}
@@ -101,6 +101,12 @@ def build_parser() -> argparse.ArgumentParser:
     center.add_argument("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR",
                         help="another network's center and its LAN (repeat per peer)")
     center.add_argument("--peer-key-file", metavar="FILE", help="key file of the peer centers (as --lan-key-file)")
+    center.add_argument("--routing", choices=ROUTINGS,
+                        help="exact mode: home (default) decides each URL at its site's home network alone; "
+                             "broadcast asks every peer network (every center needs the same)")
+    center.add_argument("--weight", dest="weights", action="append", metavar="NET=W",
+                        help="a network's share of the sites under --routing home (default 1; repeat; every "
+                             "center needs the same)")
     center.add_argument("--no-discovery", dest="discovery", action="store_const", const=False,
                         help="do not answer LAN discovery (hosts then need --center HOST:PORT)")
     center.add_argument("--max-connections-per-source", type=int, metavar="N",

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from center_host.protocol import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES
+from center_host.protocol import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS
+from dedupnet.codec.homes import parse_weights
 
 MODES = ("exact", "paper")
 
@@ -94,6 +95,13 @@ class Settings:
     #: Who answers this LAN's own sets (§2.3): ``center`` (exact mode's default: the
     #: center's admitted record, no LAN broadcast) or ``lan`` (the paper: every other host).
     local_lookup: str | None = None
+    #: Exact mode, a center: where a URL is decided (docs/PROTOCOL.md §11). ``home`` (the
+    #: default): by the center of its site's home network alone; ``broadcast``: by asking
+    #: every peer network (§10). Every center of the system must have the same.
+    routing: str | None = None
+    #: ``routing = "home"``: each network's share of the sites, ``"NETWORK=WEIGHT"`` each
+    #: (1 for a network not named). Every center must have the same list.
+    weights: list[str] = dataclasses.field(default_factory=list)
     #: Exact mode, a center: seconds its LAN's sets gather into one set for the peer
     #: networks while one of its own is out with them (docs/PROTOCOL.md §10, R4): every
     #: peer answers every set, so this divides their work by up to the hosts per LAN.
@@ -165,6 +173,9 @@ class Settings:
             raise ValueError(f"foreign_lookup must be one of {', '.join(FOREIGN_LOOKUPS)}, not {self.foreign_lookup!r}")
         if self.local_lookup not in (None, *LOCAL_LOOKUPS):
             raise ValueError(f"local_lookup must be one of {', '.join(LOCAL_LOOKUPS)}, not {self.local_lookup!r}")
+        if self.routing not in (None, *ROUTINGS):
+            raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, not {self.routing!r}")
+        parse_weights(self.weights)
         if self.key_poll_interval <= 0:
             raise ValueError("key_poll_interval must be positive")
         if self.set_linger < 0 or self.gather_linger < 0:

@@ -21,6 +21,7 @@ from dedupnet.adapters import bloom
 
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
+from dedupnet.codec.homes import parse_weights
 from dedupnet.service.config import Settings, endpoint
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
@@ -62,7 +63,7 @@ def _data_dir(settings: Settings, default: str) -> str | None:
 def _timing(settings: Settings) -> dict:
     return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
                 partition_policy=settings.partition_policy, foreign_lookup=settings.foreign_lookup,
-                local_lookup=settings.local_lookup, gather_linger=settings.gather_linger,
+                local_lookup=settings.local_lookup, gather_linger=settings.gather_linger, routing=settings.routing,
                 heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
 
 
@@ -94,7 +95,7 @@ def run_center(settings: Settings) -> int:
         key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
         max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
         tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
-        recrawl=settings.recrawl(),
+        recrawl=settings.recrawl(), weights=parse_weights(settings.weights),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
