@@ -119,6 +119,7 @@ class CenterDaemon:
         self.last_seen: dict[cp.Member, float] = {}
         self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
         self._gauged: set[str] = set()
+        self._gauged_routed: set[int] = set()
         #: number -> when this center stored the set (trio time): the status page's ages.
         self.set_since: dict[int, float] = {}
         #: The bound port of ``settings.metrics`` (the HTTP endpoint), once serving.
@@ -298,11 +299,16 @@ class CenterDaemon:
                     await self.conns[member].aclose()
 
     def _gauge_waiting(self) -> None:
-        """``sets_waiting{member}``: sets in flight that still wait for that member's answer."""
+        """``sets_waiting{member}``: sets in flight that still wait for that member's answer;
+        ``urls_waiting{network}``: URLs held here for a home network that has not taken them."""
         waiting = self.core.waiting_for()
         for member in set(waiting) | self._gauged:
             self.counters.set_gauge("sets_waiting", waiting.get(member, 0), member=member)
         self._gauged = set(waiting)
+        routed = self.core.routed_waiting()
+        for network in set(routed) | self._gauged_routed:
+            self.counters.set_gauge("urls_waiting", routed.get(network, 0), network=str(network))
+        self._gauged_routed = set(routed)
 
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
@@ -340,6 +346,8 @@ class CenterDaemon:
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "members": {str(m): round(now - t, 3) for m, t in sorted(self.last_seen.items(), key=str)},
             "sets_in_flight": stages, "waiting_for": self.core.waiting_for(), "timers": len(self.timers),
+            "routing": self.core.config.routing,
+            "waiting_for_networks": {f"net:{n}": k for n, k in sorted(self.core.routed_waiting().items())},
             "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
             **center_detail(self),
         }

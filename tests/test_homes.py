@@ -195,3 +195,40 @@ def test_random_interleavings_with_partitions_admit_each_url_once_at_its_home(se
     homes = next(iter(net.centers.values())).core.homes
     for n, c in net.centers.items():  # each URL admitted by its site's home network
         assert all(homes.home_of(u) == n for u in c.admitted)
+
+
+# -- real daemons ---------------------------------------------------------------------
+async def test_a_network_cut_off_delays_only_its_own_sites(redis_url):
+    """Network 3 is cut from both others (silent WAN links): networks 1 and 2 go on
+    admitting the URLs of their own sites; network 3's wait in center 1's
+    dist_reduce_pool, shown in its status, and are admitted once after the heal."""
+    import random
+
+    import trio
+
+    from dedupnet.harness.cluster import open_cluster
+
+    async with open_cluster(redis_url, 3, 1, set_size=20, prefix=f"home{random.random()}",
+                            links={"wan:1-3", "wan:2-3"}) as system:
+        for link in ("wan:1-3", "wan:2-3"):
+            system.relays[link].partition()
+        m = HomeMap({1: 1, 2: 1, 3: 1})  # the centers' map
+        found = {n: urls_homed(m, n, 30, "cut") for n in (1, 2, 3)}
+        host = system.hosts["127.0.1.10"]
+        await host.store.run(host.pools.push, [u for n in (1, 2, 3) for u in found[n]])
+        with trio.fail_after(30):
+            while (system.centers[1].counters.get("urls_admitted") < 30
+                   or system.centers[2].counters.get("urls_admitted") < 30
+                   or system.centers[1].core.routed_waiting() != {3: 30}):
+                await trio.sleep(0.05)
+        assert (await system.centers[1].status())["waiting_for_networks"] == {"net:3": 30}
+        assert system.centers[3].counters.get("urls_admitted") == 0
+        for link in ("wan:1-3", "wan:2-3"):
+            system.relays[link].heal()
+        with trio.fail_after(60):
+            await system.wait_quiescent()
+        tasks = {ip: [u for _, u in await h.store.run(h.pools.all_tasks)] for ip, h in system.hosts.items()}
+    queued = Counter(u for urls in tasks.values() for u in urls)
+    assert set(queued) == {u for urls in found.values() for u in urls} and max(queued.values()) == 1
+    for n, urls in found.items():  # each admitted by its home, whose one host has it
+        assert set(urls) <= set(tasks[f"127.0.{n}.10"])

@@ -323,6 +323,8 @@ def format_status(body: dict) -> str:
     if "waiting_for" in body:
         lines.append(f"  waiting for ({body.get('partition_policy')}): "
                      + (", ".join(f"{m} {n} sets" for m, n in sorted(body["waiting_for"].items())) or "nobody"))
+    for network, urls in body.get("waiting_for_networks", {}).items():
+        lines.append(f"  waiting for network {network.removeprefix('net:')}: {urls} URLs (of its sites, held here)")
     if "members" in body:
         lines.append("  members (seconds since last heartbeat):")
         lines += [f"    {m:<18} {age:>6.1f}" for m, age in body["members"].items()] or ["    none"]
