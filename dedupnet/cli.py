@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -284,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         return _run(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # the reader of the output went away (`| head`): nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Exception as exc:  # noqa: BLE001 - every failure ends in one line (and the traceback on DEBUG)
         return fatal(f"dedupnet {args.command}", exc, debug=debug or logging.getLogger().isEnabledFor(logging.DEBUG))
 
