@@ -1,4 +1,4 @@
-"""Every process fault of issue #9, on real daemon processes, seeds 1-3: the README's table.
+"""Every process fault of `dedupnet sim --processes`, on real daemon processes, seeds 1-3: the table of docs/BENCHMARKS.md.
 
     .venv/bin/python bench/bench_faults.py --layout 3x3 --pages 3000 --seeds 1,2,3 --out faults.json
 

@@ -85,7 +85,7 @@ def test_two_networks_from_the_command_line(deployment):
 
 def test_status_of_nothing_says_so():
     out = run("status", "127.0.0.1:1")
-    assert out.returncode == 1 and "no answer" in out.stdout
+    assert out.returncode == 1 and "no answer from 127.0.0.1:1" in out.stderr and not out.stdout
 
 
 @pytest.mark.parametrize("args, message", [

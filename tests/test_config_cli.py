@@ -33,7 +33,7 @@ def test_cli_reports_bad_settings_without_traceback(tmp_path, capsys):
     cfg = tmp_path / "d.toml"
     cfg.write_text("nope = 1\n")
     assert main(["demo", "--config", str(cfg)]) == 2
-    assert "unknown setting(s): nope" in capsys.readouterr().err
+    assert "unknown setting `nope`" in capsys.readouterr().err
 
 
 def test_help_lists_the_subcommands():

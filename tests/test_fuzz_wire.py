@@ -1,6 +1,6 @@
 """A short run of the wire fuzzer (bench/fuzz_wire.py) in the suite: a few seconds of
 mutated valid messages and random bytes through the plain, compression-negotiated and
-keyed decoders. The long runs (>= 10 million inputs) are done by hand; see the README."""
+keyed decoders. The long runs (>= 10 million inputs) are done by hand; see docs/DEVELOPMENT.md."""
 
 from __future__ import annotations
 

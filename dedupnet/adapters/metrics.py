@@ -28,6 +28,8 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
+from dedupnet.adapters.listen import open_listeners
+
 __all__ = ["Counters", "serve_http", "serve_metrics", "CONTENT_TYPE", "Route"]
 
 log = logging.getLogger("dedupnet.adapters.metrics")
@@ -295,7 +297,7 @@ async def serve_http(
         return CONTENT_TYPE, counters.render_prometheus().encode("utf-8")
 
     table = {b"/metrics": metrics, **{path.encode("ascii"): route for path, route in (routes or {}).items()}}
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await open_listeners(host, port, "--http")
     bound = listeners[0].socket.getsockname()[1]
     log.info("HTTP on http://%s:%d/ (%s)", host or "*", bound, ", ".join(p.decode() for p in table))
     task_status.started(bound)

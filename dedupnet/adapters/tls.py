@@ -56,6 +56,8 @@ from typing import Any
 
 import trio
 
+from dedupnet.codec.errors import SettingsError
+
 log = logging.getLogger("dedupnet.adapters.tls")
 
 __all__ = [
@@ -104,6 +106,25 @@ class TLSConfig:
             path = getattr(self, name)
             if path is not None and not Path(path).is_file():
                 raise ValueError(f"tls_{name} {path!r}: no such file")
+        self._check_files()
+
+    def _check_files(self) -> None:
+        """Read the files now, so a wrong one stops the daemon at start with its name
+        rather than failing every handshake later."""
+        try:
+            ssl.create_default_context(cafile=self.ca)
+        except ssl.SSLError as exc:
+            raise SettingsError(f"tls_ca {self.ca}: not a PEM CA certificate ({exc.reason or exc})") from None
+        if self.cert is None:
+            return
+        try:
+            ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT).load_cert_chain(self.cert, self.key)
+        except ssl.SSLError as exc:
+            if exc.reason == "KEY_VALUES_MISMATCH":
+                raise SettingsError(f"tls_cert {self.cert} and tls_key {self.key} do not match: the key is not "
+                                    "the certificate's") from None
+            raise SettingsError(f"tls_cert {self.cert} and tls_key {self.key}: not a PEM certificate and its "
+                                f"key ({exc.reason or exc})") from None
 
     @classmethod
     def from_settings(cls, tls_cert: str | None, tls_key: str | None, tls_ca: str | None,

@@ -137,6 +137,7 @@ import trio
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import COMPRESSIONS, MAX_URLS, Error, Frame, Kind, Message, Register, Welcome, normalize_ip
+from dedupnet.adapters.listen import open_listeners
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.tls import ServerTLS, TLSRefused, expected_uri_problem, sniff_tls, ssl_error_text, wrap
 from dedupnet.codec.wire import (
@@ -1008,7 +1009,7 @@ async def serve(
     ``max_bytes_per_s`` / ``max_messages_per_s`` (with their bursts) throttle what each
     connection is read at (:class:`TokenBucket`). None: no limit.
     """
-    listeners = await trio.open_tcp_listeners(port, host=host)
+    listeners = await open_listeners(host, port, "--listen")
     bound = listeners[0].socket.getsockname()[1]
     log.info("listening on %s:%d", host or "*", bound)
     conn_options = dict(max_frame_size=max_frame_size, max_urls=max_urls, max_queue=max_queue,

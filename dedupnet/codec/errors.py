@@ -39,3 +39,11 @@ class DiscoveryError(DedupnetError):
     (dedupnet/adapters/discovery.py)."""
 
     reason = "no-center"
+
+
+class SettingsError(DedupnetError, ValueError):
+    """A setting that cannot work as given, found only once the daemon tries it: an
+    address already in use, files that do not belong together. The operator must change
+    something, so the command stops with this one line (exit status 2), never a retry."""
+
+    reason = "settings"

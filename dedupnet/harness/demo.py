@@ -1,8 +1,7 @@
 """``dedupnet demo``: local de-dup (paper §2.2) on a real Redis, shown step by step.
 
-Until the simulation harness exists this is the README's first command: it makes a
-crawler-like stream of URLs (popular pages found again and again, cosmetic variants
-of one URL, some junk), marks part of them as crawled earlier, and runs them through
+It makes a crawler-like stream of URLs (popular pages found again and again, cosmetic
+variants of one URL, some junk), marks part of them as crawled earlier, and runs them through
 what a local host does before anything leaves it: normalise and reject, push into
 ``URL_pool``, look up ``finish_URL``, group into ``URL_set``s, number and frame them.
 """

@@ -149,7 +149,9 @@ def add_arguments(p) -> None:
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
     p.add_argument("--pages", type=int, default=3000, help="pages of the synthetic web (default 3000)")
     p.add_argument("--sites", type=int, default=30, help="sites of the synthetic web (default 30)")
-    p.add_argument("--mode", choices=MODES, default="exact")
+    p.add_argument("--mode", choices=MODES, default="exact",
+                   help="exact: no URL admitted twice; paper: the paper's look-ups only; owner: the hash-partitioned "
+                        "baseline (default: exact)")
     p.add_argument("--seed", type=int, default=1, help="seeds the web and the run (default 1)")
     p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
     p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
@@ -186,9 +188,9 @@ def add_arguments(p) -> None:
     p.add_argument("--baseline-python", metavar="PYTHON",
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
     p.add_argument("--lan-key", action="store_true",
-                   help="HMAC tags on the LANs (issue #10): a random LAN key is made for the run")
+                   help="HMAC tags on the LANs: a random LAN key is made for the run")
     p.add_argument("--secure", action="store_true",
-                   help="issue #10's protections together: TLS with client certificates between the centers "
+                   help="both protections together: TLS with client certificates between the centers "
                         "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
                         "the report counts TLS records on the wire")
     p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
@@ -196,7 +198,7 @@ def add_arguments(p) -> None:
                    help="serve a live status page of the whole system (every center, the hosts) at "
                         "http://HOST:PORT/ while it runs (HOST default 127.0.0.1; docs/STATUS.md)")
     p.add_argument("--recrawl-after", type=float, metavar="S",
-                   help="re-crawl by age (issue #13): every daemon's recrawl_after; with --windows K the seeds "
+                   help="re-crawl by age: every daemon's recrawl_after; with --windows K the seeds "
                         "are offered again, each time once the last window is quiescent and 1.25 x S seconds old, and "
                         "the report checks that every URL was fetched exactly K times")
     p.add_argument("--windows", type=int, default=1, metavar="K",
@@ -209,5 +211,7 @@ def add_arguments(p) -> None:
                    help="run on an embedded Redis Cluster of N masters (dedupnet/adapters/embedded.py EmbeddedCluster)")
     p.add_argument("--finish-url-filter", choices=("exact", "bloom"), default="exact",
                    help="the hosts' finish_URL: exact (default) or bloom; each false positive is a URL never crawled")
-    p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N")
-    p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P")
+    p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N",
+                   help="URLs the hosts' Bloom filters are sized for (default %(default)s)")
+    p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P",
+                   help="their false-positive rate at capacity (default %(default)s)")

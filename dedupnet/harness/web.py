@@ -742,20 +742,26 @@ class SyntheticWeb:
                 await trio.aclose_forcefully(lst)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve a synthetic web until Ctrl-C (``dedupnet web``)."""
-    p = argparse.ArgumentParser(prog="dedupnet web", description="Serve a seeded synthetic web on loopback "
-                                "(site k at 127.77.{k//250}.{k%250+1}, one port for all sites), or in "
-                                "another network (--bind).")
-    p.add_argument("--pages", type=int, default=WebSpec.pages)
-    p.add_argument("--sites", type=int, default=WebSpec.sites)
-    p.add_argument("--seed", type=int, default=WebSpec.seed)
-    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of every site (0: any free one)")
-    p.add_argument("--seeds", type=int, default=5, metavar="N", help="seed URLs to print")
+def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The flags of ``dedupnet web``."""
+    p = parser_class(prog="dedupnet web", description="Serve a seeded synthetic web on loopback "
+                     "(site k at 127.77.{k//250}.{k%250+1}, one port for all sites), or in another network (--bind).")
+    p.add_argument("--pages", type=int, default=WebSpec.pages, help="pages of the web (default %(default)s)")
+    p.add_argument("--sites", type=int, default=WebSpec.sites, help="sites the pages are spread over (default %(default)s)")
+    p.add_argument("--seed", type=int, default=WebSpec.seed,
+                   help="seed of the link graph: the same seed gives the same web (default %(default)s)")
+    p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of every site (0: any free one; default %(default)s)")
+    p.add_argument("--seeds", type=int, default=5, metavar="N", help="seed URLs to print (default %(default)s)")
     p.add_argument("--bind", default=DEFAULT_BIND, metavar="CIDR",
                    help=f"network the sites listen in, site k at its ((k//250)*256 + k%%250 + 1)-th address "
                         f"(default {DEFAULT_BIND}); the addresses must be local, e.g. "
                         f"`ip route add local 10.77.0.0/16 dev lo`")
+    return p
+
+
+def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentParser] = argparse.ArgumentParser) -> int:
+    """Serve a synthetic web until Ctrl-C (``dedupnet web``)."""
+    p = build_parser(parser_class)
     args = p.parse_args(argv)
     try:
         web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=args.port,

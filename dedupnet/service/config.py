@@ -7,8 +7,11 @@ unknown key is an error that names it, so a typo never passes silently.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
 import tomllib
+import types
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -213,18 +216,79 @@ class Settings:
         return RecrawlPolicy.from_settings(self.recrawl_after, self.recrawl_sites)
 
 
+#: Settings that name a file or directory: a relative path in a config file is relative
+#: to that file's directory (so the lines ``dedupnet certs`` prints work from anywhere).
+PATH_SETTINGS = ("data_dir", "tls_cert", "tls_key", "tls_ca", "lan_key_file", "peer_key_file", "seeds_file",
+                 "store_dir")
+#: How a list setting's items look, for the message when a file gives something else.
+LIST_ITEMS = {"peers": '"NETWORK,HOST:PORT,CIDR" strings, e.g. ["2,10.2.0.1:7700,10.2.0.0/24"]',
+              "recrawl_sites": '"GLOB=SECONDS" strings, e.g. ["news.*=3600"]'}
+
+
 def load_settings(path: str | Path | None = None, **overrides: Any) -> Settings:
-    """Defaults < file < overrides (``None`` overrides are ignored: flag not given)."""
+    """Defaults < file < overrides (``None`` overrides are ignored: flag not given).
+    ValueError names the first mistake: the file, the key, what was expected."""
     values: dict[str, Any] = {}
     if path is not None:
-        with open(path, "rb") as f:
-            values.update(tomllib.load(f))
+        values.update(read_settings_file(path))
     values.update({k: v for k, v in overrides.items() if v is not None})
-    known = {f.name for f in dataclasses.fields(Settings)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown setting(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     return Settings(**values)
+
+
+def read_settings_file(path: str | Path) -> dict[str, Any]:
+    """A config file's settings, checked against :class:`Settings`: every key known, every
+    value of its field's type, relative paths made relative to the file's directory."""
+    try:
+        with open(path, "rb") as f:
+            values = tomllib.load(f)
+    except OSError as exc:
+        raise ValueError(f"cannot read the config file {path}: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ValueError(f"{path} is not valid TOML: {exc}") from None
+    hints = typing.get_type_hints(Settings)
+    for key, value in values.items():
+        if key not in hints:
+            close = difflib.get_close_matches(key, hints, n=1)
+            hint = f"did you mean `{close[0]}`?" if close else "the settings are listed in docs/DEPLOY.md"
+            raise ValueError(f"unknown setting `{key}` in {path}: {hint}")
+        expected = _type_problem(key, value, hints[key])
+        if expected:
+            raise ValueError(f"`{key}` in {path} must be {expected}, not {_toml_kind(value)}")
+    base = Path(path).resolve().parent
+    for key in PATH_SETTINGS:
+        if isinstance(values.get(key), str):
+            values[key] = str(base / Path(values[key]).expanduser())
+    return values
+
+
+def _type_problem(key: str, value: Any, hint: Any) -> str | None:
+    """None if ``value`` fits the annotation ``hint``; else what was expected, in words."""
+    optional = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    kind = next(k for k in typing.get_args(hint) if k is not type(None)) if optional else hint
+    if kind is bool:
+        return None if isinstance(value, bool) else "true or false"
+    if kind is int:
+        return None if isinstance(value, int) and not isinstance(value, bool) else "an integer"
+    if kind is float:
+        return None if isinstance(value, (int, float)) and not isinstance(value, bool) else "a number"
+    if kind is str:
+        return None if isinstance(value, str) else "a string"
+    if typing.get_origin(kind) is list:
+        ok = isinstance(value, list) and all(isinstance(v, str) for v in value)
+        return None if ok else "a list of " + LIST_ITEMS.get(key, "strings")
+    return None
+
+
+def _toml_kind(value: Any) -> str:
+    """A TOML value as an operator wrote it: ``a string ("500")``, ``a list of tables``."""
+    if isinstance(value, str):
+        return f'a string ("{value}")'
+    if isinstance(value, bool) or not isinstance(value, (list, dict)):
+        return f"{str(value).lower() if isinstance(value, bool) else value}"
+    if isinstance(value, dict):
+        return "a table"
+    words = {str: "strings", dict: "tables", list: "lists", bool: "booleans"}
+    return "a list of " + " and ".join(sorted({words.get(type(v), "numbers") for v in value}))
 
 
 def endpoint(text: str) -> tuple[str, int]:

@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 import logging
 import signal
+import sys
 import time
 from pathlib import Path
 
 import orjson
+import redis
 import trio
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
@@ -22,10 +24,10 @@ from dedupnet.adapters import bloom
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
-from dedupnet.service.config import Settings, endpoint
+from dedupnet.service.config import Settings, endpoint, load_settings
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
-from dedupnet.codec.messages import Heartbeat, Register, Status
+from dedupnet.codec.messages import Error, Heartbeat, Register, Status
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
 from dedupnet.adapters.embedded import EmbeddedRedis
@@ -285,6 +287,29 @@ async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> Non
 
 
 # -- dedupnet status ------------------------------------------------------------------
+def status_target(address: str | None, config: str | None, key_file: str | None) -> tuple[tuple[str, int], str | None]:
+    """Where ``dedupnet status`` asks and with which key: as given, else what the
+    daemon's own config file says (its ``listen`` address and ``lan_key_file``), so an
+    operator need not repeat the key file the daemon already names."""
+    settings = load_settings(config) if config else None
+    if address is None:
+        if settings is None or settings.listen is None:
+            raise ValueError("give the daemon's HOST:PORT, or --config FILE of a daemon with a listen address")
+        address = settings.listen
+    if key_file is None and settings is not None:
+        key_file = settings.lan_key_file
+    host, port = endpoint(address)
+    return (WILDCARD_TO_LOOPBACK.get(host, host), port), key_file
+
+
+#: A daemon listening on every address is asked on loopback.
+WILDCARD_TO_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+class StatusRefused(Exception):
+    """The daemon answered ``dedupnet status`` with an error instead of its status."""
+
+
 async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file: str | None = None) -> dict:
     ip = source_ip_towards(address[0])
     register = Register(ip, 0, "control", f"{ip}:1")
@@ -296,15 +321,31 @@ async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file:
                 reply = await conn.receive()
                 if isinstance(reply, Status):
                     return reply.body or {}
+                if isinstance(reply, Error):
+                    raise StatusRefused(refusal_text(reply, keyed=keyring is not None))
                 if not isinstance(reply, Heartbeat):
-                    raise ValueError(f"{address[0]}:{address[1]} answered {reply}")
+                    raise StatusRefused(f"it answered with a {type(reply).__name__} message, not its status")
+
+
+def refusal_text(error: Error, *, keyed: bool) -> str:
+    """A daemon's Error as a sentence that says what to do."""
+    if error.reason == "bad-tag":
+        return ("it needs the LAN key and this request's tag was not made with it: give --key-file with the "
+                "daemon's lan_key_file, or --config with the daemon's config file" if not keyed else
+                "it did not accept this key file: give the daemon's current lan_key_file")
+    return f"it refused the request ({error.reason}): {error.message}"
 
 
 def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: str | None = None) -> int:
+    where = f"{address[0]}:{address[1]}"
     try:
         body = trio.run(fetch_status, address, 5.0, key_file)
     except (OSError, trio.TooSlowError) as e:
-        print(f"dedupnet status: no answer from {address[0]}:{address[1]}: {e}")
+        why = "none within 5 s" if isinstance(e, trio.TooSlowError) else e.strerror or str(e)
+        print(f"dedupnet status: no answer from {where}: {why}", file=sys.stderr)
+        return 1
+    except StatusRefused as e:
+        print(f"dedupnet status: {where} did not give its status: {e}", file=sys.stderr)
         return 1
     if as_json:
         print(orjson.dumps(body, option=orjson.OPT_INDENT_2).decode())
@@ -335,16 +376,14 @@ def format_status(body: dict) -> str:
 
 # -- dedupnet push / finish ------------------------------------------------------------
 def push_or_finish(settings: Settings, command: str, urls: list[str], *, data_dir: str | None) -> int:
-    url = settings.redis_url
-    if url is None:
-        if data_dir is None:
-            raise ValueError("give --redis URL, or --data-dir of the host daemon whose embedded Redis to use")
-        url = (Path(data_dir) / "redis.url").read_text().strip()
+    url = settings.redis_url or daemon_redis_url(data_dir)
     if settings.prefix is None and settings.ip is None:
         raise ValueError("give --ip of the host (or its --prefix)")
     store = store_for(url, settings.prefix or f"dedupnet:host:{settings.ip}", bucket_bits=settings.bucket_bits)
     bloom.attach(store, bloom.spec_from(settings))
     try:
+        if settings.redis_url is None:
+            _answers(store, data_dir)
         pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl())
         if command == "push":
             n = pools.push(urls)
@@ -354,3 +393,25 @@ def push_or_finish(settings: Settings, command: str, urls: list[str], *, data_di
     finally:
         store.close()
     return 0
+
+
+def daemon_redis_url(data_dir: str | None) -> str:
+    """The embedded Redis of the host daemon that runs in ``data_dir`` (it writes the
+    server's URL to ``redis.url`` there while it runs)."""
+    if data_dir is None:
+        raise ValueError("give --redis URL, or --data-dir of the host daemon whose embedded Redis to use")
+    url_file = Path(data_dir) / "redis.url"
+    if not url_file.is_file():
+        raise ValueError(f"no daemon found in {data_dir}: it has no redis.url, which a running host daemon "
+                         f"keeps there (start `dedupnet local --data-dir {data_dir}`, or give --redis URL)")
+    return url_file.read_text().strip()
+
+
+def _answers(store, data_dir: str) -> None:
+    """One ping, no retries: a redis.url left by a daemon that was killed names a server
+    that is gone, and the store's retries would only delay saying so."""
+    try:
+        store.redis.ping()
+    except redis.RedisError:
+        raise ValueError(f"no daemon found in {data_dir}: its redis.url names {store.url}, which does not answer "
+                         "(the host daemon is not running: start it again)") from None

@@ -1,0 +1,194 @@
+"""The mistakes operators really make, each ending in one line that names what to fix:
+`dedupnet` run as a user runs it (a real process, real sockets, the real embedded
+Redis), checked on stderr and the exit status. Configuration errors exit with 2; a
+traceback appears only with ``--log-level DEBUG``."""
+
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
+#: A daemon's own log records (its start-up before it meets the mistake).
+LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO) ")
+
+
+def run(*args, cwd, timeout=60):
+    return subprocess.run([*DEDUPNET, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def the_line(out, who="dedupnet") -> str:
+    """The one line that reports the mistake: no traceback, nothing else but the
+    daemon's own start-up log records (there are none before the settings are read)."""
+    assert "Traceback" not in out.stderr, out.stderr
+    lines = [line for line in out.stderr.splitlines() if not LOG_RECORD.match(line)]
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith(who + ":"), lines[0]
+    return lines[0]
+
+
+def only_line(out, who="dedupnet") -> str:
+    """The mistake was found before anything started: stderr is that one line."""
+    assert len(out.stderr.splitlines()) == 1, out.stderr
+    return the_line(out, who)
+
+
+@pytest.fixture
+def taken_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory):
+    d = tmp_path_factory.mktemp("certs")
+    subprocess.run([*DEDUPNET, "certs", "--dir", str(d), "--networks", "1,2"], check=True, capture_output=True)
+    return d
+
+
+# -- on the command line --------------------------------------------------------------
+def test_a_port_in_use_names_the_address(tmp_path, taken_port):
+    out = run("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", cwd=tmp_path)
+    assert out.returncode == 2
+    line = the_line(out, "dedupnet center")
+    assert f"127.0.0.1:{taken_port}" in line and "--listen" in line and "in use" in line
+    quiet = run("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", "--log-level", "WARNING",
+                cwd=tmp_path)
+    assert quiet.returncode == 2 and only_line(quiet, "dedupnet center") == line
+
+
+def test_a_port_in_use_for_http_names_the_address(tmp_path, taken_port):
+    out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{taken_port}",
+              cwd=tmp_path)
+    assert out.returncode == 2
+    line = the_line(out, "dedupnet center")
+    assert f"127.0.0.1:{taken_port}" in line and "--http" in line and "in use" in line
+
+
+def test_a_certificate_and_a_key_that_do_not_match_are_named(tmp_path, certs):
+    cert, key = certs / "center-1.pem", certs / "center-2-key.pem"
+    out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
+              "--tls-ca", str(certs / "ca.pem"), cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet center")
+    assert str(cert) in line and str(key) in line and "do not match" in line
+
+
+def test_a_network_id_that_is_not_a_number_is_one_line(tmp_path):
+    out = run("local", "--network", "abc", cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet local")
+    assert "--network" in line and "'abc'" in line and "usage" not in out.stderr
+
+
+def test_the_traceback_comes_with_debug_only(tmp_path, certs):
+    args = ["center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(certs / "center-1.pem"),
+            "--tls-key", str(certs / "center-2-key.pem"), "--tls-ca", str(certs / "ca.pem")]
+    out = run(*args, "--log-level", "DEBUG", cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" in out.stderr
+    assert out.stderr.splitlines()[-1] == only_line(run(*args, cwd=tmp_path), "dedupnet center")
+
+
+# -- in the config file -----------------------------------------------------------------
+@pytest.mark.parametrize("text, named", [
+    ('set_size = "500"\n', ["`set_size`", "an integer", '"500"']),
+    ('network = 1\nlisten = "127.0.0.1:0"\npeers = [{network = 2, address = "10.2.0.1:7700"}]\n',
+     ["`peers`", "list of", "NETWORK,HOST:PORT,CIDR", "tables"]),
+    ('peer = ["2,127.0.2.1:7700,127.0.2.0/24"]\n', ["unknown setting `peer`", "did you mean `peers`?"]),
+])
+def test_a_mistake_in_the_config_file_names_the_key(tmp_path, text, named):
+    cfg = tmp_path / "dedupnet.toml"
+    cfg.write_text(text)
+    out = run("center", "--config", str(cfg), cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet center")
+    assert all(part in line for part in named), line
+    assert str(cfg) in line
+    assert "set_linger" not in line  # the suggestion, not the list of every key
+
+
+def test_paths_in_the_config_file_are_relative_to_it(tmp_path, certs):
+    """Run from another directory: the file's tls_* lines still find (and name) the files
+    beside it."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "certs").symlink_to(certs)
+    (conf / "c1.toml").write_text('network = 1\nlisten = "127.0.0.1:0"\ntls_cert = "certs/center-1.pem"\n'
+                                  'tls_key = "certs/center-2-key.pem"\ntls_ca = "certs/ca.pem"\n')
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = run("center", "--config", "../conf/c1.toml", cwd=elsewhere)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet center")
+    assert f"{conf / 'certs' / 'center-1.pem'} and tls_key {conf / 'certs' / 'center-2-key.pem'} do not match" in line
+
+
+# -- the small clients -----------------------------------------------------------------
+def test_push_without_a_daemon_says_none_was_found(tmp_path):
+    out = run("push", "--data-dir", "host-data", "--ip", "127.0.1.10", "http://a.example/", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "no daemon found in host-data" in only_line(out, "dedupnet push")
+
+
+def test_push_after_the_daemon_was_killed_says_none_answers(tmp_path):
+    """A SIGKILLed daemon leaves its redis.url behind, naming a server that is gone."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        gone = s.getsockname()[1]
+    (tmp_path / "host-data").mkdir()
+    (tmp_path / "host-data" / "redis.url").write_text(f"redis://127.0.0.1:{gone}/0\n")
+    out = run("push", "--data-dir", "host-data", "--ip", "127.0.1.10", "http://a.example/", cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet push")
+    assert "no daemon found in host-data" in line and f"127.0.0.1:{gone}" in line
+
+
+@pytest.fixture
+def keyed_center(tmp_path):
+    """A center whose config file names its LAN key file by a relative path."""
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "lan1.keys").write_text("1 " + "ab" * 32 + " send\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (conf / "c1.toml").write_text(f'network = 1\nlisten = "127.0.0.1:{port}"\nlan_key_file = "lan1.keys"\n'
+                                  'data_dir = "c1-data"\n')
+    proc = subprocess.Popen([*DEDUPNET, "center", "--config", "conf/c1.toml"], cwd=tmp_path,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        yield conf / "c1.toml", f"127.0.0.1:{port}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def test_status_takes_the_key_file_from_the_daemons_config(tmp_path, keyed_center):
+    config, address = keyed_center
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    out = run("status", "--config", str(config), cwd=elsewhere)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith(f"center {address}")
+
+
+def test_status_without_the_key_says_so_in_a_sentence(tmp_path, keyed_center):
+    config, address = keyed_center
+    out = run("status", address, cwd=tmp_path)
+    assert out.returncode == 1
+    line = only_line(out, "dedupnet status")
+    assert "needs the LAN key" in line and "--key-file" in line and "--config" in line
+    assert "Error(" not in line and "reason=" not in line
