@@ -64,6 +64,8 @@ class CenterSettings:
     routing: str | None = None  # default by mode (CenterConfig): "home" in exact mode
     #: Each network's share of the sites under ``routing = "home"`` (1 if absent).
     weights: dict[int, float] = field(default_factory=dict)
+    #: The maps in force before a change of the map (CenterConfig.previous_weights).
+    previous_weights: tuple[dict[int, float], ...] = ()
     #: Exact mode: seconds this LAN's sets gather into one for the peers while one of
     #: ours is out with them (R4, CenterConfig.gather_linger); 0: each goes alone.
     gather_linger: float = 0.5
@@ -111,6 +113,7 @@ class CenterDaemon:
             resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
             foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
             gather_linger=settings.gather_linger, routing=settings.routing, weights=settings.weights,
+            previous_weights=settings.previous_weights,
         )
         self.core = cp.CenterProtocol(config, self.counters)
         self.pools = CenterPools(store, settings.recrawl)
@@ -141,7 +144,7 @@ class CenterDaemon:
 
     def register(self) -> Register:
         s = self.settings
-        homes = self.core.homes.describe() if self.core.homes is not None else None
+        homes = self.core.homes_described()
         return Register(s.ip, s.network, "center", f"{s.ip}:{self.port}", s.lan, homes=homes)
 
     async def _refused_map(self, conn: Connection, reg: Register) -> bool:

@@ -51,10 +51,13 @@ class Stage(str, enum.Enum):
     DIST = "dist"  # own set, asking the other networks (§2.4), held in dist_reduce_pool
     FOREIGN = "foreign"  # another network's set, asking our LAN (§2.4), in dist_reduce_pool
     HOME = "home"  # own set, its URLs of other networks' sites with their home centers (§11)
+    CHECK = "check"  # own set, its URLs of sites that moved here asked of their previous home (§11)
 
 
 POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOREIGN: DIST_REDUCE_POOL,
-           Stage.HOME: DIST_REDUCE_POOL}
+           Stage.HOME: DIST_REDUCE_POOL, Stage.CHECK: DIST_REDUCE_POOL}
+#: Stages that wait for peer networks and are never concluded without them.
+ROUTED = (Stage.HOME, Stage.CHECK)
 #: The timer of R4's gathering (no set has number 0: a host's sequence starts at 1, §7).
 GATHER_TIMER = 0
 
@@ -270,8 +273,13 @@ class CenterConfig:
     #: center for a URL of another network's site, none for the rest; ``"broadcast"``,
     #: by asking every peer network (§10), the baseline. Paper mode always broadcasts.
     routing: str | None = None
-    #: ``routing = "home"``: each network's share of the sites (capacity); 1 if absent.
+    #: ``routing = "home"``: each network's share of the sites (capacity); 1 if absent,
+    #: 0 for a network being retired (home to no site, still asked about its past).
     weights: dict[int, float] = field(default_factory=dict)
+    #: The maps in force before (``{network: weight}`` each): a URL of a site that moved
+    #: here is admitted only once each earlier home has said it did not admit it (§11,
+    #: "Changing the map").
+    previous_weights: tuple[dict[int, float], ...] = ()
     #: ``routing = "home"``: URLs this center may hold for home networks that have not
     #: taken them yet (one that is down); above it new sets wait unacknowledged.
     max_routed_waiting: int = 1_000_000
@@ -307,6 +315,9 @@ class CenterConfig:
         """Every configured network with its weight: the same map at every center."""
         return HomeMap({n: self.weights.get(n, 1.0) for n in (self.network, *self.peers)})
 
+    def previous_maps(self) -> tuple[HomeMap, ...]:
+        return tuple(HomeMap(w) for w in self.previous_weights)
+
     def host_id_of(self, ip: str) -> int | None:
         """The host part a LAN host's numbers must carry (None: a LAN too wide to tell)."""
         try:
@@ -341,7 +352,8 @@ class SetRecord:
     gathered: tuple[int, ...] = ()
     #: The set as it arrived (:func:`~dedupnet.codec.urls.set_digest`; 0: not known).
     digest: int = 0
-    #: Stage HOME: home network -> its URLs of this set, not yet taken there.
+    #: Stage HOME: home network -> its URLs of this set, not yet taken there; stage
+    #: CHECK: previous home network -> the URLs it has not answered for yet.
     routes: dict[int, list[str]] = field(default_factory=dict)
 
     @property
@@ -411,6 +423,7 @@ class CenterProtocol:
         self.exact = config.mode == "exact"
         self.wait = config.partition_policy == "wait"
         self.homes = config.home_map() if config.routing == "home" else None
+        self.previous = config.previous_maps() if self.homes is not None else ()
         self.counters = counters or Counters()
         self.sets: dict[int, SetRecord] = {}
         self.hosts: set[str] = set()  # live LAN members
@@ -431,6 +444,13 @@ class CenterProtocol:
         self.recently_concluded: dict[int, None] = {}
         #: Host IP -> the highest sequence of its sets stored here (durable: NoteSequence).
         self.sequences: dict[str, int] = {}
+
+    def homes_described(self) -> str | None:
+        """The map (and the earlier ones still asked about, after ``;``) as every peer
+        must have it; None when this center broadcasts."""
+        if self.homes is None:
+            return None
+        return ";".join(m.describe() for m in (self.homes, *self.previous))
 
     # -- entry point -------------------------------------------------------------------
     def handle(self, event: object) -> list[Action]:
@@ -619,9 +639,10 @@ class CenterProtocol:
         """The stored frame to those of ``members`` that are connected now (one encoding);
         the others are sent it when they come back (:meth:`_joined`)."""
         to = tuple(member_from_str(m) for m in sorted(members) if self._live(m))
-        if rec.stage is Stage.HOME:  # §11: each home network is sent its own sites' URLs
+        if rec.stage in ROUTED:  # §11: each home (or previous home) is sent its own sites' URLs
+            flag = FLAG_REQUEST if rec.stage is Stage.HOME else FLAG_BROADCAST
             return [Send((m,), wire.encode(Frame(dict.fromkeys(rec.routes[m.network], 0), rec.frame.IP, rec.number,
-                                                 FLAG_REQUEST)))
+                                                 flag)))
                     for m in to if isinstance(m, Peer) and m.network in rec.routes]
         return [Send(to, wire.encode(rec.frame))] if to else []
 
@@ -658,6 +679,8 @@ class CenterProtocol:
             self.counters.inc("urls_dropped", stage=rec.stage.value, amount=len(seen))
         rec.awaiting.discard(who)
         rec.answered.add(who)
+        if rec.stage is Stage.CHECK:
+            rec.routes.pop(sender.network, None)
         if rec.awaiting:
             # Not saved: answers are idempotent, and a restarted center asks again
             # everyone its stored record awaits. Only stage changes are written.
@@ -671,11 +694,13 @@ class CenterProtocol:
         if frame.flag == FLAG_REQUEST and self.homes is not None:
             return self._routed_in(sender, frame, origin)
         if frame.flag == FLAG_ANSWER:
-            if origin != self.config.network:
+            if origin != self.config.network and self.homes is None:
                 raise Rejected("not-our-set", f"flag=3 number {frame.number} from {sender} for IP {frame.IP} of another network")
             return self._answer(sender, frame)
         if frame.flag != FLAG_BROADCAST:
             raise Rejected("flag1-from-peer", f"flag={frame.flag} number {frame.number} from {sender}")
+        if self.homes is not None:
+            return self._checked_here(sender, frame, origin)
         if origin == self.config.network:
             raise Rejected("flag2-own-network", f"flag=2 number {frame.number} for our own IP {frame.IP} from {sender}")
         if origin is None or origin != sender.network:
@@ -713,23 +738,44 @@ class CenterProtocol:
             return [Send((sender,), wire.encode(Ack(frame.number, "duplicate")))]
         return self._start_own(sender, frame)
 
+    def _checked_here(self, sender: Peer, frame: Frame, origin: int | None) -> list[Action]:
+        """A peer that is the new home of sites once homed here asks whether this center
+        admitted their URLs (§11, "Changing the map"). The set may come from any network
+        (it was routed to the asker), so its IP and number need only agree with each
+        other. Answered at once from the record and the claims (§10's foreign answer),
+        and nothing is kept: the number may be, or become, one of this center's sets."""
+        if origin is None or split_number(frame.number)[0] != origin:
+            raise Rejected("not-a-peer", f"flag=2 number {frame.number} from {sender}: IP {frame.IP} is not "
+                                         f"of a configured network, or not of the number's")
+        rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_BROADCAST),
+                        Stage.FOREIGN, str(sender), set())
+        self.counters.inc("urls_in", stage="check", amount=len(frame.URL_set))
+        self._lookups[frame.number] = ("foreign", rec)
+        return [Lookup(frame.number, tuple(rec.frame.URL_set))]
+
     def _route(self, rec: SetRecord) -> list[Action]:
         """What is left of an own set after its LAN stage: URLs of sites homed here are
         admitted now; the others go, one frame per home network, to their home center,
         which decides them. The set stays in ``dist_reduce_pool`` (stage HOME) until each
         home has acknowledged its URLs, so a home that is down delays only its own
-        sites. A set a peer routed here is homed here whole. URLs routed to a network no
-        longer configured are routed again by the current map."""
+        sites. URLs routed to a network no longer configured are routed again by the
+        current map. A set a peer routed here is routed by the same map: all of it is
+        homed here, unless it was routed under an earlier map (then it goes on)."""
+        if rec.stage is Stage.LAN and self.previous:
+            moved = self._moved_in(rec)
+            if moved:
+                return self._check_previous(rec, moved)
+        if rec.stage is Stage.CHECK:  # every previous home has answered: what is left is new
+            rec.routes = {}
         for network in [n for n in rec.routes if str(Peer(n)) not in rec.awaiting]:
             del rec.routes[network]
         routed = {url for urls in rec.routes.values() for url in urls}
         here: list[str] = []
         away: dict[int, list[str]] = {}
-        routed_in = rec.origin.startswith("net:")
         for url in rec.frame.URL_set:
             if url in routed:
                 continue
-            home = self.config.network if routed_in else self.homes.home_of(url)
+            home = self.homes.home_of(url)
             if home == self.config.network:
                 here.append(url)
             else:
@@ -746,6 +792,7 @@ class CenterProtocol:
             actions += [Admit(rec.number, tuple(here)), *self._assign(rec.number, here)]
         if rec.stage is Stage.LAN:
             actions.append(Drop(LOCAL_REDUCE_POOL, rec.number))
+        if rec.stage is not Stage.HOME:
             rec.attempts = 1
         rec.stage = Stage.HOME
         rec.routes.update(away)
@@ -757,10 +804,38 @@ class CenterProtocol:
                 *self._send_to(rec, [str(Peer(n)) for n in away]), SetTimer(rec.number, self._resend_delay(rec)),
                 *self._start_waiting()]
 
+    def _moved_in(self, rec: SetRecord) -> dict[int, list[str]]:
+        """URLs homed here whose site had another home under an earlier map, by that
+        earlier home (a configured peer; a network no longer configured cannot be asked)."""
+        moved: dict[int, list[str]] = {}
+        here = self.config.network
+        for url in rec.frame.URL_set:
+            if self.homes.home_of(url) != here:
+                continue
+            for network in {m.home_of(url) for m in self.previous} - {here}:
+                if network in self.config.peers:
+                    moved.setdefault(network, []).append(url)
+        return moved
+
+    def _check_previous(self, rec: SetRecord, moved: dict[int, list[str]]) -> list[Action]:
+        """Sites that moved here: each earlier home is asked (flag=2, answered from its
+        record as §10's foreign sets are) whether it admitted their URLs before the map
+        changed. It admits none of them now — its map homes them here, and a peer on
+        another map is refused — so its answer is final. The set waits in
+        ``dist_reduce_pool`` for the answers, as for a home."""
+        rec.stage, rec.routes, rec.attempts = Stage.CHECK, moved, 1
+        rec.awaiting, rec.answered = {str(Peer(n)) for n in moved}, set()
+        self.counters.inc("urls_checked", amount=sum(map(len, moved.values())))
+        log.info("set %d: %d URLs of sites that moved here; asking their previous homes %s", rec.number,
+                 sum(map(len, moved.values())), sorted(moved))
+        return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()),
+                *self._send_to(rec, rec.awaiting), SetTimer(rec.number, self._resend_delay(rec)),
+                *self._start_waiting()]
+
     def _home_acked(self, sender: Member, ack: Ack) -> list[Action]:
         """A home network holds (or had decided) its URLs of our set: they leave it."""
         rec = self.sets.get(ack.number)
-        if not isinstance(sender, Peer) or rec is None or sender.network not in rec.routes:
+        if not isinstance(sender, Peer) or rec is None or rec.stage is not Stage.HOME or sender.network not in rec.routes:
             self.counters.inc("repeated_acks")
             return []
         if ack.status == "rejected":
@@ -894,13 +969,14 @@ class CenterProtocol:
                     losers.add(self._lose(url, own))
                 self._held_elsewhere(url, rec.number)
             actions += [Save(POOL_OF[self.sets[n].stage], n, self.sets[n].dump()) for n in sorted(losers)]
-        del self.sets[rec.number]
-        self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         log.info("set %d of %s: answered, %d of %d URLs seen here", rec.number, rec.origin,
                  sum(answer.values()), len(answer))
-        reply = wire.encode(rec.frame.with_flag(FLAG_ANSWER))
-        return [*actions, Send((member_from_str(rec.origin),), reply), Drop(DIST_REDUCE_POOL, rec.number),
-                Conclude(rec.number, not rec.incomplete)]
+        reply = Send((member_from_str(rec.origin),), wire.encode(rec.frame.with_flag(FLAG_ANSWER)))
+        if self.homes is not None:  # a previous home's answer (_checked_here): nothing was kept
+            return [*actions, reply]
+        del self.sets[rec.number]
+        self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
+        return [*actions, reply, Drop(DIST_REDUCE_POOL, rec.number), Conclude(rec.number, not rec.incomplete)]
 
     def _held_elsewhere(self, url: str, number: int) -> None:
         """Remember (newest last) that another network's set ``number`` holds ``url``;
@@ -917,7 +993,11 @@ class CenterProtocol:
         """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered
         set; returns ``number`` (its record is saved once for all it gave up)."""
         del self.claims[url]
-        del self.sets[number].frame.URL_set[url]
+        rec = self.sets[number]
+        del rec.frame.URL_set[url]
+        for urls in rec.routes.values():  # a set of ours with its homes gives it up there too
+            if url in urls:
+                urls.remove(url)
         self.counters.inc("urls_dropped", stage="tie-break")
         return number
 
@@ -939,7 +1019,7 @@ class CenterProtocol:
         rec = self.sets.get(number)
         if rec is None:
             return []
-        if self.wait or rec.stage is Stage.HOME:  # a home's URLs are never given up
+        if self.wait or rec.stage in ROUTED:  # a home's (or previous home's) answer is never given up
             return self._timer_wait(rec)
         live = {m for m in rec.awaiting if self._live(m)}  # gap 3: the dead are not waited for
         rec.incomplete |= live != rec.awaiting
@@ -1022,7 +1102,7 @@ class CenterProtocol:
             log.warning("%s is down: %d sets wait for it in dist_reduce_pool", who, waiting)
             return actions
         for rec in list(self.sets.values()):
-            if who in rec.awaiting and rec.stage is not Stage.HOME:
+            if who in rec.awaiting and rec.stage not in ROUTED:
                 rec.awaiting.discard(who)
                 rec.incomplete = True
                 if not rec.awaiting:

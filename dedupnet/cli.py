@@ -91,6 +91,10 @@ SETTINGS_FLAGS = [
     flag("--weight", dest="weights", action="append", metavar="NET=W", roles=(CENTER,),
          help="a network's share of the sites under --routing home (default 1; repeat; every center needs "
               "the same)"),
+    flag("--previous-weights", dest="previous_weights", action="append", metavar="NET=W,...", roles=(CENTER,),
+         help="after a change of the map: the map before it, every network with its weight (repeat for "
+              "older ones); a site that moved is admitted by its new home only once its earlier home has "
+              "said it did not admit the URL (every center needs the same)"),
     flag("--gather-linger", type=float, metavar="S", roles=(CENTER,),
          help="exact mode: seconds this LAN's sets gather into one for the peer networks while one of its own "
               "is out with them (0: each alone)"),

@@ -282,7 +282,8 @@ async def test_peer_network_down_longer_than_every_timeout(redis_url, autojump_c
     network 2 is back, then each URL is queued once and none is lost. "admit": network 1
     goes on without it and counts the sets that concluded without the peer."""
     async with open_cluster(redis_url, 2, 1, set_size=50, prefix=f"down{random.random()}", answer_timeout=1.0,
-                            max_resends=1, heartbeat_timeout=3.0, partition_policy=policy) as system:
+                            max_resends=1, heartbeat_timeout=3.0, partition_policy=policy,
+                            routing="broadcast") as system:  # home routing: tests/test_homes.py
         c1 = system.centers[1]
         port = system.centers[2].port
         await system.kill("center2")
@@ -317,7 +318,8 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
     """Both networks find the same URLs at once (claims and tie-breaks at work); after
     the crawl a center's Redis holds, per URL, only its admitted record: no claims of
     another network's sets, no set in flight, no assignment left."""
-    async with open_cluster(redis_url, 3, 2, set_size=40, prefix=f"mem{random.random()}") as system:
+    async with open_cluster(redis_url, 3, 2, set_size=40, prefix=f"mem{random.random()}",
+                            routing="broadcast") as system:  # the claims and tie-breaks of §10
         urls = site_urls("both", 300)
         async with trio.open_nursery() as nursery:
             for h in system.hosts.values():

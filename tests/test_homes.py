@@ -232,3 +232,51 @@ async def test_a_network_cut_off_delays_only_its_own_sites(redis_url):
     assert set(queued) == {u for urls in found.values() for u in urls} and max(queued.values()) == 1
     for n, urls in found.items():  # each admitted by its home, whose one host has it
         assert set(urls) <= set(tasks[f"127.0.{n}.10"])
+
+
+async def change_the_map_mid_crawl(redis_url, previous: bool) -> tuple[Counter, set]:
+    """Three networks admit URLs of 40 sites; then network 4 is added and network 2
+    retired (weight 0), every center restarted with the new map (and, with ``previous``,
+    the old one); then every URL is found again, with new ones, in every network."""
+    import random
+
+    import trio
+
+    from dedupnet.harness.cluster import open_cluster
+
+    first = [f"http://s{i}.example/{j}" for i in range(40) for j in range(3)]
+    then = first + [f"http://s{i}.example/new{j}" for i in range(40) for j in range(2)]
+    async with open_cluster(redis_url, 3, 1, set_size=25, prefix=f"remap{random.random()}") as system:
+        for n, host in enumerate(system.hosts.values()):
+            await host.store.run(host.pools.push, first[n::3])
+        with trio.fail_after(30):
+            await system.wait_quiescent()
+        system.timing["weights"] = {2: 0.0}  # network 2 is retired: home to no site
+        if previous:
+            system.timing["previous_weights"] = ({1: 1.0, 2: 1.0, 3: 1.0},)
+        await system.start_center(4, 4)
+        for n in (1, 2, 3):
+            await system.restart_center(n)
+        await system.start_host(4, 0)
+        with trio.fail_after(30):
+            await system.wait_connected()
+            hosts = list(system.hosts.values())
+            for n, host in enumerate(hosts):
+                await host.store.run(host.pools.push, then[n::2] if n % 2 else then[::-1][n::3])
+            await system.wait_quiescent()
+        queued = Counter([u for h in hosts for _, u in await h.store.run(h.pools.all_tasks)])
+        pushed = set(first) | {u for n in range(len(hosts)) for u in (then[n::2] if n % 2 else then[::-1][n::3])}
+        return queued, pushed
+
+
+async def test_a_network_added_and_one_retired_mid_crawl_admits_each_url_once(redis_url):
+    queued, pushed = await change_the_map_mid_crawl(redis_url, previous=True)
+    assert set(queued) == pushed  # nothing lost
+    assert max(queued.values()) == 1, [u for u, k in queued.items() if k > 1][:5]  # nothing admitted twice
+
+
+async def test_without_the_previous_map_sites_that_moved_are_admitted_again(redis_url):
+    """What ``previous_weights`` is for: forgetting the earlier map re-admits the URLs
+    of the sites that moved (so the test above can fail)."""
+    queued, pushed = await change_the_map_mid_crawl(redis_url, previous=False)
+    assert set(queued) == pushed and max(queued.values()) == 2

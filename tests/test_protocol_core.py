@@ -234,7 +234,7 @@ def test_a_network_removed_from_the_configuration_is_no_longer_waited_for():
     (cp.Peer(2), Frame({"http://a/": 0}, "127.0.1.10", 9, 2), "flag2-own-network"),
 ])
 def test_illegal_input_is_rejected_by_name(sender, frame, reason):
-    c = center()
+    c = center(routing="broadcast")  # flag=2 between networks: the look-ups of §10
     c.feed(cp.Received(sender, frame))
     assert c.core.counters.get("rejected", reason=reason) == 1
     assert not c.outbox and not c.local_reduce_pool and not c.dist_reduce_pool

@@ -7,7 +7,8 @@ for the whole system, and a network that is down delays only its own sites.
 
 The map is weighted rendezvous (highest-random-weight) hashing of the site over the
 configured networks: each network scores ``weight / -ln(u)`` with ``u`` uniform in
-(0, 1) from ``xxh3(site # network)``, and the highest score is home. Every center
+(0, 1) from ``xxh3(site # network)``, and the highest score is home. A network of weight
+0 is home to no site (a network being retired: it still answers for its past). Every center
 computes the same map from the same ``{network: weight}``; a network's expected share
 is its weight over the sum; adding one network of weight ``w`` moves only the share
 it takes, about ``w / (W + w)`` of the sites, all of them to the new network.
@@ -37,10 +38,12 @@ class HomeMap:
         for network, weight in weights.items():
             if not 1 <= network <= 65535:
                 raise ValueError(f"network id {network} outside 1..65535")
-            if not (weight > 0 and math.isfinite(weight)):
-                raise ValueError(f"network {network}: weight must be a positive number, not {weight!r}")
+            if not (weight >= 0 and math.isfinite(weight)):
+                raise ValueError(f"network {network}: weight must be a number >= 0, not {weight!r}")
+        if not any(weights.values()):
+            raise ValueError("a home map needs a network of positive weight")
         self.weights = dict(sorted(weights.items()))
-        salted = [(n, w, b"#%d" % n) for n, w in self.weights.items()]
+        salted = [(n, w, b"#%d" % n) for n, w in self.weights.items() if w > 0]
         h = xxhash.xxh3_64_intdigest
         log = math.log
 
@@ -66,10 +69,10 @@ class HomeMap:
         return f"HomeMap({self.describe()})"
 
 
-def parse_weights(items: list[str]) -> dict[int, float]:
-    """``["3=2", "4=0.5"]`` -> ``{3: 2.0, 4: 0.5}`` (the ``weights`` setting)."""
+def parse_weights(items: list[str] | str) -> dict[int, float]:
+    """``["3=2", "4=0.5"]`` (or ``"3=2,4=0.5"``) -> ``{3: 2.0, 4: 0.5}`` (the ``weights`` setting)."""
     out: dict[int, float] = {}
-    for item in items:
+    for item in items.split(",") if isinstance(items, str) else items:
         network, sep, weight = item.partition("=")
         try:
             if not sep:

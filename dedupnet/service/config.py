@@ -105,6 +105,11 @@ class Settings:
     #: ``routing = "home"``: each network's share of the sites, ``"NETWORK=WEIGHT"`` each
     #: (1 for a network not named). Every center must have the same list.
     weights: list[str] = dataclasses.field(default_factory=list)
+    #: After a change of the map (a network added, retired with weight 0, a weight
+    #: changed): the maps before, ``"NETWORK=WEIGHT,..."`` each, every network listed. A
+    #: site that moved is admitted by its new home only once its earlier home has said
+    #: it did not admit the URL (docs/PROTOCOL.md §11, "Changing the map").
+    previous_weights: list[str] = dataclasses.field(default_factory=list)
     #: Exact mode, a center: seconds its LAN's sets gather into one set for the peer
     #: networks while one of its own is out with them (docs/PROTOCOL.md §10, R4): every
     #: peer answers every set, so this divides their work by up to the hosts per LAN.
@@ -179,6 +184,8 @@ class Settings:
         if self.routing not in (None, *ROUTINGS):
             raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, not {self.routing!r}")
         parse_weights(self.weights)
+        for earlier in self.previous_weights:
+            parse_weights(earlier)
         if self.key_poll_interval <= 0:
             raise ValueError("key_poll_interval must be positive")
         if self.set_linger < 0 or self.gather_linger < 0:

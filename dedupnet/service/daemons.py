@@ -98,6 +98,7 @@ def run_center(settings: Settings) -> int:
         max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
         tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
         recrawl=settings.recrawl(), weights=parse_weights(settings.weights),
+        previous_weights=tuple(parse_weights(w) for w in settings.previous_weights),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
