@@ -253,8 +253,9 @@ class CenterConfig:
     #: LAN as well, and a set skips a stage. What a host knows from outside the protocol
     #: then protects that host's own sets only (docs/PROTOCOL.md §10).
     local_lookup: str | None = None
-    #: URLs remembered as held by another network's set (exact mode; memory only, an
-    #: early drop, not a correctness record): ~150 bytes of Python memory each.
+    #: URLs remembered as held by another network's set, or (home routing) as taken by
+    #: their home (exact mode; memory only, an early drop, not a correctness record):
+    #: ~150 bytes of Python memory each.
     held_elsewhere_max: int = 200_000
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): the admitted record (the pools) answers
     #: "seen" for a URL's age only, and ``held_elsewhere`` is not kept. None: for ever.
@@ -847,6 +848,8 @@ class CenterProtocol:
             rec.frame.URL_set.pop(url, None)
             if self.claims.get(url) == rec.number:
                 del self.claims[url]
+            # Its home holds it now, for good: found here again, it is dropped at once.
+            self._held_elsewhere(url, rec.number)
         rec.awaiting.discard(str(sender))
         rec.answered.add(str(sender))
         if rec.awaiting:

@@ -280,3 +280,15 @@ async def test_without_the_previous_map_sites_that_moved_are_admitted_again(redi
     of the sites that moved (so the test above can fail)."""
     queued, pushed = await change_the_map_mid_crawl(redis_url, previous=False)
     assert set(queued) == pushed and max(queued.values()) == 2
+
+
+def test_a_url_its_home_has_taken_is_dropped_at_once_when_found_again():
+    c = center()
+    two = urls_homed(c.core.homes, 2, 3)
+    first = num(1, 10, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(two, 0), "127.0.1.10", first, 1)))
+    c.feed(cp.Received(cp.Peer(2), Ack(first, "stored")))
+    sent(c)
+    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame(dict.fromkeys(two, 0), "127.0.1.11", num(1, 11, 1), 1)))
+    assert not [to for to, _ in sent(c) if to == "net:2"]  # no second trip to the home
+    assert c.core.counters.get("urls_dropped", stage="center-record") == 3
