@@ -727,10 +727,10 @@ class CenterProtocol:
     # -- §11: one home per site ----------------------------------------------------------
     def _routed_in(self, sender: Peer, frame: Frame, origin: int | None) -> list[Action]:
         """A peer's URLs of sites homed here (flag=1, as from a host): decided here, as
-        an own set; acknowledged once stored, which lets the peer drop them."""
-        if origin != sender.network:
-            raise Rejected("not-a-peer", f"flag=1 number {frame.number}: IP {frame.IP} is not of peer {sender}")
-        self._check_number(sender, frame.number)
+        an own set; acknowledged once stored, which lets the peer drop them. The peer's
+        own hosts' set, or one it passes on because it was routed to it under an earlier
+        map: its IP and number need only agree with each other."""
+        self._check_origin(sender, frame, origin)
         held = self.sets.get(frame.number)
         if held is not None:
             if held.digest != set_digest(frame.URL_set):
@@ -745,14 +745,18 @@ class CenterProtocol:
         (it was routed to the asker), so its IP and number need only agree with each
         other. Answered at once from the record and the claims (§10's foreign answer),
         and nothing is kept: the number may be, or become, one of this center's sets."""
-        if origin is None or split_number(frame.number)[0] != origin:
-            raise Rejected("not-a-peer", f"flag=2 number {frame.number} from {sender}: IP {frame.IP} is not "
-                                         f"of a configured network, or not of the number's")
+        self._check_origin(sender, frame, origin)
         rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_BROADCAST),
                         Stage.FOREIGN, str(sender), set())
         self.counters.inc("urls_in", stage="check", amount=len(frame.URL_set))
         self._lookups[frame.number] = ("foreign", rec)
         return [Lookup(frame.number, tuple(rec.frame.URL_set))]
+
+    @staticmethod
+    def _check_origin(sender: Peer, frame: Frame, origin: int | None) -> None:
+        if origin is None or split_number(frame.number)[0] != origin:
+            raise Rejected("not-a-peer", f"flag={frame.flag} number {frame.number} from {sender}: IP {frame.IP} "
+                                         f"is not of a configured network, or not of the number's")
 
     def _route(self, rec: SetRecord) -> list[Action]:
         """What is left of an own set after its LAN stage: URLs of sites homed here are
@@ -962,6 +966,11 @@ class CenterProtocol:
         if found is not None:
             for url, admitted in zip(list(answer), found.admitted):
                 if answer[url]:
+                    continue
+                if self.homes is not None:
+                    # A previous home says only what it admitted (_checked_here): what it
+                    # claims, it is routing to the asker, which decides it there.
+                    answer[url] = int(admitted)
                     continue
                 own = self.claims.get(url)
                 holder = own if own is not None else self.held_elsewhere.get(url)

@@ -120,14 +120,41 @@ def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_it
     assert sent(c) == [("net:1", Ack(n, "duplicate"))]
 
 
-@pytest.mark.parametrize("frame, reason", [
-    (Frame({"http://a.example/": 0}, "127.0.3.10", num(1, 10, 1), 1), "not-a-peer"),  # IP of another network
-    (Frame({"http://a.example/": 0}, "127.0.1.10", num(3, 10, 1), 1), "number-not-sender"),
+@pytest.mark.parametrize("frame", [
+    Frame({"http://a.example/": 0}, "127.0.3.10", num(1, 10, 1), 1),  # IP and number of two networks
+    Frame({"http://a.example/": 0}, "127.0.1.10", num(3, 10, 1), 1),
+    Frame({"http://a.example/": 0}, "127.0.9.10", num(9, 10, 1), 1),  # a network not configured
 ])
-def test_a_peer_routes_only_its_own_networks_sets(frame, reason):
+def test_a_routed_set_must_be_of_one_configured_network(frame):
     c = center(network=2, peers=(1, 3))
     c.feed(cp.Received(cp.Peer(1), frame))
-    assert c.core.counters.get("rejected", reason=reason) == 1 and not c.admitted and not sent(c)
+    assert c.core.counters.get("rejected", reason="not-a-peer") == 1 and not c.admitted and not sent(c)
+
+
+def test_a_set_passed_on_by_its_home_under_an_earlier_map_is_decided():
+    """Network 1 was the home of d.example and holds network 3's set for it; under the
+    new map the site is homed at 2, so network 1 passes the set on, as network 3 made it."""
+    c = center(network=2, peers=(1, 3))
+    url = urls_homed(c.core.homes, 2, 1)[0]
+    n = num(3, 10, 4)
+    c.feed(cp.Received(cp.Peer(1), Frame({url: 0}, "127.0.3.10", n, 1)))
+    assert ("net:1", Ack(n, "stored")) in sent(c) and c.admitted == {url}
+
+
+def test_a_previous_home_answers_from_what_it_admitted_not_from_what_it_routes():
+    """Network 1 (the previous home) routes u to network 2 (its new home) in a set of
+    its own while network 2 asks it about u: it must not answer "seen" for a URL it will
+    not admit — network 2 would drop it, and then drop network 1's copy too, which its
+    checking set claims."""
+    old = {1: 1.0, 2: 1.0}
+    c = center(network=1, peers=(2,), weights={1: 0.0}, previous_weights=(old,))
+    url = next(u for u in urls_homed(HomeMap(old), 1, 50))  # homed at 1 before, at 2 now
+    mine = num(1, 10, 1)
+    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({url: 0}, "127.0.1.10", mine, 1)))
+    assert [(to, f.URL_set) for to, f in sent(c) if to == "net:2"] == [("net:2", {url: 0})]
+    asked = num(2, 10, 9)  # network 2's higher-numbered set asks about the same URL
+    c.feed(cp.Received(cp.Peer(2), Frame({url: 0}, "127.0.2.10", asked, 2)))
+    assert [f.URL_set for to, f in sent(c) if to == "net:2"] == [{url: 0}]  # not admitted here: unseen
 
 
 def test_a_home_that_is_down_delays_only_its_own_sites_and_gets_them_when_back():

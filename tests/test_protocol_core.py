@@ -468,7 +468,7 @@ def test_back_pressure_holds_frames_unacknowledged_until_a_set_concludes():
 def test_urls_held_by_other_networks_sets_are_a_bounded_memory_cache():
     """Exact mode drops early what another network's set holds, from a bounded cache
     (never Redis, never needed for exactness): the oldest entries go first."""
-    c = center(held_elsewhere_max=2)
+    c = center(held_elsewhere_max=2, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     for i, number in enumerate((num("127.0.2.10", 11), num("127.0.2.10", 12), num("127.0.2.10", 13))):
         f = Frame({f"http://e.example/{i}": 0}, "127.0.2.10", number, 2)
