@@ -133,14 +133,18 @@ class HostStore:
         self.seq = [0]
         self.journal.undo = []
 
-    def contents(self) -> list[str]:
-        """Every URL this store holds custody of (what a wipe or a dead host takes along)."""
+    def records(self) -> list[tuple[str, str]]:
+        """(where, URL) of every record of a URL this store holds custody of: what a
+        wipe or a dead host takes along, what a power loss may take back."""
         from dedupnet.codec import wire
 
-        held = self.url_pool.urls() + self.task_pool.urls()
+        held = [("URL_pool", u) for u in self.url_pool.urls()] + [("task_pool", u) for u in self.task_pool.urls()]
         for data, _ in self.unacked.values():
-            held += list(wire.decode_one(data).URL_set)
+            held += [("unacked", u) for u in wire.decode_one(data).URL_set]
         return held
+
+    def contents(self) -> list[str]:
+        return [u for _, u in self.records()]
 
     # -- the core's writes (local_host/pools.py HostPools._queue) ---------------------
     def apply(self, writes: list) -> None:
@@ -201,12 +205,15 @@ class CenterStore:
         self.concluded: set[int] = set()
         self.journal.undo = []
 
-    def contents(self) -> list[str]:
-        held = [u for urls in self.task_url.values() for u in urls]
-        for pool in self.pools.values():
+    def records(self) -> list[tuple[str, str]]:
+        held = [("task_URL", u) for urls in self.task_url.values() for u in urls]
+        for name, pool in self.pools.items():
             for record in pool.values():
-                held += list(orjson.loads(record)["frame"]["URL_set"])
+                held += [(name, u) for u in orjson.loads(record)["frame"]["URL_set"]]
         return held
+
+    def contents(self) -> list[str]:
+        return [u for _, u in self.records()]
 
     # -- center_host/pools.py CenterPools._queue ---------------------------------------
     def apply(self, writes: list) -> None:

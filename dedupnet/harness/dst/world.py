@@ -65,7 +65,7 @@ class World:
         self.web = Web(self.synthetic, self.sched, cfg.crawl)
         self.web.on_answer = self._answered
         self.net = Network(self.sched, self._deliver, self._closed)
-        self.schedule = list(cfg.schedule) if cfg.schedule is not None else fl.schedule(
+        self.schedule = sorted(cfg.schedule, key=lambda f: f.at) if cfg.schedule is not None else fl.schedule(
             cfg.seed, cfg.networks, cfg.hosts, cfg.faults, cfg.kinds)
         self.journaled = {self._node_of_target(f.target) for f in self.schedule if f.kind.startswith("power-")}
         self.configured = set(range(1, cfg.networks + 1)) - {
@@ -340,10 +340,10 @@ class World:
         if node is None:
             return None
         self._crash(node, fin=False)
-        before = set(node.store.contents())
+        before = Counter(node.store.records())
         admitted = set(node.store.admitted) if isinstance(node, CenterNode) else set()
         lost = node.store.journal.lose_unsynced()
-        self.destroyed |= before - set(node.store.contents())
+        self.destroyed |= {u for _, u in before - Counter(node.store.records())}  # a record of it is gone
         if isinstance(node, CenterNode):
             self.forgotten_admissions |= admitted - node.store.admitted
         self.note(f"{node.name}: Redis lost {lost} writes not yet fsynced")
