@@ -167,10 +167,11 @@ class HostStore:
         sequences = range(0)
         if action.sets:
             old = self.seq[0]
-            self.seq[0] = old + action.sets
+            base = max(old, action.floor - 1)  # the center has sets numbered below the floor
+            self.seq[0] = base + action.sets
             if self.journal.enabled:
                 self.journal.note(lambda: self.seq.__setitem__(0, old))
-            sequences = range(old + 1, old + action.sets + 1)
+            sequences = range(base + 1, base + action.sets + 1)
         return hp.LookupDone(action.token, seen, sequences)
 
     def load(self) -> tuple[hp.Resume, list[tuple[bytes, str]]]:
@@ -203,6 +204,8 @@ class CenterStore:
         self.task_url: dict[str, tuple[str, ...]] = {}
         self.admitted: set[str] = set()
         self.concluded: set[int] = set()
+        self.digests: dict[int, int] = {}  # concluded_digest
+        self.sequences: dict[str, int] = {}  # host_sequences
         self.journal.undo = []
 
     def records(self) -> list[tuple[str, str]]:
@@ -227,16 +230,21 @@ class CenterStore:
                 _set_add(self.admitted, a.urls, j)
             elif isinstance(a, cp.Conclude):
                 _set_add(self.concluded, (a.number,), j)
+                if a.digest:
+                    _dict_set(self.digests, a.number, a.digest, j)
+            elif isinstance(a, cp.NoteSequence):
+                _dict_set(self.sequences, a.host, a.sequence, j)
             elif isinstance(a, cp.SaveTask):
                 _dict_set(self.task_url, a.key, tuple(a.urls), j)
             elif isinstance(a, cp.DropTask):
                 _dict_pop(self.task_url, a.key, j)
 
     def lookup(self, action: cp.Lookup) -> cp.LookupDone:
-        return cp.LookupDone(action.number, action.number in self.concluded, [u in self.admitted for u in action.urls])
+        return cp.LookupDone(action.number, action.number in self.concluded, [u in self.admitted for u in action.urls],
+                             self.digests.get(action.number, 0))
 
     def load(self) -> cp.Resume:
         from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
-        return cp.Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()})
+        return cp.Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences))
