@@ -65,7 +65,7 @@ def scale(args) -> int:
     for layout in args.layouts.split(","):
         networks, hosts = (int(x) for x in layout.split("x"))
         cfg = DstConfig(networks=networks, hosts=hosts, pages=args.pages, sites=args.sites, seed=args.seed,
-                        faults=0, stall_after=args.stall_after)
+                        faults=0, stall_after=args.stall_after, routing=args.routing)
         r = simulate(cfg)
         c = r.costs
         print(f"| {layout} | {args.pages} | {c['urls_fetched']} | {c['messages_per_url']['wan']:.2f} | "
@@ -96,6 +96,7 @@ def main(argv=None) -> int:
     c.add_argument("--sites", type=int, default=500)
     c.add_argument("--seed", type=int, default=1)
     c.add_argument("--stall-after", type=float, default=600.0)
+    c.add_argument("--routing", choices=("home", "broadcast"), help="the centers' routing (default: exact mode's)")
     args = p.parse_args(argv)
     return schedules(args) if args.what == "schedules" else scale(args)
 

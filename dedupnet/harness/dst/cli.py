@@ -45,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", dest="schedule", action="append", type=_fault, metavar="SPEC",
                    help="an explicit fault instead of drawn ones (repeat): KIND:at=F,for=S,target=T, as a run prints "
                         "them (at: share of the reachable URLs fetched)")
+    p.add_argument("--routing", choices=("home", "broadcast"),
+                   help="exact mode: each URL to its site's home network (the default) or to every network")
     p.add_argument("--seed-urls", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
     p.add_argument("--stall-after", type=float, default=DstConfig.stall_after, metavar="S",
                    help="virtual seconds without progress after the last fault that count as a stall "
@@ -57,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def config_of(args, seed: int) -> DstConfig:
     return DstConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, seed=seed,
                      mode=args.mode, faults=args.faults, kinds=args.kinds, seeds=args.seed_urls,
-                     schedule=tuple(args.schedule) if args.schedule else None, stall_after=args.stall_after)
+                     schedule=tuple(args.schedule) if args.schedule else None, stall_after=args.stall_after,
+                     routing=args.routing)
 
 
 def line(r: Result) -> str:

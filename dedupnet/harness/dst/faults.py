@@ -17,10 +17,14 @@ network   partition-wan, partition-lan  both directions of a link cut, then heal
           half-open                   one direction cut (the other still passes)
           reset                       a connection reset: what was in flight is lost
           slow-wan                    a WAN link's latency times 20..100
-membership add-network                a network joins: every center restarts with it
-                                      configured, then its center and hosts start
-          remove-network              an operator gives a network up: its daemons stop
-                                      for good and every other center restarts without it
+membership add-network                a network joins (docs/PROTOCOL.md §11, "Changing the
+                                      map"): its center and hosts start, every other center
+                                      restarts within 10 s with it configured and the map
+                                      before the change in ``previous_weights``
+          remove-network              under home routing a network is retired (weight 0,
+                                      the earlier map kept): its daemons go on, home to no
+                                      site; when broadcasting it is given up: its daemons
+                                      stop for good and the others restart without it
 """
 
 from __future__ import annotations

@@ -180,6 +180,11 @@ class CenterNode(Node):
     # -- membership (center_host/daemon.py _member_session) ------------------------------
     def receive(self, frm: str, epoch: int, message: object) -> None:
         if isinstance(message, Register):
+            if frm.startswith("c") and message.homes != self.core.homes_described():
+                # Peers on different maps refuse each other (center_host/daemon.py _refused_map).
+                self.counters.inc("rejected", reason="map-mismatch")
+                self.world.refuse(self, frm)
+                return
             if frm.startswith("c") and self.network > int(frm[1:]):
                 self.world.send(self, frm, wire.encode(self.world.register_of(self)), epoch=epoch)
             self.joined[frm] = epoch  # a reconnection replaces the old connection: no Left

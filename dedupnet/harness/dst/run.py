@@ -55,6 +55,8 @@ def replay_command(cfg: DstConfig, schedule: list[Fault]) -> str:
             f"--seed {cfg.seed}"]
     if cfg.mode != d.mode:
         args.append(f"--mode {cfg.mode}")
+    if cfg.routing is not None:
+        args.append(f"--routing {cfg.routing}")
     if cfg.schedule is not None:
         args += [f"--fault {f}" for f in schedule]
     else:

@@ -52,6 +52,8 @@ class DstConfig:
     #: Virtual seconds after which a run is given up whatever happens.
     time_limit: float = 7200.0
     crawl: CrawlModel = field(default_factory=CrawlModel)
+    #: The centers' ``routing`` (None: the daemons' default for the mode).
+    routing: str | None = None
     #: URLs whose every step is kept (a violation's replay).
     watch: frozenset[str] = frozenset()
 
@@ -70,6 +72,10 @@ class World:
         self.journaled = {self._node_of_target(f.target) for f in self.schedule if f.kind.startswith("power-")}
         self.configured = set(range(1, cfg.networks + 1)) - {
             int(f.target[4:]) for f in self.schedule if f.kind == "add-network"}
+        #: Home routing's map (docs/PROTOCOL.md §11): every configured network's weight, and
+        #: the maps before each change, as the operator's procedure gives them to every center.
+        self.weights = {n: 1.0 for n in sorted(self.configured)}
+        self.previous_weights: tuple[dict[int, float], ...] = ()
         self.nodes: dict[str, Node] = {}
         self.centers: dict[int, CenterNode] = {}
         self.hosts: dict[str, HostNode] = {}
@@ -108,8 +114,10 @@ class World:
     def _center_settings(self, n: int) -> CenterSettings:
         c = self.cfg
         peers = [PeerAddress(m, center_ip(m), 0, lan(m)) for m in sorted(self.configured) if m != n]
+        routing = {} if c.routing is None else {"routing": c.routing}
         return CenterSettings(n, center_ip(n), 0, lan(n), peers, mode=c.mode, answer_timeout=c.answer_timeout,
-                              partition_policy=c.partition_policy, gather_linger=c.gather_linger)
+                              partition_policy=c.partition_policy, gather_linger=c.gather_linger,
+                              weights=dict(self.weights), previous_weights=self.previous_weights, **routing)
 
     def journal_for(self, name: str) -> Journal:
         return Journal(lambda: self.sched.now, self.sched.rng.random(), name in self.journaled)
@@ -117,7 +125,7 @@ class World:
     def register_of(self, node: Node) -> Register:
         if isinstance(node, CenterNode):
             s = node.settings
-            return Register(s.ip, s.network, "center", f"{s.ip}:7000", s.lan)
+            return Register(s.ip, s.network, "center", f"{s.ip}:7000", s.lan, homes=node.core.homes_described())
         s = node.settings
         return Register(s.ip, s.network, "host", f"{s.ip}:7000", s.lan)
 
@@ -162,6 +170,9 @@ class World:
         self.send(node, target, wire.encode(self.register_of(node)), epoch=epoch)
         if isinstance(node, HostNode):
             node.connected(epoch)
+
+    def refuse(self, node: Node, other: str) -> None:
+        self.net.close(self.pair_of(node.name, other), node.name)
 
     def send(self, node: Node, to: str, data: bytes, *, epoch: int | None = None) -> None:
         if epoch is None:
@@ -423,20 +434,34 @@ class World:
         return lambda: self.net.slow.pop(key, None)
 
     def _reconfigure(self) -> None:
-        """Every running center restarts with the configuration's new peers (as an
-        operator restarts them: its Redis keeps everything)."""
+        """Every running center restarts with the new configuration, one after the other
+        over some seconds as an operator goes round them (its Redis keeps everything);
+        meanwhile centers on different maps refuse to peer."""
         for n in sorted(self.configured):
             c = self.centers[n]
             c.settings = self._center_settings(n)
             if c.state == "up":
-                self._crash(c, fin=True)
-                self._restart(c)
+                self.sched.after(10 * self.sched.rng.random(), self._restart_configured, c)
+
+    def _restart_configured(self, c: CenterNode) -> None:
+        if c.state == "up" and not c.lost:
+            self._crash(c, fin=True)
+            self._restart(c)
+
+    def routes_home(self) -> bool:
+        return self.centers[min(self.configured)].core.homes is not None
+
+    def _new_map(self, weights: dict[int, float]) -> None:
+        """§11 "Changing the map": every center gets the new map and the one before it."""
+        self.previous_weights = (dict(self.weights), *self.previous_weights)
+        self.weights = weights
 
     def _add_network(self, f):
         n = int(f.target[4:])
         if n in self.configured:
             return None
         self.configured.add(n)
+        self._new_map({**self.weights, n: 1.0})
         self._reconfigure()
         self.centers[n].start()
         for h in self.hosts.values():
@@ -450,7 +475,13 @@ class World:
 
     def _remove_network(self, f):
         n = int(f.target[4:])
-        if n not in self.configured or len(self.configured) < 2:
+        if n not in self.configured or len(self.configured) < 2 or not self.weights.get(n):
+            return None
+        if self.routes_home():
+            # Retired (§11): home to no site, its center still answers for its past and its
+            # hosts crawl what they were given.
+            self._new_map({**self.weights, n: 0.0})
+            self._reconfigure()
             return None
         self.configured.discard(n)
         # From now on nothing is known of what it admitted (docs/PROTOCOL.md §10).
