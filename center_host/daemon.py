@@ -103,19 +103,24 @@ class CenterSettings:
     recrawl: RecrawlPolicy | None = None
 
 
+def core_config(settings: CenterSettings) -> cp.CenterConfig:
+    """The core's configuration from the daemon's settings: the one mapping, which the
+    deterministic simulation (dedupnet/harness/dst) uses too, so both run the same core."""
+    return cp.CenterConfig(
+        network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
+        mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
+        resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
+        foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
+        gather_linger=settings.gather_linger, routing=settings.routing, weights=settings.weights,
+        previous_weights=settings.previous_weights,
+    )
+
+
 class CenterDaemon:
     def __init__(self, settings: CenterSettings, store: Store, counters: Counters | None = None):
         self.settings = settings
         self.counters = counters or Counters()
-        config = cp.CenterConfig(
-            network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
-            mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
-            resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
-            foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
-            gather_linger=settings.gather_linger, routing=settings.routing, weights=settings.weights,
-            previous_weights=settings.previous_weights,
-        )
-        self.core = cp.CenterProtocol(config, self.counters)
+        self.core = cp.CenterProtocol(core_config(settings), self.counters)
         self.pools = CenterPools(store, settings.recrawl)
         self.store = on_trio(store)
         self.conns: dict[cp.Member, Connection] = {}

@@ -280,6 +280,19 @@ def build_parser() -> argparse.ArgumentParser:
     from dedupnet.harness.simcli import add_arguments
 
     add_arguments(sim)
+
+    simulate = sub.add_parser(
+        "simulate", help="seeded fault schedules against the protocol's cores in virtual time, each checked",
+        description="Runs the centers' and hosts' protocol cores (the daemons' own) with modelled networks, "
+                    "Redis and crawlers, on one seeded scheduler and a virtual clock: the same seed gives the same "
+                    "run (its trace hash is printed). Each run draws a schedule of faults (process, store, network "
+                    "and membership) and is checked: no URL admitted twice (exact mode), every reachable URL "
+                    "fetched, quiescence after the last fault, no set held for ever. A failing run prints the "
+                    "command that replays it and the story of the URLs concerned.")
+    from dedupnet.harness.dst.cli import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(simulate)
+
     return parser
 
 
@@ -308,6 +321,10 @@ def _run(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return simcli.run(args)
+    if args.command == "simulate":
+        from dedupnet.harness.dst import cli as dst_cli
+
+        return dst_cli.run(args)
     if args.command == "certs":
         from dedupnet.adapters.tls import certs_main
 

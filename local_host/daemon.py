@@ -93,13 +93,19 @@ class LocalSettings:
     recrawl: RecrawlPolicy | None = None
 
 
+def core_config(settings: LocalSettings) -> hp.HostConfig:
+    """The core's configuration from the daemon's settings (shared with the deterministic
+    simulation, dedupnet/harness/dst, so both run the same core)."""
+    host_id = settings.host_id if settings.host_id is not None else host_id_from_ip(settings.ip, settings.lan)
+    return hp.HostConfig(settings.ip, settings.network, host_id, settings.set_size, settings.mode,
+                         settings.max_unacked)
+
+
 class LocalDaemon:
     def __init__(self, settings: LocalSettings, store: Store, counters: Counters | None = None):
         self.settings = settings
         self.counters = counters or Counters()
-        host_id = settings.host_id if settings.host_id is not None else host_id_from_ip(settings.ip, settings.lan)
-        self.core = hp.HostProtocol(hp.HostConfig(settings.ip, settings.network, host_id, settings.set_size,
-                                                  settings.mode, settings.max_unacked), self.counters)
+        self.core = hp.HostProtocol(core_config(settings), self.counters)
         self.pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl)
         self.store = on_trio(store)
         self.reactor = Reactor(self.core.handle, self._execute)
