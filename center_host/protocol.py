@@ -603,7 +603,7 @@ class CenterProtocol:
             return [ack]
         urls = {}
         for url, admitted in zip(frame.URL_set, found.admitted):
-            if self.exact and (admitted or url in self.claims or url in self.held_elsewhere):
+            if self.exact and (admitted or self._claimed(url) or url in self.held_elsewhere):
                 self.counters.inc("urls_dropped", stage="center-record")
                 continue
             urls[url] = 0
@@ -618,6 +618,18 @@ class CenterProtocol:
         # Durable first (§ gap 7: the host lets the URLs go on this ack), then ask.
         return [Save(LOCAL_REDUCE_POOL, frame.number, rec.dump()), *self._note_sequence(sender, frame.number),
                 ack, *self._ask(rec)]
+
+    def _claimed(self, url: str) -> bool:
+        """A set of ours holds ``url`` and will see it decided. Not a set that routes it
+        to another home when it is homed here now (routed under an earlier map, it comes
+        back here through that home): dropping it against such a claim could drop it
+        twice over, once here and once at the home that passes it back."""
+        number = self.claims.get(url)
+        if number is None:
+            return False
+        holder = self.sets.get(number)
+        return not (self.homes is not None and holder is not None and holder.stage is Stage.HOME
+                    and self.homes.home_of(url) == self.config.network)
 
     def _note_sequence(self, sender: Member, number: int) -> list[Action]:
         if not isinstance(sender, Host):
@@ -852,8 +864,10 @@ class CenterProtocol:
             rec.frame.URL_set.pop(url, None)
             if self.claims.get(url) == rec.number:
                 del self.claims[url]
-            # Its home holds it now, for good: found here again, it is dropped at once.
-            self._held_elsewhere(url, rec.number)
+            # Its home holds it now, for good: found here again, it is dropped at once. Not
+            # when the peer only passes it on (routed to it under an earlier map).
+            if self.homes.home_of(url) == sender.network:
+                self._held_elsewhere(url, rec.number)
         rec.awaiting.discard(str(sender))
         rec.answered.add(str(sender))
         if rec.awaiting:
