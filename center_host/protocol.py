@@ -41,6 +41,10 @@ from dedupnet.codec.urls import canonical_set, set_digest, site_of
 
 log = logging.getLogger("dedupnet.center")
 
+#: Sets held back (unacknowledged) per host while the center is full: far above what a
+#: host sends before it waits for acks (its ``max_unacked``), so only a host that does
+#: not wait is refused; it keeps the sets, unacknowledged.
+MAX_HELD_PER_HOST = 1024
 #: Own set numbers remembered after admission, to tell a late answer from an unknown one
 #: (a few minutes of sets at the rates measured; 8 bytes and a dict slot each).
 RECENTLY_CONCLUDED = 4096
@@ -543,6 +547,9 @@ class CenterProtocol:
                     return self._reused(sender, frame.number)
                 return []
             if self._room() <= 0:
+                if sum(1 for s, _ in self.waiting.values() if s == sender) >= MAX_HELD_PER_HOST:
+                    raise Rejected("too-many-held", f"set {frame.number} from {sender}: {MAX_HELD_PER_HOST} of its "
+                                                    f"sets are held already (not acknowledged: it keeps them)")
                 self.waiting[frame.number] = (sender, frame)
                 self.counters.inc("frames_held")
                 return []

@@ -141,3 +141,18 @@ def test_a_host_checks_the_urls_of_tasks_and_requests_as_a_center_does():
     (answer,) = [wire.decode_one(d) for d in h.take_outbox() if isinstance(wire.decode_one(d), Frame)]
     assert answer.URL_set == {"http://a.example/x": 1}  # queued here already: seen
     assert h.core.counters.get("bad_input", reason="bad-url") == 2
+
+
+def test_a_host_cannot_fill_the_centers_memory_with_held_sets():
+    from center_host import protocol as cp
+
+    from .conformance.memory import MemoryCenter
+
+    c = MemoryCenter.make(network=1, lan="127.0.1.0/24", max_in_flight=1, local_lookup="lan")
+    c.feed(cp.Joined(cp.Host("127.0.1.10")))
+    c.feed(cp.Joined(cp.Host("127.0.1.11")))  # asked about the first set, never answers: the center is full
+    for seq in range(1, cp.MAX_HELD_PER_HOST + 10):
+        c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({f"http://a.example/{seq}": 0}, "127.0.1.10",
+                                                         make_number(1, 10, seq), 1)))
+    assert len(c.core.waiting) == cp.MAX_HELD_PER_HOST  # one in flight, the rest held up to the bound
+    assert c.core.counters.get("rejected", reason="too-many-held") == 8
