@@ -60,7 +60,7 @@ RATIO = {"wall_s", "pages_per_s", "frames_per_url", "bytes_per_url", "set_fill",
 LEGEND = ("bytes/URL: bytes on the wire per distinct URL; CPU ms/1k: center CPU per 1,000 admitted URLs; "
           "p99 ms: discovery -> admission; busiest: the busiest network's share of pages fetched (xL: times the "
           "number of networks, 1.00 = even); host max/mean: pages per host; sites >1 host: sites fetched by more "
-          "than one host; hosts/site/s: the most hosts on one site within 1 s (the last four from the web's log)")
+          "than one host; hosts/site/s: the most hosts on one site within 1 s (the last five from the web's log)")
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:
