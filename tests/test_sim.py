@@ -10,6 +10,7 @@ from dedupnet.harness.faults import Fault
 from dedupnet.harness.report import SimConfig, format_comparison, format_report
 
 from dedupnet.harness.sim import simulate
+from dedupnet.harness.weblog import load_spread
 
 
 def small(**kw):
@@ -30,6 +31,12 @@ async def test_small_exact_simulation_loses_nothing_and_fetches_nothing_twice(re
     assert r.seeds_per_network == {"net:1": 2, "net:2": 2}
     assert r.set_fill > 1 and r.center_cpu_s > 0 and r.center_redis_bytes_per_url > 0
     assert r.urls_admitted == sum(r.per_network_admitted.values())
+    # Each host fetches from its own address, so the web's log tells them apart: one host per site.
+    assert set(r.pages_per_network) == {"net:1", "net:2"}
+    assert sum(r.pages_per_network.values()) == sum(r.per_host_pages.values())
+    assert r.sites_multi_host == 0 and r.max_hosts_per_site_1s == 1 and r.sites_fetched == 8
+    assert r.pages_per_host_max == max(r.per_host_pages.values())
+    assert "sites fetched by >1 host" in format_report(r)
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -92,3 +99,31 @@ async def test_5x5_under_a_squeeze_answers_are_late_not_missing(redis_url, polic
         assert r.duplicate_fetches == 0 and r.sets_concluded_incomplete == 0
     else:
         assert r.sets_concluded_incomplete > 0
+
+
+def test_load_spread_from_a_hand_made_request_log():
+    """The report's politeness and balance figures, from a log of (time, site, target, client)."""
+    a, b, c = "127.77.0.1:80", "127.77.0.2:80", "127.77.0.3:80"
+    h1, h1b, h2 = "127.0.1.10", "127.0.1.11", "127.0.2.10"
+    log = [
+        (10.0, a, "/robots.txt", h2),  # robots.txt: a site's client, not a page
+        (10.1, a, "/p1", h1), (10.2, a, "/p2", h1), (10.9, a, "/p3", h1b),  # 3 hosts on a within 0.9 s
+        (12.0, b, "/robots.txt", h1), (12.0, b, "/q", h1), (13.0, b, "/r", h2),  # exactly 1 s apart: not together
+        (20.0, c, "/", h1), (20.5, c, "/x", "?"),  # a client of unknown address
+    ]
+    figures = load_spread(log, networks=3, hosts=[h1, h1b, h2, "127.0.3.10"])
+    assert figures == {
+        "pages_per_network": {"net:1": 5, "net:2": 1, "net:3": 0, "net:?": 1},
+        "busiest_network_share": round(5 / 7, 4),
+        "pages_per_host_max": 4, "pages_per_host_mean": round(7 / 5, 1),  # 4 hosts and "?"
+        "sites_fetched": 3, "sites_multi_host": 3,
+        "max_hosts_per_site_1s": 3,
+    }
+    alone = load_spread([(0.0, a, "/", h1), (0.5, a, "/robots.txt", h1), (5.0, b, "/", h2)], networks=2)
+    assert alone["sites_multi_host"] == 0 and alone["max_hosts_per_site_1s"] == 1
+    assert alone["busiest_network_share"] == 0.5 and alone["pages_per_network"] == {"net:1": 1, "net:2": 1}
+    for gap, together in ((1.0, 1), (0.999, 2)):  # a second apart is not "within one second"
+        log = [(12.0, b, "/q", h1), (12.0 + gap, b, "/r", h2)]
+        assert load_spread(log, networks=2)["max_hosts_per_site_1s"] == together
+    empty = load_spread([], networks=2)
+    assert empty["busiest_network_share"] is None and empty["max_hosts_per_site_1s"] == 0

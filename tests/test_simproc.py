@@ -157,3 +157,20 @@ def test_cli_sim_processes_writes_its_report_and_leaves_nothing_behind(tmp_path)
     assert len(data["per_host_pages"]) == 4 and data["frames"]["frame"] > 0
     assert data["latency_p50"] is None
     assert left() == [], "processes of the run outlived it"
+
+
+@pytest.mark.parametrize("routing", ["home", "broadcast"])
+async def test_politeness_from_the_webs_own_log_one_host_per_site(redis_url, routing):
+    """Every daemon its own process, so the web sees each host's own source address. With
+    one home per site no site is fetched by two hosts (robots.txt included), in the whole
+    system; asking every network instead (broadcast) lets each network crawl the URLs it
+    found, so sites are fetched from both: the check tells the two apart."""
+    cfg = SimConfig(networks=2, hosts=2, pages=150, sites=10, timeout=60, routing=routing)
+    report = await simulate_processes(cfg, redis_url, out=None)
+    assert not report.timed_out and report.lost_urls == 0 and report.duplicate_fetches == 0
+    assert report.sites_fetched == 10
+    assert sum(report.pages_per_network.values()) == sum(report.per_host_pages.values())
+    if routing == "home":
+        assert report.sites_multi_host == 0 and report.max_hosts_per_site_1s == 1
+    else:
+        assert report.sites_multi_host > 0 and report.max_hosts_per_site_1s > 1

@@ -96,7 +96,8 @@ def test_short_sweep_has_a_row_per_layout_and_is_exact(tmp_path):
     assert rc == 0, text
     table = text[text.index("Topology sweep"):].splitlines()
     assert [line.split()[:2] for line in table if line[:1].isdigit()] == [["2x2", "this"], ["3x2", "this"]]
-    assert "frames/URL" in table[1] and "Redis B/URL" in table[1]
+    assert "frames/URL" in table[1] and "Redis B/URL" in table[1] and "sites >1 host" in table[1]
+    assert "busiest" in table[-1]  # the legend
     data = json.loads(out_file.read_text())
     assert [r["layout"] for r in data["runs"]] == ["2x2", "3x2"]
     for run in data["runs"]:
@@ -113,6 +114,9 @@ def test_short_sweep_has_a_row_per_layout_and_is_exact(tmp_path):
         assert r["redis_bytes"]["center"]["admitted"] > 0 and r["redis_bytes"]["host"]["finish_URL"] > 0
         assert r["center_redis_bytes_per_url"] > 0
         assert f["duplicates"] == 0 and f["lost"] == 0 and f["networks_idle"] == []
+        # From the web's log: one host per site (each site has one home).
+        assert f["multi_host_sites"] == 0 and f["hosts_per_site_1s"] == 1 and f["host_max_mean"] >= 1
+        assert 1 / n <= f["busiest_share"] <= 1 and f["busiest_x_l"] == pytest.approx(f["busiest_share"] * n)
     assert data["runs"][0]["figures"]["pages_per_s"] > 0
 
 
@@ -121,10 +125,24 @@ def test_table_prints_n_a_for_what_an_older_report_lacks():
            "bytes_on_wire": 5000, "latency_p50": 0.1, "latency_p99": 0.3, "sets_concluded_incomplete": 0,
            "duplicate_fetches": 0, "lost_urls": 0, "timed_out": False}
     new = {**old, "set_fill": 12.0, "center_cpu_ms_per_1k_urls": 300.0, "center_redis_bytes_per_url": 120.0,
-           "wall_time": 1.0, "pages_per_s": 200.0}
+           "wall_time": 1.0, "pages_per_s": 200.0, "config": {"networks": 2}, "busiest_network_share": 0.6,
+           "pages_per_host_max": 30, "pages_per_host_mean": 20.0, "sites_multi_host": 0, "max_hosts_per_site_1s": 1}
     table = sweep.format_table([{"layout": "2x2", "side": "main", "figures": sweep.figures(old)},
                                 {"layout": "2x2", "side": "this", "figures": sweep.figures(new)}])
-    main, this, ratio = table.splitlines()[2:]
-    assert main.split()[:2] == ["2x2", "main"] and main.count("n/a") == 3
+    head, _, main, this, ratio = table.splitlines()
+    assert main.split()[:2] == ["2x2", "main"] and main.count("n/a") == 8
+    assert "n/a" not in this and this.split()[-5:] == ["0.60", "1.20", "1.50", "0", "1"]
+    assert "busiest" in head and "host max/mean" in head and "sites >1 host" in head and "hosts/site/s" in head
     assert "0.500" in main and "500" in main  # frames/URL from frames / URLs found, bytes/URL from bytes / distinct
     assert ratio.split()[:4] == ["2x2", "this/main", "0.50", "2.00"]
+
+
+def test_sweep_gives_the_workload_flags_to_every_run(tmp_path):
+    args = sweep.build_parser().parse_args(["--routing", "broadcast", "--weight", "2=3", "--web-latency", "0.2",
+                                            "--concurrency", "4", "--sim-args", "--set-size 50"])
+    for extra in ([], ["--set-size", "50"]):  # the baseline's runs and this checkout's
+        argv = sweep.sim_argv("python", (3, 3), args, tmp_path / "r.json", extra)
+        flags = " ".join(argv)
+        assert "--routing broadcast --weight 2=3 --web-latency 0.2 --concurrency 4" in flags
+    plain = " ".join(sweep.sim_argv("python", (3, 3), sweep.build_parser().parse_args([]), tmp_path / "r.json", []))
+    assert "--routing" not in plain and "--web-latency" not in plain and "--concurrency" not in plain

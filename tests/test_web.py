@@ -13,6 +13,7 @@ import urllib.robotparser
 import httpx
 import pytest
 import trio
+import trio.testing
 
 from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import normalize
@@ -198,7 +199,7 @@ async def test_serving(nursery):
     assert web.robots_fetches[web.origins[1] + "/robots.txt"] == 1
     assert sum(web.fetch_counts.values()) == 9 + web.spec.flaky_failures
     assert len(web.request_log) == sum(web.fetch_counts.values()) + 1
-    assert {site for _, site, _ in web.request_log} <= set(web.hosts)
+    assert {site for _, site, _, _ in web.request_log} <= set(web.hosts)
     assert web.duplicate_fetches() == 2  # flaky and html fetched twice after the 503s
 
 
@@ -298,3 +299,33 @@ async def test_crawler_reaches_exactly_the_ground_truth(nursery):
     assert found["redirects"] == d1.redirects and found["disallowed"] == d1.disallowed
     assert len(d1.pages) < len(truth.pages)
     assert set(web.fetch_counts) == d1.fetched
+
+
+async def test_latency_every_answer_waits_and_a_thousand_wait_at_once(autojump_clock):
+    """Virtual time: 1,000 connections each ask once; every answer comes ``latency`` after
+    its request, all at the same moment (serialised, the last would wait 1,000 x latency),
+    and the log has each request at its arrival, with its client."""
+    web = SyntheticWeb(small_spec(), port=0, latency=0.2)
+    n, answered = 1000, []
+
+    async def ask(k: int, nursery) -> None:
+        client, server = trio.testing.memory_stream_pair()
+        nursery.start_soon(web.serve_connection, server, 1, f"127.0.1.{k % 200}")
+        t0 = trio.current_time()
+        await client.send_all(f"GET / HTTP/1.1\r\nHost: {web.hosts[1]}\r\nConnection: close\r\n\r\n".encode())
+        reply = b""
+        while chunk := await client.receive_some(65536):
+            reply += chunk
+        assert reply.startswith(b"HTTP/1.1 200 ")
+        answered.append(trio.current_time() - t0)
+
+    start = trio.current_time()
+    async with trio.open_nursery() as nursery:
+        for k in range(n):
+            nursery.start_soon(ask, k, nursery)
+    assert len(answered) == n and all(abs(w - 0.2) < 1e-9 for w in answered)
+    assert trio.current_time() - start == pytest.approx(0.2)
+    assert len(web.request_log) == n and {t for t, *_ in web.request_log} == {start}
+    assert {c for *_, c in web.request_log} == {f"127.0.1.{k}" for k in range(200)}
+    with pytest.raises(ValueError, match="latency"):
+        SyntheticWeb(small_spec(), latency=-1)

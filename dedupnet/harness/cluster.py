@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import trio
 
@@ -36,6 +36,14 @@ def center_ip(network: int) -> str:
 
 def host_ip(network: int, index: int) -> str:
     return f"127.0.{network}.{10 + index}"
+
+
+def network_of_host(ip: str) -> int | None:
+    """The network of a host address of this layout (127.0.N.x: N); None for any other."""
+    parts = ip.split(".")
+    if len(parts) != 4 or parts[:2] != ["127", "0"] or not parts[2].isdigit() or parts[2] == "0":
+        return None
+    return int(parts[2])
 
 
 @dataclass
@@ -119,6 +127,10 @@ class Cluster:
     async def start_host(self, n: int, i: int) -> LocalDaemon:
         ip = host_ip(n, i)
         timing = {k: v for k, v in self.timing.items() if k in LocalSettings.__dataclass_fields__}
+        if timing.get("crawler") is not None and timing["crawler"].local_address is None:
+            # Its crawler fetches from the host's own address, as a daemon's does (dedupnet/service/daemons.py):
+            # the web server's log then tells which host fetched what.
+            timing["crawler"] = replace(timing["crawler"], local_address=ip)
         daemon = LocalDaemon(LocalSettings(n, ip, lan(n), await self._via(host_name(n, i), n),
                                            set_size=self.set_size, mode=self.mode, tls=self.host_tls(), **timing),
                              self._store(f"host:{ip}"))

@@ -15,12 +15,14 @@ import redis
 
 
 from dedupnet.codec.errors import BadURL
+from dedupnet.harness.cluster import network_of_host
 from dedupnet.harness.faults import LINK_FAULTS, Fault
 from dedupnet.adapters.redis_cluster import merged_info
 from dedupnet.adapters.status_page import key_family, key_memory
 from dedupnet.adapters.store import FINISH_URL
 from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.harness.web import SyntheticWeb
+from dedupnet.harness.weblog import load_spread
 
 
 SCENARIOS = ("default", "concurrent", "churn", "restart")
@@ -81,6 +83,12 @@ class SimConfig:
     #: and older than the age (:func:`_run_windows`); every URL must be fetched K times.
     recrawl_after: float | None = None
     windows: int = 1
+    #: Exact mode: every center's ``routing`` ("home" or "broadcast"; None: the center's
+    #: default) and ``weights`` (``"NETWORK=WEIGHT"`` each, the setting's spelling).
+    routing: str | None = None
+    weights: tuple[str, ...] = ()
+    #: Seconds every answer of the synthetic web waits, as on the real web (0: at once).
+    web_latency: float = 0.0
 
 
 @dataclass
@@ -155,6 +163,14 @@ class Report:
     window_counts: dict[str, int] = field(default_factory=dict)
     #: The shortest time between two answered requests for one URL (None: none twice).
     min_refetch_gap: float | None = None
+    #: How the load fell on the web, from its request log (dedupnet/harness/weblog.py).
+    pages_per_network: dict[str, int] = field(default_factory=dict)
+    busiest_network_share: float | None = None
+    pages_per_host_max: int = 0
+    pages_per_host_mean: float | None = None
+    sites_fetched: int = 0
+    sites_multi_host: int = 0
+    max_hosts_per_site_1s: int = 0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -203,7 +219,7 @@ def redis_memory(server: redis.Redis, prefix: str) -> dict[str, dict[str, int]]:
 def seeds_per_network(plan: dict[str, list[str]]) -> dict[str, int]:
     counts: Counter[str] = Counter()
     for ip, urls in plan.items():
-        counts[f"net:{int(ip.split('.')[2])}"] += len(urls)
+        counts[f"net:{network_of_host(ip)}"] += len(urls)
     return dict(sorted(counts.items(), key=lambda kv: int(kv[0][4:])))
 
 
@@ -274,6 +290,26 @@ def assign_seeds(ips: list[str], seeds: list[str]) -> dict[str, list[str]]:
     for i, url in enumerate(seeds):
         plan[order[i % len(order)]].append(url)
     return plan
+
+
+def check_routing(cfg: SimConfig) -> None:
+    """ValueError for a routing or weights the run's centers would refuse (before anything starts)."""
+    from center_host.protocol import ROUTINGS
+    from dedupnet.codec.homes import parse_weights
+
+    if cfg.routing is not None and cfg.routing not in ROUTINGS:
+        raise ValueError(f"--routing must be one of {', '.join(ROUTINGS)}, not {cfg.routing!r}")
+    if cfg.mode == "owner" and (cfg.routing or cfg.weights):
+        raise ValueError("--routing and --weight are the centers' (exact mode); owner has no centers")
+    if cfg.mode == "paper" and cfg.routing not in (None, "broadcast"):
+        raise ValueError("paper mode always broadcasts: --routing home is exact mode's")
+    weights = parse_weights(list(cfg.weights))
+    outside = sorted(set(weights) - set(range(1, cfg.networks + 1)))
+    if outside:
+        raise ValueError(f"--weight for network(s) {outside}: the networks are 1..{cfg.networks}")
+    bad = [n for n, w in weights.items() if not 0 < w < float("inf")]
+    if bad:
+        raise ValueError(f"--weight of network(s) {bad}: a weight is a positive number")
 
 
 def check_windows(cfg: SimConfig) -> None:
@@ -355,6 +391,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
             if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
                 bad[key] += value
     extra["bad_input"] = dict(bad)
+    extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
     if windows:
         counts = [web.answer_counts.get(u, 0) for u in expected]
         extra.update(windows=windows, min_refetch_gap=refetch_gap(web), window_counts={
@@ -415,7 +452,7 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
             carriers.setdefault(link, []).append(page)
     times: dict[str, list[float]] = {}
     origin = dict(zip(web.hosts, web.origins))
-    for t, host, path in web.request_log:
+    for t, host, path, _client in web.request_log:
         try:
             times.setdefault(normalize(origin[host] + path), []).append(t)
         except (KeyError, ValueError, BadURL):
@@ -455,7 +492,7 @@ def refetch_gap(web: SyntheticWeb) -> float | None:
     log; a flaky page's 503s are not answers), or None if no URL was fetched twice."""
     origin = dict(zip(web.hosts, web.origins))
     times: dict[str, list[float]] = {}
-    for t, host, path in web.request_log:
+    for t, host, path, _client in web.request_log:
         if path == "/robots.txt":
             continue  # each crawler reads it once per site
         try:
@@ -506,9 +543,12 @@ def format_report(r: Report) -> str:
         + ("" if r.config.get("processes") else "   (reactor work, timed in-process)"))
     memory = "; ".join(f"{role} " + " ".join(f"{k}:{v / max(r.urls_admitted, 1):.1f}" for k, v in fam.items())
                        for role, fam in r.redis_bytes.items() if fam) or "n/a"
-    return f"""dedupnet sim: {c['networks']} networks x {c['hosts']} hosts, {c['mode']} mode, scenario {c['scenario']}, seed {c['seed']}
-  web: {c['pages']:,} pages over {c['sites']} sites; {r.reachable_pages:,} pages reachable from {seeds} seeds ({r.reachable_urls:,} URLs to request)
-  run: {status} after {r.wall_time:.1f} s
+    routing = f", routing {c['routing']}" if c.get("routing") else ""
+    routing += f" (weights {' '.join(c['weights'])})" if c.get("weights") else ""
+    latency = f", each answer after {c['web_latency']:g} s" if c.get("web_latency") else ""
+    return f"""dedupnet sim: {c['networks']} networks x {c['hosts']} hosts, {c['mode']} mode{routing}, scenario {c['scenario']}, seed {c['seed']}
+  web: {c['pages']:,} pages over {c['sites']} sites{latency}; {r.reachable_pages:,} pages reachable from {seeds} seeds ({r.reachable_urls:,} URLs to request)
+  run: {status} after {r.wall_time:.1f} s; each host's crawler fetches {c.get('concurrency', '?')} at once
 
   URLs fetched                {r.fetched_urls:>10,} of {r.reachable_urls:,}
   duplicate fetches           {r.duplicate_fetches:>10,}
@@ -530,8 +570,17 @@ def format_report(r: Report) -> str:
   Redis bytes per admitted URL  center {_num(r.center_redis_bytes_per_url, '.1f')}, hosts {_num(r.host_redis_bytes_per_url, '.1f')}   ({r.urls_admitted:,} URLs admitted)
     by key family             {memory}
   pages per host              {hosts}
+    max / mean                {r.pages_per_host_max:>10,} / {_num(r.pages_per_host_mean, ',.0f')}{_ratio(r.pages_per_host_max, r.pages_per_host_mean)}   (from the web's log)
+  pages per network           {' '.join(f'{k}:{v}' for k, v in r.pages_per_network.items()) or 'n/a'}
+    busiest network's share   {_num(r.busiest_network_share, '>10.3f')}   (1/L = {1 / max(c['networks'], 1):.3f})
+  sites fetched by >1 host    {r.sites_multi_host:>10,} of {r.sites_fetched:,} sites fetched
+  most hosts on a site in 1 s {r.max_hosts_per_site_1s:>10,}
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
   seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _windows_lines(r) + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f" ({a / b:.2f}x)" if a is not None and b else ""
 
 
 def _windows_lines(r: Report) -> str:

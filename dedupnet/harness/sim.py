@@ -24,6 +24,7 @@ baseline (dedupnet/harness/owner.py) on the same hosts and web.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import time
@@ -37,13 +38,14 @@ from local_host.crawler import Crawler, CrawlerSettings
 
 from dedupnet.harness.cluster import host_ip, open_cluster
 from dedupnet.codec.errors import DedupnetError
+from dedupnet.codec.homes import parse_weights
 from dedupnet.harness.faults import LINK_FAULTS
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import TASK_POOL, URL_POOL
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 from dedupnet.harness.report import (
     SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs,
-    seed_count, assign_seeds, check_windows, progress_line, build_report,
+    seed_count, assign_seeds, check_routing, check_windows, progress_line, build_report,
 )
 
 
@@ -132,6 +134,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
         raise ValueError(faults_refused(cfg.faults))
     check_secure(cfg)
     check_windows(cfg)
+    check_routing(cfg)
     import tempfile
 
     with secure_certs(cfg) as tls_dir, tempfile.TemporaryDirectory(prefix="dedupnet-sim-keys-") as keys:
@@ -146,7 +149,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
 
 async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: str | None,
                     tls_dir: str | None) -> Report:
-    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
+    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0, latency=cfg.web_latency)
     server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
     crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
@@ -167,6 +170,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                                      gather_linger=cfg.gather_linger,
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
+                                     routing=cfg.routing, weights=parse_weights(list(cfg.weights)),
                                      **_link_relays(cfg),
                                      **({"recrawl": recrawl_policy(cfg)} if cfg.recrawl_after is not None else {}),
                                      **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
@@ -251,7 +255,8 @@ async def _crawlers(system, settings: CrawlerSettings, nursery: trio.Nursery, mo
         return {}  # they live in the daemons (and hosts come and go with churn)
     crawlers = {}
     for ip, h in system.hosts.items():
-        c = Crawler(h.pools.store, settings, h.counters, consumer=ip)
+        # From the host's own address, as the protocol's hosts fetch (cluster.py): the web tells them apart.
+        c = Crawler(h.pools.store, dataclasses.replace(settings, local_address=ip), h.counters, consumer=ip)
         await nursery.start(c.run)
         crawlers[ip] = c
     return crawlers

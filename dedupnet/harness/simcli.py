@@ -8,11 +8,11 @@ import sys
 
 import trio
 
-from center_host.protocol import PARTITION_POLICIES
+from center_host.protocol import PARTITION_POLICIES, ROUTINGS
 
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault
 from dedupnet.harness.report import (
-    SCENARIOS, MODES, SimConfig, check_secure, check_windows, format_report, format_comparison,
+    SCENARIOS, MODES, SimConfig, check_routing, check_secure, check_windows, format_report, format_comparison,
     plot,
 )
 from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
@@ -40,10 +40,12 @@ def run(args) -> int:
                      finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
                      bloom_error_rate=args.bloom_error_rate,
                      lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
-                     recrawl_after=args.recrawl_after, windows=args.windows)
+                     recrawl_after=args.recrawl_after, windows=args.windows, routing=args.routing,
+                     weights=tuple(args.weights or ()), web_latency=args.web_latency, concurrency=args.concurrency)
     try:
         check_secure(base)
         check_windows(base)
+        check_routing(base)
         if base.recrawl_after is not None and (args.processes or args.compare or args.chaos is not None):
             raise ValueError("--recrawl-after runs in one process, one mode (not with --processes, --compare "
                              "or --chaos)")
@@ -114,6 +116,14 @@ def _sweep(args) -> int:
             "--seeds", str(args.seeds), "--mode", args.mode]
     if args.timeout != SimConfig.timeout:
         argv += ["--timeout", str(args.timeout)]
+    if args.routing:
+        argv += ["--routing", args.routing]
+    for w in args.weights or ():
+        argv += ["--weight", w]
+    if args.web_latency:
+        argv += ["--web-latency", str(args.web_latency)]
+    if args.concurrency != SimConfig.concurrency:
+        argv += ["--concurrency", str(args.concurrency)]
     if args.processes:
         argv.append("--processes")
     if args.baseline_python:
@@ -130,6 +140,26 @@ def _fault_arg(spec: str) -> Fault:
         return parse_fault(spec)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _seconds(text: str) -> float:
+    import argparse
+
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds >= 0")
+    return value
+
+
+def _positive(text: str) -> int:
+    import argparse
+
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number >= 1")
+    return int(text)
 
 
 def _http_arg(text: str) -> tuple[str, int]:
@@ -161,6 +191,16 @@ def add_arguments(p) -> None:
     p.add_argument("--gather-linger", type=float, default=SimConfig.gather_linger, metavar="S",
                    help="seconds a center gathers its LAN's sets into one for the other networks while one "
                         "of its own is out with them (default %(default)s; 0: each alone)")
+    p.add_argument("--routing", choices=ROUTINGS,
+                   help="exact mode, every center's: home decides each URL at its site's home network alone, "
+                        "broadcast asks every network (default: the center's, home)")
+    p.add_argument("--weight", dest="weights", action="append", metavar="NET=W",
+                   help="a network's share of the sites under --routing home (default 1; repeat), every center's")
+    p.add_argument("--web-latency", type=_seconds, default=SimConfig.web_latency, metavar="S",
+                   help="seconds every answer of the synthetic web waits, as on the real web: the crawlers are "
+                        "then bound by --concurrency over it, not by this machine (default %(default)s)")
+    p.add_argument("--concurrency", type=_positive, default=SimConfig.concurrency, metavar="N",
+                   help="requests each host's crawler keeps in flight (default %(default)s)")
     p.add_argument("--partition-policy", choices=PARTITION_POLICIES,
                    help="a late answer or a network that is down: wait (exact mode's default) or admit")
     p.add_argument("--answer-timeout", type=float, default=SimConfig.answer_timeout, metavar="S",

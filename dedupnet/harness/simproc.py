@@ -68,7 +68,7 @@ from dedupnet.adapters.netinfo import source_ip_towards
 from dedupnet.harness.procfaults import FaultRecord, FaultRunner, KillableRedis
 from dedupnet.harness.relay import LinkFaults, host_name, schedule_link_faults, start_link_relays, wan_name
 from dedupnet.harness.report import (
-    Observer, Report, SimConfig, build_report, assign_seeds, check_secure, progress_line,
+    Observer, Report, SimConfig, build_report, assign_seeds, check_routing, check_secure, progress_line,
     redis_memory, seed_count, wants_lan_key,
 )
 from dedupnet.adapters.transport import ConnectionClosed, connect
@@ -255,6 +255,7 @@ def _check(cfg: SimConfig) -> None:
         raise ValueError("--send-delay is a fault hook of the one-process simulation; run it without --processes")
     check_faults(cfg)
     check_secure(cfg)
+    check_routing(cfg)
 
 
 #: Fault kinds ``--processes`` carries out: process faults (dedupnet/harness/procfaults.py) and
@@ -366,6 +367,10 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 "--no-discovery"]  # hosts are told their center; a simulation opens no UDP port
         if cfg.partition_policy:
             argv += ["--partition-policy", cfg.partition_policy]
+        if cfg.routing:
+            argv += ["--routing", cfg.routing]
+        for w in cfg.weights:
+            argv += ["--weight", w]
         argv += _tls_flags(cfg, tls_dir, "center", n) + keys
         for m, peer_port in ports.items():
             if m != n:
@@ -686,7 +691,7 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
     if is_cluster_url(redis_url) and any(f.kind == "kill-redis" for f in cfg.faults):
         raise ValueError("kill-redis kills the run's own single server, not a cluster's node: run it without "
                          "--redis-cluster (tests/test_redis_cluster.py kills a cluster master)")
-    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
+    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0, latency=cfg.web_latency)
     prefix = f"simproc-{cfg.mode}-{cfg.seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     logdir = Path(tempfile.mkdtemp(prefix="dedupnet-simproc-"))
     env = _env()

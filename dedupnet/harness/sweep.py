@@ -10,7 +10,9 @@ go one after the other (baseline first), so a change of machine load hits both a
 
 The other checkout's report may lack figures this one has (an older ``sim``): those
 are printed ``n/a``. Options of this checkout's ``sim`` that the other may not have go
-in ``--sim-args`` (this checkout only); ``--processes`` goes to both.
+in ``--sim-args`` (this checkout only); ``--processes``, ``--routing``, ``--weight``,
+``--web-latency`` and ``--concurrency`` go to both (the workload must be the same on
+both sides; a checkout without one of them fails its runs, with its error shown).
 
 Seeds: every run is given ``--seeds max(seeds, networks)``, both sides, so both crawl
 the same ground truth and (in this checkout) every network starts with a seed.
@@ -45,10 +47,20 @@ COLUMNS = [
     ("lost", "lost", 6, ",d"),
     ("cpu_ms_per_1k", "CPU ms/1k", 10, ",.0f"),
     ("redis_b_per_url", "Redis B/URL", 12, ",.0f"),
+    ("busiest_share", "busiest", 8, ".2f"),
+    ("busiest_x_l", "xL", 6, ".2f"),
+    ("host_max_mean", "host max/mean", 14, ".2f"),
+    ("multi_host_sites", "sites >1 host", 14, ",d"),
+    ("hosts_per_site_1s", "hosts/site/s", 13, ",d"),
 ]
 #: Columns where this/main is a meaningful ratio (the rest are counts that should be 0).
 RATIO = {"wall_s", "pages_per_s", "frames_per_url", "bytes_per_url", "set_fill", "p50_ms", "p99_ms",
-         "cpu_ms_per_1k", "redis_b_per_url"}
+         "cpu_ms_per_1k", "redis_b_per_url", "busiest_x_l", "host_max_mean"}
+#: What the columns mean, printed under the table.
+LEGEND = ("bytes/URL: bytes on the wire per distinct URL; CPU ms/1k: center CPU per 1,000 admitted URLs; "
+          "p99 ms: discovery -> admission; busiest: the busiest network's share of pages fetched (xL: times the "
+          "number of networks, 1.00 = even); host max/mean: pages per host; sites >1 host: sites fetched by more "
+          "than one host; hosts/site/s: the most hosts on one site within 1 s (the last five from the web's log)")
 
 
 def parse_layouts(text: str) -> list[tuple[int, int]]:
@@ -88,6 +100,9 @@ def figures(report: dict) -> dict:
     if bytes_per_url is None and distinct:
         bytes_per_url = report.get("bytes_on_wire", 0) / distinct
     admitted = report.get("per_network_admitted") or {}
+    share = report.get("busiest_network_share")
+    networks = (report.get("config") or {}).get("networks")
+    host_max, host_mean = report.get("pages_per_host_max"), report.get("pages_per_host_mean")
     return {
         "wall_s": report.get("wall_time"), "pages_per_s": report.get("pages_per_s"),
         "frames_per_url": frames_per_url, "bytes_per_url": bytes_per_url, "set_fill": report.get("set_fill"),
@@ -95,6 +110,9 @@ def figures(report: dict) -> dict:
         "incomplete": report.get("sets_concluded_incomplete"), "duplicates": report.get("duplicate_fetches"),
         "lost": report.get("lost_urls"), "cpu_ms_per_1k": report.get("center_cpu_ms_per_1k_urls"),
         "redis_b_per_url": report.get("center_redis_bytes_per_url"),
+        "busiest_share": share, "busiest_x_l": share * networks if share is not None and networks else None,
+        "host_max_mean": host_max / host_mean if host_max is not None and host_mean else None,
+        "multi_host_sites": report.get("sites_multi_host"), "hosts_per_site_1s": report.get("max_hosts_per_site_1s"),
         "timed_out": report.get("timed_out"), "max_url_pool": report.get("max_url_pool"),
         "networks_idle": sorted(k for k, v in admitted.items() if not v),
     }
@@ -163,6 +181,14 @@ def sim_argv(python: str, layout: tuple[int, int], args, json_path: Path, extra:
         argv += ["--mode", args.mode]
     if args.processes:
         argv.append("--processes")
+    if args.routing is not None:
+        argv += ["--routing", args.routing]
+    for w in args.weights or ():
+        argv += ["--weight", w]
+    if args.web_latency:
+        argv += ["--web-latency", str(args.web_latency)]
+    if args.concurrency is not None:
+        argv += ["--concurrency", str(args.concurrency)]
     return argv + extra
 
 
@@ -219,6 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=6, help="seed URLs; at least one per network (default 6)")
     p.add_argument("--mode", choices=("exact", "paper", "owner"), help="sim's --mode (default: sim's, exact)")
     p.add_argument("--processes", action="store_true", help="every daemon its own process (both checkouts)")
+    p.add_argument("--routing", choices=("home", "broadcast"), help="sim's --routing (both checkouts; default: sim's)")
+    p.add_argument("--weight", dest="weights", action="append", metavar="NET=W",
+                   help="sim's --weight (repeat; both checkouts)")
+    p.add_argument("--web-latency", type=float, default=0.0, metavar="S",
+                   help="sim's --web-latency (both checkouts; default 0)")
+    p.add_argument("--concurrency", type=int, metavar="N", help="sim's --concurrency (both checkouts; default: sim's)")
     p.add_argument("--timeout", type=float, default=1800.0, help="each simulation gives up after this (default 1800 s)")
     p.add_argument("--python", default=sys.executable, help="this checkout's interpreter (default: this one)")
     p.add_argument("--baseline-python", metavar="PYTHON",
@@ -241,9 +273,14 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
                     runs.append(run_one(side, python, layout, args, side_extra, Path(tmp), out=out))
                 except subprocess.TimeoutExpired:
                     runs.append({"layout": f"{layout[0]}x{layout[1]}", "side": side, "error": "did not finish"})
+    workload = [f"--{k.replace('_', '-')} {v}" for k, v in (("routing", args.routing),
+                ("web_latency", args.web_latency or None), ("concurrency", args.concurrency)) if v is not None]
+    workload += [f"--weight {w}" for w in args.weights or ()]
     print(f"\nTopology sweep: {args.pages:,} pages, seed {args.seed}"
-          + (", --processes" if args.processes else "") + (f", this: {args.sim_args}" if extra else ""), file=out)
-    print(format_table(runs), file=out, flush=True)
+          + (", --processes" if args.processes else "") + "".join(f", {w}" for w in workload)
+          + (f", this: {args.sim_args}" if extra else ""), file=out)
+    print(format_table(runs), file=out)
+    print(LEGEND, file=out, flush=True)
     if args.out:
         config = {k: v for k, v in vars(args).items() if k != "layouts"}
         config["layouts"] = [f"{n}x{h}" for n, h in args.layouts]

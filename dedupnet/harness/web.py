@@ -193,14 +193,22 @@ class SyntheticWeb:
       whatever the answer (503, 404, 301/302 and 200 alike);
     * ``answer_counts[url]``: the requests not answered 503 (what :meth:`duplicate_fetches` uses);
     * ``robots_fetches[url]``: requests for ``http://host:port/robots.txt``;
-    * ``request_log``: ``(trio.current_time(), host, target)`` per request (robots.txt
-      included), for politeness checks; a deque keeping the last ``spec.request_log_size``.
+    * ``request_log``: ``(trio.current_time(), host, target, client)`` per request
+      (robots.txt included; ``client`` is the client's address, ``"?"`` if unknown), when
+      it arrived, for politeness checks; a deque keeping the last ``spec.request_log_size``.
+
+    ``latency``: seconds every answer waits before it is sent, as a real site's would, so
+    that crawlers are bound by how many requests they keep in flight, not by how fast this
+    machine serves them. Each connection waits on its own: any number wait at once.
     """
 
     def __init__(self, spec: WebSpec | None = None, *, port: int = DEFAULT_PORT, idle_timeout: float = 30.0,
-                 bind: str = DEFAULT_BIND):
+                 bind: str = DEFAULT_BIND, latency: float = 0.0):
+        if not 0 <= latency < float("inf"):  # NaN too
+            raise ValueError(f"latency must be a number of seconds >= 0, not {latency!r}")
         self.spec = spec if spec is not None else WebSpec()
         self.idle_timeout = idle_timeout
+        self.latency = latency
         self.bind = bind
         self.hosts = [site_host(k, bind) for k in range(self.spec.sites)]
         self._site_index = {h: k for k, h in enumerate(self.hosts)}
@@ -212,7 +220,7 @@ class SyntheticWeb:
         #: crawler fetched it (a crawler that binds its host's IP, as the daemons do).
         self.answered_by: dict[str, list[str]] = collections.defaultdict(list)
         self.robots_fetches: collections.Counter[str] = collections.Counter()
-        self.request_log: collections.deque[tuple[float, str, str]] = collections.deque(
+        self.request_log: collections.deque[tuple[float, str, str, str]] = collections.deque(
             maxlen=self.spec.request_log_size)
 
     # ------------------------------------------------------------------ graph
@@ -636,7 +644,7 @@ class SyntheticWeb:
     def _answer(self, site: int, method: bytes, target: bytes,
                 peer: str | None = None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
         path = target.decode("latin-1")
-        self.request_log.append((trio.current_time(), self.hosts[site], path))
+        self.request_log.append((trio.current_time(), self.hosts[site], path, peer or "?"))
         if method not in (b"GET", b"HEAD"):
             return 405, [(b"allow", b"GET, HEAD")], b""
         origin = self.origins[site]
@@ -658,13 +666,18 @@ class SyntheticWeb:
         return self.expected_response(url)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
-        """One connection: HTTP/1.1 keep-alive loop; every read and write is under
-        ``idle_timeout``; protocol errors get a 400 and close the connection."""
+        """One TCP connection: its site is the address it reached, its client the peer's."""
         site = self._site_index.get(stream.socket.getsockname()[0], 0)
         try:
             peer = stream.socket.getpeername()[0]
         except OSError:
             peer = None
+        await self.serve_connection(stream, site, peer)
+
+    async def serve_connection(self, stream: trio.abc.Stream, site: int, peer: str | None = None) -> None:
+        """One connection to ``site``: HTTP/1.1 keep-alive loop; every read and write is
+        under ``idle_timeout``; each answer waits ``latency`` first; protocol errors get
+        a 400 and close the connection. Closes ``stream``."""
         conn = h11.Connection(h11.SERVER)
         try:
             while True:
@@ -683,6 +696,8 @@ class SyntheticWeb:
                     elif isinstance(event, h11.ConnectionClosed):
                         return
                 status, headers, body = self._answer(site, request.method, request.target, peer)
+                if self.latency:
+                    await trio.sleep(self.latency)
                 headers = [*headers, (b"content-length", str(len(body)).encode()), (b"server", SERVER_NAME)]
                 out = conn.send(h11.Response(status_code=status, headers=headers))
                 if request.method != b"HEAD":
@@ -752,6 +767,8 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                    help="seed of the link graph: the same seed gives the same web (default %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of every site (0: any free one; default %(default)s)")
     p.add_argument("--seeds", type=int, default=5, metavar="N", help="seed URLs to print (default %(default)s)")
+    p.add_argument("--latency", type=float, default=0.0, metavar="S",
+                   help="seconds every answer waits before it is sent, as on the real web (default 0)")
     p.add_argument("--bind", default=DEFAULT_BIND, metavar="CIDR",
                    help=f"network the sites listen in, site k at its ((k//250)*256 + k%%250 + 1)-th address "
                         f"(default {DEFAULT_BIND}); the addresses must be local, e.g. "
@@ -765,7 +782,7 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     args = p.parse_args(argv)
     try:
         web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=args.port,
-                           bind=args.bind)
+                           bind=args.bind, latency=args.latency)
     except ValueError as e:
         p.error(str(e))
 
