@@ -667,10 +667,11 @@ class CenterProtocol:
         return [Send(to, wire.encode(rec.frame))] if to else []
 
     def _resend_delay(self, rec: SetRecord) -> float:
-        """``answer_timeout``; under ``wait`` doubling after each re-send, up to
+        """``answer_timeout``; under ``wait`` (and always for a home's or previous home's
+        answer, which is never given up) doubling after each re-send, up to
         ``max_resend_interval``: a member that is alive has the question (TCP delivers, a
         reconnection asks again at once), so re-sending to a slow one only adds load."""
-        extra = rec.attempts - 1 if self.wait else 0
+        extra = rec.attempts - 1 if self.wait or rec.stage in ROUTED else 0
         return min(self.config.answer_timeout * 2**extra, max(self.config.max_resend_interval, self.config.answer_timeout))
 
     def _answer(self, sender: Member, frame: Frame) -> list[Action]:
