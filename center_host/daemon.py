@@ -157,7 +157,7 @@ class CenterDaemon:
                f"{self.settings.network} by {ours or '(none: broadcast)'}: give every center the same "
                f"networks, weights and routing")
         self.counters.inc("rejected", reason="map-mismatch")
-        log.error("peer refused: %s", why)
+        conn.note(logging.ERROR, "peer refused: %s", why, logger=log)
         await conn.close_with_error("map-mismatch", why)
         return True
 
@@ -236,25 +236,33 @@ class CenterDaemon:
             return await self._control_session(conn)
         if reg.role == "host":
             if self.core.config.network_of(reg.IP) != self.settings.network:
-                self.counters.inc("rejected", reason="host-not-in-lan")
-                return await conn.close_with_error("host-not-in-lan", f"{reg.IP} is not in LAN {self.settings.lan}")
+                return await self._refuse(conn, "host-not-in-lan", f"{reg.IP} is not in LAN {self.settings.lan}")
+            if reg.network != self.settings.network:
+                return await self._refuse(conn, "wrong-network", f"host {reg.IP} registered for network "
+                                          f"{reg.network}; this is the center of network {self.settings.network}")
             return await self._member_session(conn, cp.Host(reg.IP))
         if reg.network not in self.core.config.peers:
-            self.counters.inc("rejected", reason="unknown-peer")
-            return await conn.close_with_error("unknown-peer", f"network {reg.network} is not a configured peer")
+            return await self._refuse(conn, "unknown-peer", f"network {reg.network} is not a configured peer")
         if await self._refused_map(conn, reg):
             return
         conn.send_nowait(wire.encode(self.register()))
         await self._member_session(conn, cp.Peer(reg.network))
 
+    async def _refuse(self, conn: Connection, reason: str, text: str) -> None:
+        """A registration this center does not take: counted, one line (under the
+        per-source log budget), the reason sent back, the connection closed."""
+        self.counters.inc("rejected", reason=reason)
+        conn.note(logging.WARNING, "refused %s: %s: %s", conn.peer, reason, text, logger=log)
+        await conn.close_with_error(reason, text)
+
     async def _member_session(self, conn: Connection, member: cp.Member) -> None:
         old = self.conns.get(member)
         if old is not None:
-            log.info("%s reconnected; closing its old connection", member)
+            conn.note(logging.INFO, "%s reconnected; closing its old connection", member, logger=log)
             await old.aclose()
         self.conns[member] = conn
         self.last_seen[member] = trio.current_time()
-        log.info("%s joined", member)
+        conn.note(logging.INFO, "%s joined", member, logger=log)
         await self.reactor.put(cp.Joined(member))
         try:
             while True:
@@ -274,7 +282,7 @@ class CenterDaemon:
             if self.conns.get(member) is conn:
                 del self.conns[member]
                 self.last_seen.pop(member, None)
-                log.info("%s left", member)
+                conn.note(logging.INFO, "%s left", member, logger=log)
                 self.reactor.post(cp.Left(member))
 
     async def _heartbeats(self) -> None:
