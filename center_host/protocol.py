@@ -32,6 +32,7 @@ import xxhash
 
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
@@ -286,6 +287,9 @@ class CenterConfig:
     max_routed_waiting: int = 1_000_000
 
     def __post_init__(self) -> None:
+        check_network(self.network)
+        for peer in self.peers:
+            check_network(peer, "a peer's network")
         if self.mode not in ("exact", "paper"):
             raise ValueError(f"mode must be 'exact' or 'paper', not {self.mode!r}")
         if self.partition_policy is None:

@@ -18,6 +18,7 @@ from typing import Any
 
 from center_host.protocol import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS
 from dedupnet.codec.homes import parse_weights
+from dedupnet.codec.numbers import check_network
 
 MODES = ("exact", "paper")
 
@@ -195,6 +196,8 @@ class Settings:
                      "max_messages_per_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.network is not None:
+            check_network(self.network)
         if not 1 <= self.discovery_port <= 65535:
             raise ValueError("discovery_port must be within 1..65535")
         if self.discovery_timeout <= 0:

@@ -28,6 +28,7 @@ from dedupnet.service.config import Settings, endpoint, load_settings
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
 from dedupnet.codec.messages import Error, Heartbeat, Register, Status
+from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
 from dedupnet.adapters.embedded import EmbeddedRedis
@@ -43,9 +44,10 @@ def parse_peer(text: str) -> PeerAddress:
     try:
         network, address, cidr = text.split(",")
         host, port = endpoint(address)
-        return PeerAddress(int(network), host, port, cidr)
+        network = int(network)
     except ValueError:
         raise ValueError(f"--peer wants NETWORK,HOST:PORT,CIDR, got {text!r}") from None
+    return PeerAddress(check_network(network, f"--peer {text!r}: NETWORK"), host, port, cidr)
 
 
 def _need(settings: Settings, *names: str) -> None:
