@@ -257,7 +257,8 @@ async def test_two_lans_on_real_interfaces_crawl_without_duplicates_or_losses(la
     impairment = build_two_lans(lab)
     web = SyntheticWeb(WebSpec(pages=600, sites=12, seed=1), port=0, bind=WEB_NET)
     cli = [sys.executable, "-m", "dedupnet.cli"]
-    common = ["--log-level", "INFO", "--set-size", "50", "--set-linger", "0.2"]
+    # --insecure: this test is about real interfaces, not keys (tests/test_exposure.py is).
+    common = ["--log-level", "INFO", "--set-size", "50", "--set-linger", "0.2", "--insecure"]
     centers, hosts = [], []
     for n in range(1, NETWORKS + 1):
         argv = [*cli, "center", "--network", str(n), "--listen", f"0.0.0.0:{CENTER_PORT}",

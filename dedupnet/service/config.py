@@ -144,6 +144,10 @@ class Settings:
     #: TLS on the LAN too: a center requires it of its hosts; a host speaks it to its
     #: center (needs ``tls_ca``; ``tls_cert``/``tls_key`` optional).
     lan_tls: bool = False
+    #: Run a daemon that listens beyond loopback without authentication for a role it
+    #: serves (no LAN key; peers without TLS). Without it such a daemon does not start
+    #: (dedupnet/service/exposure.py); with it, it warns at start and every minute.
+    insecure: bool = False
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.
