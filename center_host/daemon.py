@@ -255,7 +255,7 @@ class CenterDaemon:
         self.conns[member] = conn
         self.last_seen[member] = trio.current_time()
         log.info("%s joined", member)
-        await self.reactor.put(cp.Joined(member))
+        await self.reactor.put(cp.Joined(member), conn)
         try:
             while True:
                 message = await conn.receive()
@@ -264,7 +264,7 @@ class CenterDaemon:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
                     try:
-                        await self.reactor.put(cp.Received(member, message))
+                        await self.reactor.put(cp.Received(member, message), conn)
                     finally:
                         self.busy_with.discard(member)
                         self.last_seen[member] = trio.current_time()

@@ -181,13 +181,13 @@ class LocalDaemon:
         self.conn = conn
         log.info("connected to the center")
         try:
-            await self.reactor.put(hp.Connected())
+            await self.reactor.put(hp.Connected(), conn)
             while True:
                 message = await conn.receive()
                 if isinstance(message, Ack) and message.number == self._handing_back:
                     self.handed_back.set()
                 elif not isinstance(message, Heartbeat):
-                    await self.reactor.put(hp.FromCenter(message))
+                    await self.reactor.put(hp.FromCenter(message), conn)
         except ConnectionClosed:
             log.info("connection to the center lost")
         finally:
