@@ -28,7 +28,7 @@ from dedupnet.adapters.discovery import Responder, center_address, serve_discove
 from dedupnet.codec.messages import Heartbeat, Register
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
+from dedupnet.adapters.runtime import Reactor, Timers, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -288,7 +288,7 @@ class CenterDaemon:
             await trio.sleep(interval)
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
-            beat = wire.encode(Heartbeat(self.settings.ip, now))
+            beat = heartbeat(self.settings.ip)
             for conn in list(self.conns.values()):
                 conn.send_urgent(beat)
             self._gauge_waiting()

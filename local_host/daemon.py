@@ -26,7 +26,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
-from dedupnet.adapters.runtime import Reactor, control_session, until_stored
+from dedupnet.adapters.runtime import Reactor, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -197,7 +197,7 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         while True:
             if self.conn is not None:
-                self.conn.send_urgent(wire.encode(Heartbeat(self.settings.ip, trio.current_time())))
+                self.conn.send_urgent(heartbeat(self.settings.ip))
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:

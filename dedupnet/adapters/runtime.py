@@ -9,6 +9,7 @@ import inspect
 import logging
 import math
 import signal
+import time
 from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from redis.exceptions import RedisError
 from dedupnet.codec import wire
 from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError
-from dedupnet.codec.messages import Status
+from dedupnet.codec.messages import Heartbeat, Status
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.stores import store_for
 from dedupnet.adapters.transport import Connection
@@ -252,6 +253,14 @@ class Reactor:
                 item = await item()
             actions = self._handle(item)
             queue[:0] = await self._execute(actions)
+
+
+def heartbeat(ip: str) -> bytes:
+    """A heartbeat as PROTOCOL.md section 4 has it: the sender's wall clock, seconds
+    since the Unix epoch, so a peer or an operator reading the wire can compare clocks.
+    Liveness never reads it (a message's arrival is what counts), so the daemons' own
+    timing stays on trio's monotonic clock."""
+    return wire.encode(Heartbeat(ip, time.time()))
 
 
 async def stop_on_signals(scope: trio.CancelScope) -> None:
