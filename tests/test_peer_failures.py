@@ -18,7 +18,7 @@ from dedupnet.adapters.runtime import Reactor
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.transport import ConnectionClosed, connect, serve
 from dedupnet.codec import wire
-from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Welcome
+from dedupnet.codec.messages import Ack, Frame, Heartbeat, Register, Task
 from dedupnet.codec.numbers import make_number
 from local_host.daemon import LocalDaemon, LocalSettings
 
@@ -133,3 +133,28 @@ async def test_a_full_inbox_does_not_drop_or_raise_on_post():
         await until(lambda: len(handled) == 4)
         nursery.cancel_scope.cancel()
     assert handled == ["a", "b", "c", "left"]
+
+
+async def test_a_handed_back_task_is_normalised_where_it_enters(redis_url, prefix):
+    """A leaving host's tasks are checked like any set: a URL no pool may hold is
+    dropped and counted; before, it ended the center (ValueError in task assignment)."""
+    store = Store(redis_url, prefix)
+    center = CenterDaemon(CenterSettings(5, CENTER, 0, LAN), store)
+    try:
+        async with trio.open_nursery() as nursery:
+            port = await nursery.start(center.run)
+            leaving_got, staying_got = [], []
+            leaving = await host_conn(port, "127.0.5.66", nursery, leaving_got)
+            await host_conn(port, "127.0.5.10", nursery, staying_got)
+            await until(lambda: len(center.core.hosts) == 2)
+            leaving.send_nowait(wire.encode(Task(BAD_NUMBER, ("javascript:alert(1)", "HTTP://A.Example:80/x#f"))))
+            await until(lambda: Ack(BAD_NUMBER, "stored") in leaving_got)
+            await until(lambda: any(isinstance(m, Task) for m in staying_got))
+            (task,) = [m for m in staying_got if isinstance(m, Task)]
+            assert task.URLs == ("http://a.example/x",)
+            assert center.counters.get("bad_input", reason="bad-url") == 1
+            assert center.counters.get("handler_error") == 0
+            nursery.cancel_scope.cancel()
+    finally:
+        store.delete_prefix()
+        store.close()
