@@ -153,7 +153,8 @@ class Hostile:
         r = rnd.random()
         if r < 0.25:
             return Ack(self.number(own), rnd.choice(("stored", "duplicate", "rejected")),
-                       rnd.choice((None, "x", "too-many-urls", "a" * 1024)))
+                       rnd.choice((None, "x", "too-many-urls", "a" * 1024, "number-reused")),
+                       rnd.choice((None, None, 1, 2, 1000, rnd.randint(1, 2**31 - 1), 2**31 - 1)))
         if r < 0.4:
             return Task(self.number(own), tuple(self.urls(big=rnd.random() < 0.0005)))
         if r < 0.65:
@@ -487,10 +488,17 @@ async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzz
                                   "host-control", True)
                     await trio.sleep(0.05)
 
+            async def feeder():
+                """New URLs for the fuzzed host: sets in flight, for the hostile acks to hit."""
+                for i in range(10**9):
+                    await trio.to_thread.run_sync(fuzzed.pools.push, good_urls(f"feed{i}", 20))
+                    await trio.sleep(0.2)
+
             async with trio.open_nursery() as workers:
                 for _ in range(concurrency):
                     workers.start_soon(center_worker)
                 workers.start_soon(status_port_worker)
+                workers.start_soon(feeder)
                 while not done():
                     await trio.sleep(0.2)
                     if progress and time.perf_counter() - last >= progress:

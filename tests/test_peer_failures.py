@@ -158,3 +158,39 @@ async def test_a_handed_back_task_is_normalised_where_it_enters(redis_url, prefi
     finally:
         store.delete_prefix()
         store.close()
+
+
+async def test_a_center_cannot_exhaust_a_hosts_numbers(redis_url, prefix):
+    """A 'number-reused' refusal names the sequence to number from; one at the top of
+    the sequence space would leave the host no number for its next set (make_number
+    raised in the walker's event, which ended the host daemon). Such a refusal is
+    logged and the set kept, as any other refusal."""
+    frames = []
+
+    async def center(conn):
+        while True:
+            msg = await conn.receive()
+            if isinstance(msg, Frame) and msg.flag == 1:
+                frames.append(msg)
+                if len(frames) == 1:
+                    conn.send_nowait(wire.encode(Ack(msg.number, "rejected", "number-reused", 2**31 - 1)))
+                else:
+                    conn.send_nowait(wire.encode(Ack(msg.number, "stored")))
+
+    store = Store(redis_url, prefix)
+    host = LocalDaemon(LocalSettings(5, "127.0.5.10", LAN, (CENTER, 0), set_size=5, set_linger=0.05), store)
+    try:
+        async with trio.open_nursery() as nursery:
+            from functools import partial
+            port = await nursery.start(partial(serve, counters=Counters(), accept_roles=("host",)), CENTER, 0, center)
+            host.settings.center = (CENTER, port)
+            await nursery.start(host.run)
+            await trio.to_thread.run_sync(host.pools.push, [f"http://a.example/{i}" for i in range(5)])
+            await until(lambda: len(frames) >= 1)
+            await trio.sleep(0.2)
+            await trio.to_thread.run_sync(host.pools.push, [f"http://b.example/{i}" for i in range(5)])
+            await until(lambda: any("http://b.example/0" in f.URL_set for f in frames))
+            nursery.cancel_scope.cancel()
+    finally:
+        store.delete_prefix()
+        store.close()
