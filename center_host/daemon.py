@@ -28,7 +28,7 @@ from dedupnet.adapters.discovery import Responder, center_address, serve_discove
 from dedupnet.codec.messages import Heartbeat, Register
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
+from dedupnet.adapters.runtime import Reactor, Timers, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -263,7 +263,7 @@ class CenterDaemon:
         self.conns[member] = conn
         self.last_seen[member] = trio.current_time()
         conn.note(logging.INFO, "%s joined", member, logger=log)
-        await self.reactor.put(cp.Joined(member))
+        await self.reactor.put(cp.Joined(member), conn)
         try:
             while True:
                 message = await conn.receive()
@@ -272,7 +272,7 @@ class CenterDaemon:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
                     try:
-                        await self.reactor.put(cp.Received(member, message))
+                        await self.reactor.put(cp.Received(member, message), conn)
                     finally:
                         self.busy_with.discard(member)
                         self.last_seen[member] = trio.current_time()
@@ -296,7 +296,7 @@ class CenterDaemon:
             await trio.sleep(interval)
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
-            beat = wire.encode(Heartbeat(self.settings.ip, now))
+            beat = heartbeat(self.settings.ip)
             for conn in list(self.conns.values()):
                 conn.send_urgent(beat)
             self._gauge_waiting()

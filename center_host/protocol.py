@@ -499,11 +499,14 @@ class CenterProtocol:
         """The frame with every URL in the form a host would have stored it (docs/PROTOCOL.md
         §8): nothing a peer spells enters a pool unchecked. What cannot be a pool's URL is
         dropped from the set and counted."""
-        url_set, bad = canonical_set(frame.URL_set)
+        return Frame(self._canonical_urls(sender, frame.number, frame.URL_set), frame.IP, frame.number, frame.flag)
+
+    def _canonical_urls(self, sender: Member, number: int, url_set: dict[str, int]) -> dict[str, int]:
+        url_set, bad = canonical_set(url_set)
         if bad:
             self.counters.inc("bad_input", reason="bad-url", amount=bad)
-            log.warning("set %d from %s: %d URLs dropped (not http(s) URLs a pool may hold)", frame.number, sender, bad)
-        return Frame(url_set, frame.IP, frame.number, frame.flag)
+            log.warning("set %d from %s: %d URLs dropped (not http(s) URLs a pool may hold)", number, sender, bad)
+        return url_set
 
     def _check_number(self, sender: Member, number: int) -> None:
         """A new set's number carries its sender's network (and, for a LAN host, its host
@@ -1158,7 +1161,8 @@ class CenterProtocol:
         """A host that leaves for good hands its uncrawled tasks back: it is no longer
         a member, its tasks go to the others (stored before the ack lets it drop them)."""
         self.hosts.discard(sender.ip)
-        actions = self._reassign(sender.ip) + self._assign(task.number, list(task.URLs))
+        urls = list(self._canonical_urls(sender, task.number, dict.fromkeys(task.URLs, 0)))
+        actions = self._reassign(sender.ip) + self._assign(task.number, urls)
         self.counters.inc("tasks_handed_back", amount=len(task.URLs))
         log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
         return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]

@@ -18,6 +18,11 @@ Why it is shaped this way
   from the decoder is logged once, counted under its reason, answered with an
   :class:`~dedupnet.codec.messages.Error` (best effort, short deadline) and the connection is
   closed; the stream cannot be resynchronised anyway (see :mod:`dedupnet.codec.wire`).
+  A message that decodes but then raises where the daemon handles it (its reactor) is
+  handed back with :meth:`Connection.fail` and raised from that connection's receive:
+  the handler's catch-all (``handler_error`` / ``session_error``, logged with the
+  traceback) is the one place an exception caused by a peer lands, and it closes that
+  connection only.
 * **The sender is the connection, not the frame.** A connection starts with a
   :class:`~dedupnet.codec.messages.Register`; with ``verify_source`` (the default) the server
   accepts it only if its ``IP`` is the TCP peer address, so everything arriving later on
@@ -298,7 +303,8 @@ class Connection:
         counters: where this connection counts what it does.
         close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``error:<reason>``
             (we rejected the peer), ``send-overflow``, ``send-timeout``, ``broken``,
-            ``local``, ``silent``: given up by :func:`close_when_silent`), None while open.
+            ``failed`` (:meth:`fail`), ``local``, ``silent``: given up by :func:`close_when_silent`), None
+            while open.
         compress: whether this side offers/accepts compressed bodies (the setting).
         compression: the compression negotiated with the peer (``"zstd"``), or None:
             then only plain bodies are sent to it, and a compressed one from it is
@@ -374,6 +380,7 @@ class Connection:
         #: listening for it: only time spent waiting in :meth:`receive` is its silence.
         self._heard = now
         self._listening = False
+        self._failure: Exception | None = None  # see fail()
         #: A server's budget of log lines per source (None: a client, which logs freely).
         self.log_limit = log_limit
 
@@ -443,6 +450,20 @@ class Connection:
         self._send_ch.close()
         self._recv_ch.close()  # frees the queued bytes now
         self._socket.close()
+
+    def fail(self, exc: Exception) -> None:
+        """Handling what the peer sent raised ``exc`` somewhere else (the daemon's
+        reactor): close the connection at once, and raise ``exc`` from the receive of
+        this connection's handler. The handler's catch-all (:func:`serve`'s, or
+        :func:`connect_forever`'s) is so the one place where a failure caused by a
+        peer lands, and it ends that connection only."""
+        if self._failure is None:
+            self._failure = exc
+        self._close_now("failed")
+
+    def _ended(self, text: str) -> Exception:
+        """What receive raises once the connection is closed: the failure, if any."""
+        return self._failure if self._failure is not None else ConnectionClosed(text)
 
     async def aclose(self, *, flush_timeout: float | None = None) -> None:
         """Close the connection, first letting the writer send what is queued for up to
@@ -548,12 +569,12 @@ class Connection:
                         continue
                     return msg
                 if self._closed:
-                    raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
+                    raise self._ended(f"connection to {self.peer} is closed ({self.close_reason})")
                 try:
                     data = await self.stream.receive_some(RECEIVE_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self._close_now("broken")
-                    raise ConnectionClosed(f"connection to {self.peer} lost: {exc}") from None
+                    raise self._ended(f"connection to {self.peer} lost: {exc}") from None
                 if not data:
                     decoder.eof()  # ProtocolError("truncated") inside a frame
                     self._close_now("eof")
