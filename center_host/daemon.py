@@ -28,7 +28,7 @@ from dedupnet.adapters.discovery import Responder, center_address, serve_discove
 from dedupnet.codec.messages import Heartbeat, Register
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import Reactor, Timers, control_session, until_stored
+from dedupnet.adapters.runtime import Reactor, Timers, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -162,7 +162,7 @@ class CenterDaemon:
                f"{self.settings.network} by {ours or '(none: broadcast)'}: give every center the same "
                f"networks, weights and routing")
         self.counters.inc("rejected", reason="map-mismatch")
-        log.error("peer refused: %s", why)
+        conn.note(logging.ERROR, "peer refused: %s", why, logger=log)
         await conn.close_with_error("map-mismatch", why)
         return True
 
@@ -241,26 +241,34 @@ class CenterDaemon:
             return await self._control_session(conn)
         if reg.role == "host":
             if self.core.config.network_of(reg.IP) != self.settings.network:
-                self.counters.inc("rejected", reason="host-not-in-lan")
-                return await conn.close_with_error("host-not-in-lan", f"{reg.IP} is not in LAN {self.settings.lan}")
+                return await self._refuse(conn, "host-not-in-lan", f"{reg.IP} is not in LAN {self.settings.lan}")
+            if reg.network != self.settings.network:
+                return await self._refuse(conn, "wrong-network", f"host {reg.IP} registered for network "
+                                          f"{reg.network}; this is the center of network {self.settings.network}")
             return await self._member_session(conn, cp.Host(reg.IP))
         if reg.network not in self.core.config.peers:
-            self.counters.inc("rejected", reason="unknown-peer")
-            return await conn.close_with_error("unknown-peer", f"network {reg.network} is not a configured peer")
+            return await self._refuse(conn, "unknown-peer", f"network {reg.network} is not a configured peer")
         if await self._refused_map(conn, reg):
             return
         conn.send_nowait(wire.encode(self.register()))
         await self._member_session(conn, cp.Peer(reg.network))
 
+    async def _refuse(self, conn: Connection, reason: str, text: str) -> None:
+        """A registration this center does not take: counted, one line (under the
+        per-source log budget), the reason sent back, the connection closed."""
+        self.counters.inc("rejected", reason=reason)
+        conn.note(logging.WARNING, "refused %s: %s: %s", conn.peer, reason, text, logger=log)
+        await conn.close_with_error(reason, text)
+
     async def _member_session(self, conn: Connection, member: cp.Member) -> None:
         old = self.conns.get(member)
         if old is not None:
-            log.info("%s reconnected; closing its old connection", member)
+            conn.note(logging.INFO, "%s reconnected; closing its old connection", member, logger=log)
             await old.aclose()
         self.conns[member] = conn
         self.last_seen[member] = trio.current_time()
-        log.info("%s joined", member)
-        await self.reactor.put(cp.Joined(member))
+        conn.note(logging.INFO, "%s joined", member, logger=log)
+        await self.reactor.put(cp.Joined(member), conn)
         try:
             while True:
                 message = await conn.receive()
@@ -269,7 +277,7 @@ class CenterDaemon:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
                     try:
-                        await self.reactor.put(cp.Received(member, message))
+                        await self.reactor.put(cp.Received(member, message), conn)
                     finally:
                         self.busy_with.discard(member)
                         self.last_seen[member] = trio.current_time()
@@ -279,7 +287,7 @@ class CenterDaemon:
             if self.conns.get(member) is conn:
                 del self.conns[member]
                 self.last_seen.pop(member, None)
-                log.info("%s left", member)
+                conn.note(logging.INFO, "%s left", member, logger=log)
                 self.reactor.post(cp.Left(member))
 
     async def _heartbeats(self) -> None:
@@ -293,7 +301,7 @@ class CenterDaemon:
             await trio.sleep(interval)
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
-            beat = wire.encode(Heartbeat(self.settings.ip, now))
+            beat = heartbeat(self.settings.ip)
             for conn in list(self.conns.values()):
                 conn.send_urgent(beat)
             self._gauge_waiting()

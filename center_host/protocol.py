@@ -32,6 +32,7 @@ import xxhash
 
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
@@ -290,6 +291,9 @@ class CenterConfig:
     max_routed_waiting: int = 1_000_000
 
     def __post_init__(self) -> None:
+        check_network(self.network)
+        for peer in self.peers:
+            check_network(peer, "a peer's network")
         if self.mode not in ("exact", "paper"):
             raise ValueError(f"mode must be 'exact' or 'paper', not {self.mode!r}")
         if self.partition_policy is None:
@@ -499,11 +503,14 @@ class CenterProtocol:
         """The frame with every URL in the form a host would have stored it (docs/PROTOCOL.md
         §8): nothing a peer spells enters a pool unchecked. What cannot be a pool's URL is
         dropped from the set and counted."""
-        url_set, bad = canonical_set(frame.URL_set)
+        return Frame(self._canonical_urls(sender, frame.number, frame.URL_set), frame.IP, frame.number, frame.flag)
+
+    def _canonical_urls(self, sender: Member, number: int, url_set: dict[str, int]) -> dict[str, int]:
+        url_set, bad = canonical_set(url_set)
         if bad:
             self.counters.inc("bad_input", reason="bad-url", amount=bad)
-            log.warning("set %d from %s: %d URLs dropped (not http(s) URLs a pool may hold)", frame.number, sender, bad)
-        return Frame(url_set, frame.IP, frame.number, frame.flag)
+            log.warning("set %d from %s: %d URLs dropped (not http(s) URLs a pool may hold)", number, sender, bad)
+        return url_set
 
     def _check_number(self, sender: Member, number: int) -> None:
         """A new set's number carries its sender's network (and, for a LAN host, its host
@@ -1185,7 +1192,8 @@ class CenterProtocol:
         """A host that leaves for good hands its uncrawled tasks back: it is no longer
         a member, its tasks go to the others (stored before the ack lets it drop them)."""
         self.hosts.discard(sender.ip)
-        actions = self._reassign(sender.ip) + self._assign(task.number, list(task.URLs))
+        urls = list(self._canonical_urls(sender, task.number, dict.fromkeys(task.URLs, 0)))
+        actions = self._reassign(sender.ip) + self._assign(task.number, urls)
         self.counters.inc("tasks_handed_back", amount=len(task.URLs))
         log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
         return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]

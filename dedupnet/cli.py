@@ -138,6 +138,9 @@ SETTINGS_FLAGS = [
          help="the deployment's CA certificate: the other side's certificate must be signed by it"),
     flag("--lan-tls", dest="lan_tls", action="store_const", const=True, roles=DAEMONS,
          help={CENTER: "require TLS of this LAN's hosts too", LOCAL: "speak TLS to the center (needs --tls-ca)"}),
+    flag("--insecure", action="store_const", const=True, roles=DAEMONS,
+         help="listen beyond loopback without authentication (no LAN key; peer centers without TLS), logged as "
+              "a WARNING every minute; without it such a daemon refuses to start (docs/DEPLOY.md)"),
     flag("--lan-key-file", metavar="FILE", roles=DAEMONS,
          help="LAN key file ('KEY_ID HEX_SECRET [send]' lines): every message between a center and its hosts "
               "carries an HMAC tag (re-read every --key-poll-interval: rotate keys without a restart)"),
@@ -176,7 +179,8 @@ SETTINGS_FLAGS = [
 GROUPS = {  # where a flag is listed in --help, by its first name; the rest go under "settings"
     "crawler": {"--no-crawl", "--seed", "--seeds-file", "--concurrency", "--per-site", "--per-site-delay",
                 "--max-depth", "--allow-domain", "--ignore-robots", "--store", "--recrawl-interval"},
-    "TLS, keys and limits": {"--tls-cert", "--tls-key", "--tls-ca", "--lan-tls", "--lan-key-file", "--peer-key-file",
+    "TLS, keys and limits": {"--insecure", "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls", "--lan-key-file",
+                             "--peer-key-file",
                              "--key-poll-interval", "--max-connections-per-source", "--max-bytes-per-s",
                              "--max-messages-per-s"},
 }
@@ -253,10 +257,11 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the host daemon's --data-dir: its embedded Redis is used (or give --redis)")
         add_settings_flags(p, PUSH)
 
-    certs = sub.add_parser("certs", help="make a CA and TLS certificates for a deployment's centers (and hosts)",
+    certs = sub.add_parser("certs", help="make a CA, TLS certificates and LAN keys for a deployment",
                            description="Makes a small CA (reused if DIR has one) and a certificate and key per "
                                        "network's center, naming its network id (URI dedupnet://network/N), "
-                                       "optionally per host, and prints the settings to use (docs/DEPLOY.md).")
+                                       "optionally per host, and a LAN key file per network (kept if DIR has "
+                                       "one), and prints the settings to use (docs/DEPLOY.md).")
     from dedupnet.adapters.tls import add_arguments as add_certs_arguments
 
     add_certs_arguments(certs)

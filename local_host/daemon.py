@@ -26,7 +26,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
-from dedupnet.adapters.runtime import Reactor, control_session, until_stored
+from dedupnet.adapters.runtime import Reactor, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -187,13 +187,13 @@ class LocalDaemon:
         self.conn = conn
         log.info("connected to the center")
         try:
-            await self.reactor.put(hp.Connected())
+            await self.reactor.put(hp.Connected(), conn)
             while True:
                 message = await conn.receive()
                 if isinstance(message, Ack) and message.number == self._handing_back:
                     self.handed_back.set()
                 elif not isinstance(message, Heartbeat):
-                    await self.reactor.put(hp.FromCenter(message))
+                    await self.reactor.put(hp.FromCenter(message), conn)
         except ConnectionClosed:
             log.info("connection to the center lost")
         finally:
@@ -203,7 +203,7 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         while True:
             if self.conn is not None:
-                self.conn.send_urgent(wire.encode(Heartbeat(self.settings.ip, trio.current_time())))
+                self.conn.send_urgent(heartbeat(self.settings.ip))
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:

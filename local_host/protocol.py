@@ -22,12 +22,17 @@ import numpy as np
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
 from dedupnet.adapters.metrics import Counters
-from dedupnet.codec.numbers import make_number
+from dedupnet.codec.numbers import MAX_SEQUENCE, make_number
 from dedupnet.codec.urls import canonical_set, fingerprint_many
 
 from .local_dedup import local_reduce
 
 log = logging.getLogger("dedupnet.local")
+
+#: The highest sequence a center may tell this host to number from: a real host is far
+#: below it (2^30 sets is 10^12 URLs at the default set size), and one at the top of
+#: the space would leave the host no number for its next set.
+MAX_RENUMBER = MAX_SEQUENCE // 2
 
 
 # -- events -----------------------------------------------------------------------
@@ -229,7 +234,7 @@ class HostProtocol:
         if ack.number not in self.unacked:
             self.counters.inc("repeated_acks")
             return []
-        if ack.reason == "number-reused" and ack.sequence:
+        if ack.reason == "number-reused" and ack.sequence and ack.sequence <= MAX_RENUMBER:
             self.counters.inc("sets_renumbered")
             token = ("renumber", ack.number)
             self._pending[token] = None

@@ -96,3 +96,17 @@ def test_status_of_nothing_says_so():
 def test_daemons_explain_missing_or_bad_settings(args, message):
     out = run(*args)
     assert out.returncode == 2 and message in out.stderr
+
+
+@pytest.mark.parametrize("args", [
+    ["center", "--network", "0", "--listen", "127.0.0.1:1"],
+    ["center", "--network", "70000", "--listen", "127.0.0.1:1"],
+    ["local", "--network", "0", "--center", "127.0.0.1:1"],
+    ["center", "--network", "1", "--listen", "127.0.0.1:1", "--peer", "0,127.0.2.1:1,127.0.2.0/24"],
+    ["center", "--network", "1", "--listen", "127.0.0.1:1", "--peer", "65536,127.0.2.1:1,127.0.2.0/24"],
+])
+def test_network_ids_outside_1_to_65535_are_refused_in_one_line(args):
+    out = run(*args)
+    assert out.returncode == 2, out.stderr
+    assert "must be a network id within 1..65535" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr

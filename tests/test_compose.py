@@ -22,6 +22,8 @@ import pytest
 import yaml  # pyyaml, from the [test] extras
 
 from dedupnet.cli import build_parser
+from dedupnet.service.config import Settings, load_settings
+from dedupnet.service.exposure import check_exposure
 
 COMPOSE_DIR = Path(__file__).resolve().parent.parent / "compose"
 COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
@@ -31,10 +33,10 @@ EXPECTED_SUBNETS = {"lan1": "10.1.0.0/24", "lan2": "10.2.0.0/24", WAN: "10.0.0.0
 # Flags of each daemon as the compose file uses them: required, and the repeatable ones.
 DAEMON_FLAGS = {
     "center": {"required": {"--network", "--listen", "--lan", "--peer", "--metrics", "--redis", "--prefix",
-                            "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls"},
+                            "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls", "--lan-key-file"},
                "repeatable": {"--peer"}},
     "local": {"required": {"--network", "--ip", "--center", "--lan", "--listen", "--redis", "--prefix",
-                           "--tls-ca", "--lan-tls"},
+                           "--tls-ca", "--lan-tls", "--lan-key-file"},
               "repeatable": set()},
 }
 #: Flags that take no value (parse_flags records them as "true").
@@ -310,6 +312,21 @@ def test_every_daemon_mounts_the_certificates_read_only_and_lans_use_tls(dep):
         assert f"certs:{CERTS_DIR}:ro" in dep.services[name]["volumes"], name
         assert dep.one(name, "--lan-tls") == "true", name
         assert dep.one(name, "--tls-ca") == f"{CERTS_DIR}/ca.pem", name
+
+
+def test_every_daemon_has_its_lans_key_and_would_start_beyond_loopback(dep):
+    """Every daemon listens on 0.0.0.0: with its flags it passes the check that makes an
+    unauthenticated daemon refuse to start (dedupnet/service/exposure.py)."""
+    for name in dep.of_role("center") + dep.of_role("local"):
+        n = dep.one(name, "--network")
+        assert dep.one(name, "--lan-key-file") == f"{CERTS_DIR}/lan-{n}.key", name
+        argv = argv_of(dep.services[name])
+        args = build_parser().parse_args(argv[argv.index(dep.role[name]):])
+        fields = set(Settings.__dataclass_fields__)
+        settings = load_settings(**{k: v for k, v in vars(args).items() if k in fields})
+        role = "center" if dep.role[name] == "center" else "host"
+        host, port = parse_endpoint(dep.one(name, "--listen"))
+        assert check_exposure(settings, role, (str(host), port), has_peers=bool(settings.peers)) is None, name
 
 
 def test_the_image_lets_the_daemons_user_own_the_certs_volume():

@@ -21,6 +21,8 @@ def test_file_then_flags(tmp_path):
     ('mode = "fast"\n', "mode must be one of"),
     ("set_size = 0\n", "set_size must be positive"),
     ("set_size = 20000\n", "cannot exceed"),
+    ("network = 0\n", "network must be a network id within 1..65535"),
+    ("network = 70000\n", "network must be a network id within 1..65535"),
 ])
 def test_bad_settings_are_named(tmp_path, text, message):
     cfg = tmp_path / "d.toml"

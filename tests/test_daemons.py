@@ -251,9 +251,11 @@ async def test_silent_live_host_is_waited_for_until_it_leaves(redis_url, autojum
 @pytest.mark.parametrize("ip, network, role, reason", [
     ("127.0.2.50", 2, "host", "host-not-in-lan"),  # a host of another LAN at our center
     ("127.0.1.60", 7, "center", "unknown-peer"),  # a center of a network we were not told of
+    ("127.0.1.50", 2, "host", "wrong-network"),  # in our LAN, but registering for another network
 ])
-async def test_members_outside_the_configuration_are_refused(system, ip, network, role, reason):
-    """Gap 5: membership is explicit configuration; strangers are told why and counted."""
+async def test_members_outside_the_configuration_are_refused(system, ip, network, role, reason, caplog):
+    """Gap 5: membership is explicit configuration; strangers are told why, counted,
+    and logged in one line."""
     from dedupnet.codec.messages import Error, Register
     from dedupnet.adapters.metrics import Counters
     from dedupnet.adapters.transport import ConnectionClosed, connect
@@ -268,6 +270,8 @@ async def test_members_outside_the_configuration_are_refused(system, ip, network
                     replies.append(await conn.receive())
     assert any(isinstance(m, Error) and m.reason == reason for m in replies)
     assert center.counters.get("rejected", reason=reason) == 1
+    refused = [r for r in caplog.records if r.name == "dedupnet.center" and r.getMessage().startswith("refused")]
+    assert len(refused) == 1 and reason in refused[0].getMessage() and ip in refused[0].getMessage()
     assert cp_member_count(center) == 3 + 1  # the LAN's hosts and the one peer, nobody else
 
 

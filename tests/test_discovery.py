@@ -446,10 +446,11 @@ async def test_a_host_finds_its_center_by_broadcast_across_a_bridge(lab, tmp_pat
         lab.veth(name, dev, "sw", f"p{name}")
         lab.ip("sw", "link", "set", f"p{name}", "master", "br0")
         lab.ip(name, "addr", "add", address, *(("brd", "+") if brd else ()), "dev", dev)
-    center = Daemon("c", "center", 1, [*CLI, "center", "--network", "1", "--listen", "0.0.0.0:7700",
+    # --insecure: discovery, not keys, is what this test is about (tests/test_exposure.py is about keys).
+    center = Daemon("c", "center", 1, [*CLI, "center", "--network", "1", "--listen", "0.0.0.0:7700", "--insecure",
                                        "--data-dir", str(tmp_path / "c")], 7700, tmp_path / "c.log")
     host = Daemon("h", "host", 1, [*CLI, "local", "--center", "auto", "--listen", "0.0.0.0:7701", "--no-crawl",
-                                   "--data-dir", str(tmp_path / "h")], 7701, tmp_path / "h.log")
+                                   "--insecure", "--data-dir", str(tmp_path / "h")], 7701, tmp_path / "h.log")
     try:
         with trio.fail_after(60):
             center.start(lab, tmp_path)

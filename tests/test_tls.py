@@ -11,6 +11,7 @@ from cryptography import x509
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from dedupnet import cli
+from dedupnet.codec.auth import keyring_from
 from dedupnet.harness.cluster import center_ip, lan, open_cluster
 from dedupnet.codec.messages import Error, Register
 from dedupnet.adapters.metrics import Counters
@@ -95,9 +96,14 @@ def test_certs_command_makes_files_and_prints_the_settings(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f'tls_cert = "{tmp_path}/center-1.pem"' in out and "made the CA" in out
     assert (tmp_path / "host-10.2.0.10.pem").exists()
-    ca = (tmp_path / "ca.pem").read_bytes()
-    assert cli.main(["certs", "--dir", str(tmp_path), "--networks", "3"]) == 0  # a network added later
+    for n in (1, 2):  # a LAN key per network, for its center and its hosts
+        assert f'lan_key_file = "{tmp_path}/lan-{n}.key"' in out
+        assert (tmp_path / f"lan-{n}.key").stat().st_mode & 0o777 == 0o600
+        assert keyring_from(tmp_path / f"lan-{n}.key").send_id == 1
+    ca, lan_key = (tmp_path / "ca.pem").read_bytes(), (tmp_path / "lan-1.key").read_bytes()
+    assert cli.main(["certs", "--dir", str(tmp_path), "--networks", "1,3"]) == 0  # a network added later
     assert "reused the CA" in capsys.readouterr().out and (tmp_path / "ca.pem").read_bytes() == ca
+    assert (tmp_path / "lan-1.key").read_bytes() == lan_key  # the LAN's daemons hold it: kept
     with pytest.raises(SystemExit):
         cli.main(["certs", "--networks", "0"])
 

@@ -101,7 +101,7 @@ cidrs = st.builds(
 STRATEGIES = {
     Kind.FRAME: st.builds(Frame, url_sets, ips, numbers, flags),
     Kind.REGISTER: st.builds(
-        Register, ips, st.integers(0, 65535), st.sampled_from(["host", "center"]), listens, st.none() | cidrs,
+        Register, ips, st.integers(1, 65535), st.sampled_from(["host", "center"]), listens, st.none() | cidrs,
         st.none() | st.lists(codecs, max_size=8, unique=True).map(tuple),
     ),
     Kind.HEARTBEAT: st.builds(
@@ -474,6 +474,9 @@ def test_ip_is_normalised():
         (Kind.REGISTER, {"IP": "1.2.3.4", "network": 1, "role": "host", "listen": "[zz::1]:80"}, "schema"),
         (Kind.REGISTER, {"IP": "1.2.3.4", "network": 1, "role": "host", "listen": "h"}, "schema"),
         (Kind.REGISTER, {"IP": "1.2.3.4", "network": 65536, "role": "host", "listen": "h:1"}, "schema"),
+        (Kind.REGISTER, {"IP": "1.2.3.4", "network": 0, "role": "host", "listen": "h:1"}, "schema"),
+        (Kind.REGISTER, {"IP": "1.2.3.4", "network": 0, "role": "center", "listen": "h:1"}, "schema"),
+        (Kind.REGISTER, {"IP": "1.2.3.4", "network": 0, "role": "control", "listen": "h:1"}, None),  # no network
         (Kind.REGISTER, {"IP": "1.2.3.4", "network": 1.0, "role": "host", "listen": "h:1"}, "schema"),
         (Kind.REGISTER, {"IP": "1.2.3.4", "network": 1, "role": "peer", "listen": "h:1"}, "schema"),
         (Kind.REGISTER, {"IP": "1.2.3.4", "network": 1, "role": "host", "listen": "h:1", "CIDR": "1.2.3.4/33"},

@@ -9,6 +9,7 @@ import inspect
 import logging
 import math
 import signal
+import time
 from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -19,7 +20,7 @@ from redis.exceptions import RedisError
 from dedupnet.codec import wire
 from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError
-from dedupnet.codec.messages import Status
+from dedupnet.codec.messages import Heartbeat, Status
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.stores import store_for
 from dedupnet.adapters.transport import Connection
@@ -165,20 +166,39 @@ class Reactor:
     """Feeds events to a core one at a time; ``execute`` carries out the actions of
     one event and returns its look-ups as zero-argument async callables, which are
     awaited one by one, each right before its result is handled, before any other
-    event. Back-pressure: a bounded inbox."""
+    event. Back-pressure: a bounded inbox.
+
+    An event put with an ``origin`` (the :class:`Connection` its message came on)
+    that raises while it is handled — in the core, or in carrying out its actions —
+    fails that connection only (:meth:`Connection.fail`): the exception is raised
+    from the receive of that connection's handler, which logs and counts it and
+    closes the connection, as for any other failure of a peer. So nothing a peer
+    sends ends the daemon; an event of the daemon's own (a timer, a look-up of its
+    own) that raises is a bug of the daemon and still ends it."""
 
     def __init__(self, handle: Callable[[Any], list], execute: Callable[[list], Awaitable[list]], *, inbox: int = 4096):
         self._handle = handle
         self._execute = execute
         self._send, self._receive = trio.open_memory_channel(inbox)
         self._busy = 0
+        self._nursery: trio.Nursery | None = None
 
     def post(self, event: Any) -> None:
-        """From a trio task that must not wait (timers); raises trio.WouldBlock when full."""
-        self._send.send_nowait(event)
+        """From a trio task that must not wait (timers, a connection's end). Never
+        drops the event: with the inbox full, a helper task waits for room (in
+        order with the other waiting senders) while the reactor runs; before it
+        runs, a full inbox raises trio.WouldBlock."""
+        try:
+            self._send.send_nowait((event, None))
+        except trio.WouldBlock:
+            if self._nursery is None:
+                raise
+            self._nursery.start_soon(self._send.send, (event, None))
 
-    async def put(self, event: Any) -> None:
-        await self._send.send(event)
+    async def put(self, event: Any, origin: Connection | None = None) -> None:
+        """``origin``: the connection whose message made ``event``; it is failed,
+        not the daemon, if handling ``event`` raises."""
+        await self._send.send((event, origin))
 
     def pending(self) -> int:
         return self._send.statistics().current_buffer_used
@@ -187,15 +207,29 @@ class Reactor:
         """Handles what is in the inbox back to back, yielding to other tasks every
         ``YIELD_AFTER`` seconds: a receive per event would wait a turn of trio's run
         queue each (a checkpoint), which on a busy daemon is most of an event's cost."""
-        while True:
-            await self.process(await self._receive.receive())
-            turn_ends = trio.current_time() + YIELD_AFTER
-            while trio.current_time() < turn_ends:
-                try:
-                    event = self._receive.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                await self.process(event)
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            try:
+                while True:
+                    await self._guarded(*await self._receive.receive())
+                    turn_ends = trio.current_time() + YIELD_AFTER
+                    while trio.current_time() < turn_ends:
+                        try:
+                            item = self._receive.receive_nowait()
+                        except trio.WouldBlock:
+                            break
+                        await self._guarded(*item)
+            finally:
+                self._nursery = None
+
+    async def _guarded(self, event: Any, origin: Connection | None) -> None:
+        if origin is None:
+            await self.process(event)
+            return
+        try:
+            await self.process(event)
+        except Exception as exc:
+            origin.fail(exc)
 
     @property
     def idle(self) -> bool:
@@ -219,6 +253,14 @@ class Reactor:
                 item = await item()
             actions = self._handle(item)
             queue[:0] = await self._execute(actions)
+
+
+def heartbeat(ip: str) -> bytes:
+    """A heartbeat as PROTOCOL.md section 4 has it: the sender's wall clock, seconds
+    since the Unix epoch, so a peer or an operator reading the wire can compare clocks.
+    Liveness never reads it (a message's arrival is what counts), so the daemons' own
+    timing stays on trio's monotonic clock."""
+    return wire.encode(Heartbeat(ip, time.time()))
 
 
 async def stop_on_signals(scope: trio.CancelScope) -> None:

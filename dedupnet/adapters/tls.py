@@ -50,12 +50,13 @@ import socket
 import ssl
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import trio
 
+from dedupnet.codec.auth import new_key_line, write_key_file
 from dedupnet.codec.errors import SettingsError
 
 log = logging.getLogger("dedupnet.adapters.tls")
@@ -357,6 +358,10 @@ class Made:
     ca_created: bool
     centers: dict[int, tuple[Path, Path]]
     hosts: dict[str, tuple[Path, Path]]
+    #: network -> its LAN key file (dedupnet/codec/auth.py), shared by its center and hosts.
+    lan_keys: dict[int, Path] = field(default_factory=dict)
+    #: host IP -> its network
+    host_networks: dict[str, int] = field(default_factory=dict)
 
 
 def make_certs(directory: str | Path, networks: Sequence[int], hosts: Sequence[tuple[int, str]] = (), *,
@@ -365,7 +370,8 @@ def make_certs(directory: str | Path, networks: Sequence[int], hosts: Sequence[t
     """A small CA (``ca.pem``, ``ca-key.pem``; reused if the directory has one) and one
     certificate and key per network's center (``center-<N>.pem``, ``center-<N>-key.pem``)
     and per host given as ``(network, ip)`` (``host-<ip>.pem``, ``host-<ip>-key.pem``).
-    Keys are EC P-256 (small, fast handshakes), written mode 0600."""
+    Keys are EC P-256 (small, fast handshakes), written mode 0600. Also a LAN key file per
+    network (``lan-<N>.key``, 0600, kept if there is one: the LAN's daemons hold it)."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key, created = _load_or_make_ca(out, days, ca_name)
@@ -377,12 +383,18 @@ def make_certs(directory: str | Path, networks: Sequence[int], hosts: Sequence[t
         _write_cert(paths[0], cert)
         _write_key(paths[1], key)
         made.centers[n] = paths
+    for n in dict.fromkeys([*networks, *(n for n, _ in hosts)]):
+        lan_key = out / f"lan-{n}.key"
+        if not lan_key.exists():
+            write_key_file(lan_key, [new_key_line()])
+        made.lan_keys[n] = lan_key
     for n, ip in hosts:
         cert, key = _issue(ca_cert, ca_key, f"dedupnet host {ip} of network {n}", host_uri(n, ip), (ip,), days)
         paths = (out / f"host-{ip}.pem", out / f"host-{ip}-key.pem")
         _write_cert(paths[0], cert)
         _write_key(paths[1], key)
         made.hosts[ip] = paths
+        made.host_networks[ip] = n
     return made
 
 
@@ -428,13 +440,19 @@ def certs_main(args: argparse.Namespace, out=None) -> int:
     print(f"{'made' if made.ca_created else 'reused'} the CA: {made.ca} (its key {made.ca_key}: keep it "
           f"off the daemons' machines; it is only needed to make more certificates)", file=out)
     for n, (cert, key) in made.centers.items():
+        lan_key = made.lan_keys[n]
         print(f"\n# center of network {n} (certificate names {center_uri(n)}): in its dedupnet.toml", file=out)
-        print(f'tls_cert = "{cert}"\ntls_key = "{key}"\ntls_ca = "{d / "ca.pem"}"', file=out)
+        print(f'tls_cert = "{cert}"\ntls_key = "{key}"\ntls_ca = "{d / "ca.pem"}"\nlan_key_file = "{lan_key}"',
+              file=out)
         print("# lan_tls = true   # also require TLS of this LAN's hosts", file=out)
-        print(f"# or: dedupnet center --tls-cert {cert} --tls-key {key} --tls-ca {d / 'ca.pem'} ...", file=out)
+        print(f"# or: dedupnet center --tls-cert {cert} --tls-key {key} --tls-ca {d / 'ca.pem'} "
+              f"--lan-key-file {lan_key} ...", file=out)
     for ip, (cert, key) in made.hosts.items():
         print(f"\n# host {ip}: in its dedupnet.toml", file=out)
-        print(f'lan_tls = true\ntls_ca = "{d / "ca.pem"}"\ntls_cert = "{cert}"\ntls_key = "{key}"', file=out)
-    print(f"\n# any host of a LAN whose center has lan_tls (no certificate of its own needed):\n"
-          f'lan_tls = true\ntls_ca = "{d / "ca.pem"}"', file=out)
+        print(f'lan_key_file = "{made.lan_keys[made.host_networks[ip]]}"\n'
+              f'lan_tls = true\ntls_ca = "{d / "ca.pem"}"\ntls_cert = "{cert}"\ntls_key = "{key}"', file=out)
+    for n, lan_key in made.lan_keys.items():
+        print(f"\n# any host of network {n} (a copy of its LAN key; no certificate of its own needed):\n"
+              f'lan_key_file = "{lan_key}"\n# lan_tls = true   # with a center that has lan_tls\n'
+              f'# tls_ca = "{d / "ca.pem"}"', file=out)
     return 0

@@ -18,6 +18,11 @@ Why it is shaped this way
   from the decoder is logged once, counted under its reason, answered with an
   :class:`~dedupnet.codec.messages.Error` (best effort, short deadline) and the connection is
   closed; the stream cannot be resynchronised anyway (see :mod:`dedupnet.codec.wire`).
+  A message that decodes but then raises where the daemon handles it (its reactor) is
+  handed back with :meth:`Connection.fail` and raised from that connection's receive:
+  the handler's catch-all (``handler_error`` / ``session_error``, logged with the
+  traceback) is the one place an exception caused by a peer lands, and it closes that
+  connection only.
 * **The sender is the connection, not the frame.** A connection starts with a
   :class:`~dedupnet.codec.messages.Register`; with ``verify_source`` (the default) the server
   accepts it only if its ``IP`` is the TCP peer address, so everything arriving later on
@@ -60,6 +65,11 @@ Why it is shaped this way
   a flood costs the daemon at most the configured rate. Throttling rather than closing
   because a legitimate burst (a host catching up after a reconnect) must only be
   delayed, never dropped; a peer that sends garbage is closed by the decoder anyway.
+* **A flood of connections cannot flood the log.** Every line a server writes about a
+  connection (refused, aborted, bad input, registered) goes through one
+  :class:`~dedupnet.adapters.ratelimit.LogLimiter` per listener: a budget per source
+  address and one for all together; what is over it is counted (``log_suppressed``)
+  and the next line about that source says how many were left out.
 * **Every wait has a deadline**: connect, handshake, each send, the writer's
   ``send_all``, the best-effort error and the flush on close. The one exception is
   :meth:`Connection.receive`, which waits as long as its caller wants (pass ``timeout=``
@@ -115,6 +125,8 @@ Counters (in the :class:`~dedupnet.adapters.metrics.Counters` passed in)
 ``session_error``                        client: ``on_connected`` raised (logged)
 ``heartbeat_missed``                     client: the server was silent for ``silence_timeout``
                                          (connection given up, dialled again)
+``log_suppressed``                       server: a line about a connection not logged, its
+                                         source over its budget (dedupnet/adapters/ratelimit.py)
 =======================================  =======================================================
 """
 
@@ -139,6 +151,7 @@ from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import COMPRESSIONS, MAX_URLS, Error, Frame, Kind, Message, Register, Welcome, normalize_ip
 from dedupnet.adapters.listen import open_listeners
 from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.ratelimit import LogLimiter, TokenBucket
 from dedupnet.adapters.tls import ServerTLS, TLSRefused, expected_uri_problem, sniff_tls, ssl_error_text, wrap
 from dedupnet.codec.wire import (
     COMPRESS_MIN_BODY,
@@ -255,36 +268,6 @@ def _signed(data: bytes, keyring: Keyring) -> bytes:
     return out
 
 
-class TokenBucket:
-    """A token bucket (sans-I/O: the caller passes the time): ``rate`` tokens a second
-    up to ``burst``. :meth:`take` may leave it in debt; :meth:`wait` says how long until
-    the debt is paid."""
-
-    __slots__ = ("rate", "burst", "tokens", "last")
-
-    def __init__(self, rate: float, burst: float, now: float) -> None:
-        if rate <= 0 or burst <= 0:
-            raise ValueError("rate and burst must be positive")
-        self.rate = rate
-        self.burst = burst
-        self.tokens = burst
-        self.last = now
-
-    def _refill(self, now: float) -> None:
-        if now > self.last:
-            self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
-            self.last = now
-
-    def take(self, n: float, now: float) -> None:
-        self._refill(now)
-        self.tokens -= n
-
-    def wait(self, now: float) -> float:
-        """Seconds until the bucket is out of debt (0 if it is not in debt)."""
-        self._refill(now)
-        return -self.tokens / self.rate if self.tokens < 0 else 0.0
-
-
 def _sent_kinds(data: bytes) -> list[str]:
     """The kinds of the messages in ``data`` (normally one), from their headers: byte 3 of
     each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
@@ -320,7 +303,8 @@ class Connection:
         counters: where this connection counts what it does.
         close_reason: why it closed (``eof``, ``bad-input:<reason>``, ``error:<reason>``
             (we rejected the peer), ``send-overflow``, ``send-timeout``, ``broken``,
-            ``local``, ``silent``: given up by :func:`close_when_silent`), None while open.
+            ``failed`` (:meth:`fail`), ``local``, ``silent``: given up by :func:`close_when_silent`), None
+            while open.
         compress: whether this side offers/accepts compressed bodies (the setting).
         compression: the compression negotiated with the peer (``"zstd"``), or None:
             then only plain bodies are sent to it, and a compressed one from it is
@@ -350,6 +334,7 @@ class Connection:
         burst_bytes: float | None = None,
         max_messages_per_s: float | None = None,
         burst_messages: float | None = None,
+        log_limit: LogLimiter | None = None,
     ) -> None:
         if max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {max_queue}")
@@ -395,6 +380,18 @@ class Connection:
         #: listening for it: only time spent waiting in :meth:`receive` is its silence.
         self._heard = now
         self._listening = False
+        self._failure: Exception | None = None  # see fail()
+        #: A server's budget of log lines per source (None: a client, which logs freely).
+        self.log_limit = log_limit
+
+    def note(self, level: int, msg: str, *args: object, logger: logging.Logger = log,
+             exc_info: object = None) -> None:
+        """A log line about this connection: anything its peer can provoke goes through
+        here, under the server's per-source budget (:class:`~dedupnet.adapters.ratelimit.LogLimiter`)."""
+        if self.log_limit is None:
+            logger.log(level, msg, *args, exc_info=exc_info)
+        else:
+            self.log_limit.log(logger, level, self.peer_ip, msg, *args, exc_info=exc_info)
 
     def __repr__(self) -> str:
         state = f"closed ({self.close_reason})" if self._closing else "open"
@@ -453,6 +450,20 @@ class Connection:
         self._send_ch.close()
         self._recv_ch.close()  # frees the queued bytes now
         self._socket.close()
+
+    def fail(self, exc: Exception) -> None:
+        """Handling what the peer sent raised ``exc`` somewhere else (the daemon's
+        reactor): close the connection at once, and raise ``exc`` from the receive of
+        this connection's handler. The handler's catch-all (:func:`serve`'s, or
+        :func:`connect_forever`'s) is so the one place where a failure caused by a
+        peer lands, and it ends that connection only."""
+        if self._failure is None:
+            self._failure = exc
+        self._close_now("failed")
+
+    def _ended(self, text: str) -> Exception:
+        """What receive raises once the connection is closed: the failure, if any."""
+        return self._failure if self._failure is not None else ConnectionClosed(text)
 
     async def aclose(self, *, flush_timeout: float | None = None) -> None:
         """Close the connection, first letting the writer send what is queued for up to
@@ -558,12 +569,12 @@ class Connection:
                         continue
                     return msg
                 if self._closed:
-                    raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
+                    raise self._ended(f"connection to {self.peer} is closed ({self.close_reason})")
                 try:
                     data = await self.stream.receive_some(RECEIVE_CHUNK)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self._close_now("broken")
-                    raise ConnectionClosed(f"connection to {self.peer} lost: {exc}") from None
+                    raise self._ended(f"connection to {self.peer} lost: {exc}") from None
                 if not data:
                     decoder.eof()  # ProtocolError("truncated") inside a frame
                     self._close_now("eof")
@@ -624,10 +635,10 @@ class Connection:
             return
         self.counters.inc("frames_received", kind=_KIND_NAMES[msg.KIND])
         if type(msg) is Error:
-            log.warning("%s sent error: %s: %s", self.peer, msg.reason, msg.message)
+            self.note(logging.WARNING, "%s sent error: %s: %s", self.peer, msg.reason, msg.message)
 
     async def _bad_input(self, exc: ProtocolError) -> None:
-        log.warning("bad input from %s: %s: %s", self.peer, exc.reason, exc)
+        self.note(logging.WARNING, "bad input from %s: %s: %s", self.peer, exc.reason, exc)
         self.counters.inc("bad_input", reason=exc.reason)
         if self.close_reason is None:
             self.close_reason = f"bad-input:{exc.reason}"
@@ -661,8 +672,8 @@ class Connection:
         try:
             self._send_ch.send_nowait(data)
         except trio.WouldBlock:
-            log.warning("send queue to %s is full (%d messages): closing the connection",
-                        self.peer, self._send_ch.statistics().max_buffer_size)
+            self.note(logging.WARNING, "send queue to %s is full (%d messages): closing the connection",
+                      self.peer, self._send_ch.statistics().max_buffer_size)
             self.counters.inc("send_overflow")
             self._close_now("send-overflow")
             return False
@@ -687,7 +698,8 @@ class Connection:
             return
         if self._closing:  # the writer gave up at the same moment and closed it
             raise ConnectionClosed(f"connection to {self.peer} is closed ({self.close_reason})")
-        log.warning("send queue to %s stayed full for %.1f s: closing the connection", self.peer, self.send_timeout)
+        self.note(logging.WARNING, "send queue to %s stayed full for %.1f s: closing the connection", self.peer,
+                  self.send_timeout)
         self.counters.inc("send_timeout")
         self._close_now("send-timeout")
         raise ConnectionClosed(f"send to {self.peer} timed out")
@@ -763,14 +775,15 @@ class Connection:
                 if scope.cancelled_caught:
                     if self._closed:
                         return  # closed meanwhile (e.g. send() timed out at the same moment)
-                    log.warning("%s took no data for %.1f s: closing the connection", self.peer, self.send_timeout)
+                    self.note(logging.WARNING, "%s took no data for %.1f s: closing the connection", self.peer,
+                              self.send_timeout)
                     self.counters.inc("send_timeout")
                     self._close_now("send-timeout")
                     return
                 self._count_sent(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError) as exc:
             if not self._closed:
-                log.info("connection to %s lost while sending: %s", self.peer, exc)
+                self.note(logging.INFO, "connection to %s lost while sending: %s", self.peer, exc)
             self._close_now("broken")
         except Exception:
             log.exception("writer for %s failed", self.peer)
@@ -828,7 +841,7 @@ async def _handshake(
             if conn.close_reason and conn.close_reason.startswith("bad-input"):
                 counters.inc("handshake_failed", reason="bad-input")  # logged by receive()
             else:
-                log.info("%s closed the connection before registering", conn.peer)
+                conn.note(logging.INFO, "%s closed the connection before registering", conn.peer)
                 counters.inc("handshake_failed", reason="closed")
             return None
     if msg is None:
@@ -843,7 +856,7 @@ async def _handshake(
         # Tagged with another role's key (or untagged, where another role needs no key).
         reason = "bad-input"
         text = f"register of role {msg.role!r} is not tagged with that role's key"
-        log.warning("bad input from %s: bad-tag: %s", conn.peer, text)
+        conn.note(logging.WARNING, "bad input from %s: bad-tag: %s", conn.peer, text)
         counters.inc("bad_input", reason="bad-tag")
         counters.inc("handshake_failed", reason=reason)
         await conn.close_with_error("bad-tag", text)
@@ -852,7 +865,7 @@ async def _handshake(
         reason, text = refused
     else:
         return msg
-    log.warning("handshake with %s failed: %s: %s", conn.peer, reason, text)
+    conn.note(logging.WARNING, "handshake with %s failed: %s: %s", conn.peer, reason, text)
     counters.inc("handshake_failed", reason=reason)
     if tags is not None and tags.verified:  # a keyed client reads our Error only if it is tagged
         conn._use_keyring(tags.verified[0])
@@ -861,7 +874,7 @@ async def _handshake(
 
 
 async def _accept_tls(stream: trio.SocketStream, tls: ServerTLS, counters: Counters,
-                      handshake_timeout: float) -> trio.abc.Stream | None:
+                      handshake_timeout: float, log_limit: LogLimiter | None = None) -> trio.abc.Stream | None:
     """The stream to read from: an SSLStream after its handshake if the peer starts
     with TLS, the stream itself if it speaks plain dedupnet (whether its role may is
     decided at its Register); None if it failed (logged, counted, closed). Peek and
@@ -869,9 +882,10 @@ async def _accept_tls(stream: trio.SocketStream, tls: ServerTLS, counters: Count
     connection no longer than one that never registers)."""
     try:
         address = stream.socket.getpeername()
-        peer = f"{_peer_ip(address)}:{address[1]}"
+        source = _peer_ip(address)
+        peer = f"{source}:{address[1]}"
     except (OSError, IndexError, TypeError):
-        peer = "a client that left"
+        source, peer = None, "a client that left"
     reason = text = None
     with trio.move_on_after(handshake_timeout):
         try:
@@ -892,7 +906,7 @@ async def _accept_tls(stream: trio.SocketStream, tls: ServerTLS, counters: Count
                 reason, text = "tls", f"TLS handshake failed: {ssl_error_text(exc)}"
     if reason is None:
         reason, text = "timeout", f"no TLS handshake within {handshake_timeout:g} s"
-    log.warning("handshake with %s failed: %s: %s", peer, reason, text)
+    _note(log_limit, source, logging.WARNING, "handshake with %s failed: %s: %s", peer, reason, text)
     counters.inc("handshake_failed", reason=reason)
     await trio.aclose_forcefully(stream)
     return None
@@ -901,18 +915,19 @@ async def _accept_tls(stream: trio.SocketStream, tls: ServerTLS, counters: Count
 async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Counters,
                      handshake_timeout: float, verify_source: bool, accept_roles: tuple[str, ...],
                      conn_options: dict[str, Any], keyrings: dict[str, Keyring] | None = None,
-                     tls: ServerTLS | None = None) -> None:
+                     tls: ServerTLS | None = None, source: str | None = None) -> None:
     """One accepted connection: handshake, handler, close. Never raises except Cancelled."""
+    log_limit = conn_options.get("log_limit")
     try:
         if tls is not None:
-            accepted = await _accept_tls(stream, tls, counters, handshake_timeout)
+            accepted = await _accept_tls(stream, tls, counters, handshake_timeout, log_limit)
             if accepted is None:
                 return
             stream = accepted
         try:
             conn = Connection(stream, counters=counters, **conn_options)
         except OSError as exc:  # the peer left before we could look at it
-            log.info("accepted connection vanished: %s", exc)
+            _note(log_limit, source, logging.INFO, "accepted connection vanished: %s", exc)
             counters.inc("handshake_failed", reason="closed")
             await trio.aclose_forcefully(stream)
             return
@@ -929,8 +944,8 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Coun
             if keyrings:
                 conn._use_keyring(keyrings.get(register.role))
             conn.register = register
-            log.info("%s registered: role %s, network %d, listen %s", conn.peer, register.role,
-                     register.network, register.listen)
+            conn.note(logging.INFO, "%s registered: role %s, network %d, listen %s", conn.peer, register.role,
+                      register.network, register.listen)
             if register.compress is not None:  # only a client that offered gets a Welcome
                 chosen = ("zstd",) if conn.compress and "zstd" in register.compress else ()
                 conn.send_nowait(encode(Welcome(chosen)))
@@ -943,7 +958,7 @@ async def _serve_one(stream: trio.SocketStream, handler: Handler, counters: Coun
                 if rest is not None and not isinstance(rest, Exception):
                     raise rest from None  # Cancelled, KeyboardInterrupt: not ours to handle
                 if rest is not None:
-                    log.error("handler for %s failed", conn.peer, exc_info=rest)
+                    conn.note(logging.ERROR, "handler for %s failed", conn.peer, exc_info=rest)
                     counters.inc("handler_error")
                     conn._close_now("local")
     except Exception:  # a bug in this module: still never take the server down
@@ -1012,34 +1027,35 @@ async def serve(
     listeners = await open_listeners(host, port, "--listen")
     bound = listeners[0].socket.getsockname()[1]
     log.info("listening on %s:%d", host or "*", bound)
+    log_limit = LogLimiter(counters)
     conn_options = dict(max_frame_size=max_frame_size, max_urls=max_urls, max_queue=max_queue,
                         send_timeout=send_timeout, close_timeout=close_timeout, compress=compress,
                         max_bytes_per_s=max_bytes_per_s, burst_bytes=burst_bytes,
-                        max_messages_per_s=max_messages_per_s, burst_messages=burst_messages)
+                        max_messages_per_s=max_messages_per_s, burst_messages=burst_messages,
+                        log_limit=log_limit)
     accept_roles = tuple(accept_roles)
     keyrings = {role: ring for role, ring in (keyrings or {}).items() if ring is not None} or None
     per_source: dict[str, int] = {}
-    refused = _RefusedLog()
 
     async def on_accept(stream: trio.SocketStream) -> None:
-        source = None
-        if max_connections_per_source is not None:
-            try:
-                source = _peer_ip(stream.socket.getpeername())
-            except OSError:
-                source = None
-            if source is not None and per_source.get(source, 0) >= max_connections_per_source:
-                counters.inc("handshake_failed", reason="too-many")
-                refused.note(source, max_connections_per_source)
-                await trio.aclose_forcefully(stream)
-                return
-            if source is not None:
-                per_source[source] = per_source.get(source, 0) + 1
+        try:
+            source = _peer_ip(stream.socket.getpeername())
+        except OSError:
+            source = None
+        counted = max_connections_per_source is not None and source is not None
+        if counted and per_source.get(source, 0) >= max_connections_per_source:
+            counters.inc("handshake_failed", reason="too-many")
+            log_limit.log(log, logging.WARNING, source, "refused a connection from %s: it has %d open already "
+                          "(max_connections_per_source)", source, max_connections_per_source)
+            await trio.aclose_forcefully(stream)
+            return
+        if counted:
+            per_source[source] = per_source.get(source, 0) + 1
         try:
             await _serve_one(stream, handler, counters, handshake_timeout, verify_source, accept_roles,
-                             conn_options, keyrings, tls)
+                             conn_options, keyrings, tls, source)
         finally:
-            if source is not None:
+            if counted:
                 left = per_source[source] - 1
                 if left:
                     per_source[source] = left
@@ -1050,21 +1066,12 @@ async def serve(
     await trio.serve_listeners(on_accept, listeners)
 
 
-class _RefusedLog:
-    """Log refused connections at most once per 5 s (a flood must not flood the log)."""
-
-    def __init__(self) -> None:
-        self.last = -float("inf")
-        self.unlogged = 0
-
-    def note(self, source: str, cap: int) -> None:
-        self.unlogged += 1
-        now = trio.current_time()
-        if now - self.last >= 5.0:
-            log.warning("refused a connection from %s: it has %d open already (max_connections_per_source); "
-                        "%d refused since the last report", source, cap, self.unlogged)
-            self.last = now
-            self.unlogged = 0
+def _note(log_limit: LogLimiter | None, source: str | None, level: int, msg: str, *args: object) -> None:
+    """A log line about a connection that has no :class:`Connection` yet."""
+    if log_limit is None:
+        log.log(level, msg, *args)
+    else:
+        log_limit.log(log, level, source, msg, *args)
 
 
 async def watch_keyrings(keyrings: list[Keyring | None], counters: Counters, interval: float = 1.0) -> None:

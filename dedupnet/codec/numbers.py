@@ -30,6 +30,14 @@ MAX_HOST = (1 << HOST_BITS) - 1
 MAX_NUMBER = (1 << (SEQUENCE_BITS + NETWORK_BITS + HOST_BITS)) - 1
 
 
+def check_network(value: object, what: str = "network") -> int:
+    """``value`` if it is a network id: an integer 1..65535 (0 means "no network", as a
+    control client registers, and more does not fit a number). ValueError names ``what``."""
+    if type(value) is not int or not 1 <= value <= MAX_NETWORK:
+        raise ValueError(f"{what} must be a network id within 1..{MAX_NETWORK}, not {value!r}")
+    return value
+
+
 def make_number(network: int, host: int, sequence: int) -> int:
     """Pack the three parts; each must fit its field (ValueError otherwise)."""
     if not 0 <= network <= MAX_NETWORK:

@@ -46,9 +46,9 @@ from local_host.pools import GROUP, WALKER, HostPools
 
 from dedupnet.codec import wire
 from dedupnet.harness.cluster import host_ip
-from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
+from dedupnet.codec.messages import Ack, Register, Task
 from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.runtime import control_session, until_stored
+from dedupnet.adapters.runtime import control_session, heartbeat, until_stored
 from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.transport import Connection, connect_forever, serve
 from dedupnet.codec.urls import fingerprint
@@ -165,7 +165,7 @@ class OwnerDaemon:
 
     async def _heartbeats(self) -> None:
         while True:
-            data = wire.encode(Heartbeat(self.settings.ip, trio.current_time()))
+            data = heartbeat(self.settings.ip)
             for sess in list(self.sessions.values()):
                 sess.conn.send_nowait(data)
             await trio.sleep(self.settings.heartbeat_interval)

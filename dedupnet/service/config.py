@@ -18,6 +18,7 @@ from typing import Any
 
 from center_host.protocol import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS
 from dedupnet.codec.homes import parse_weights
+from dedupnet.codec.numbers import check_network
 
 MODES = ("exact", "paper")
 
@@ -143,6 +144,10 @@ class Settings:
     #: TLS on the LAN too: a center requires it of its hosts; a host speaks it to its
     #: center (needs ``tls_ca``; ``tls_cert``/``tls_key`` optional).
     lan_tls: bool = False
+    #: Run a daemon that listens beyond loopback without authentication for a role it
+    #: serves (no LAN key; peers without TLS). Without it such a daemon does not start
+    #: (dedupnet/service/exposure.py); with it, it warns at start and every minute.
+    insecure: bool = False
 
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.
@@ -195,6 +200,8 @@ class Settings:
                      "max_messages_per_s"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive")
+        if self.network is not None:
+            check_network(self.network)
         if not 1 <= self.discovery_port <= 65535:
             raise ValueError("discovery_port must be within 1..65535")
         if self.discovery_timeout <= 0:

@@ -25,9 +25,11 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
 from dedupnet.service.config import Settings, endpoint, load_settings
+from dedupnet.service.exposure import check_exposure, warn_while_running
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
 from dedupnet.codec.messages import Error, Heartbeat, Register, Status
+from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
 from dedupnet.adapters.embedded import EmbeddedRedis
@@ -43,9 +45,10 @@ def parse_peer(text: str) -> PeerAddress:
     try:
         network, address, cidr = text.split(",")
         host, port = endpoint(address)
-        return PeerAddress(int(network), host, port, cidr)
+        network = int(network)
     except ValueError:
         raise ValueError(f"--peer wants NETWORK,HOST:PORT,CIDR, got {text!r}") from None
+    return PeerAddress(check_network(network, f"--peer {text!r}: NETWORK"), host, port, cidr)
 
 
 def _need(settings: Settings, *names: str) -> None:
@@ -89,6 +92,7 @@ def run_center(settings: Settings) -> int:
     listen_host, port = endpoint(settings.listen)
     peers = [parse_peer(p) for p in settings.peers]
     ip, lan = center_identity(settings, listen_host, peers)
+    warning = check_exposure(settings, "center", (listen_host, port), has_peers=bool(peers))
     center = CenterSettings(
         network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
         max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
@@ -103,7 +107,7 @@ def run_center(settings: Settings) -> int:
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
                     data_dir=data_dir, bucket_bits=settings.bucket_bits) as (store, server):
-        return _run(_until_signalled, CenterDaemon(center, store), server)
+        return _run(_until_signalled, CenterDaemon(center, store), server, warning)
 
 
 def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddress]) -> tuple[str, str]:
@@ -137,6 +141,7 @@ def run_local(settings: Settings) -> int:
         center, network = endpoint(settings.center), settings.network
     ip = settings.ip or source_ip_towards(center[0])
     listen_host, port = endpoint(settings.listen) if settings.listen else (ip, 0)
+    warning = check_exposure(settings, "host", (listen_host, port))
     local = LocalSettings(
         network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
@@ -151,18 +156,21 @@ def run_local(settings: Settings) -> int:
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits) as (store, server):
         bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/bloom.py
-        return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server)
+        return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server, warning)
 
 
-def _run(main, daemon, server: EmbeddedRedis | None) -> int:
-    """Run ``main(daemon)`` with its embedded Redis supervised (:func:`supervise_redis`):
-    0 when a signal stopped it, 1 (after one line saying why) when its Redis died for good."""
+def _run(main, daemon, server: EmbeddedRedis | None, warning: str | None = None) -> int:
+    """Run ``main(daemon)`` with its embedded Redis supervised (:func:`supervise_redis`)
+    and, with ``warning`` (``--insecure``), that warning repeated while it runs: 0 when
+    a signal stopped it, 1 (after one line saying why) when its Redis died for good."""
     died: list[BaseException] = []
 
     async def supervised() -> None:
         async with trio.open_nursery() as nursery:
             if server is not None:
                 nursery.start_soon(supervise_redis, server, daemon.counters)
+            if warning:
+                nursery.start_soon(warn_while_running, warning)
             await main(daemon)
             nursery.cancel_scope.cancel()
 
