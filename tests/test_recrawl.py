@@ -171,7 +171,8 @@ def test_no_early_drop_for_a_url_another_network_held_under_a_recrawl_policy(sto
     """``held_elsewhere`` (an early drop, PROTOCOL.md §10) is not kept under a re-crawl
     policy: the other network's set may give the URL up to a third network's admission
     that is fresh now but old by the time of a later offer, which must then go on."""
-    center = Center(store, Clock(), network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, recrawl=recrawl)
+    center = Center(store, Clock(), network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, recrawl=recrawl,
+                    routing="broadcast")  # another network's look-up: §10's
     center.feed(cp.Joined(cp.Host("127.0.1.10")))
     center.feed(cp.Joined(cp.Peer(2)))
     u = urls(7)[0]

@@ -430,11 +430,12 @@ def cut_window(watch: CenterWatch) -> tuple[float, float]:
 async def run_partition(redis_url, monkeypatch, policy: str | None):
     """3 networks x 2 hosts; the WAN link between centers 1 and 2 is cut silently for
     8 s (longer than the 5 s heartbeat timeout: both sides see the other network go
-    down) at 30 % of the crawl, then healed."""
+    down) at 30 % of the crawl, then healed. Rule W is broadcast routing's (§10); under
+    home routing a cut delays only the cut-off network's sites (tests/test_homes.py)."""
     watch = CenterWatch()
     watch.install(monkeypatch)
     cfg = small([Fault("partition", at=0.3, duration=8.0, target="wan:1-2")], networks=3, hosts=2, pages=900,
-                sites=9, seeds=6, partition_policy=policy)
+                sites=9, seeds=6, partition_policy=policy, routing="broadcast")
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch.sample)
         r = await simulate(cfg, redis_url, out=None)

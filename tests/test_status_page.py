@@ -45,8 +45,10 @@ async def test_status_json_reports_what_the_center_did(redis_url):
     holds. The JSON shows the members' liveness, the sets by stage and age, who they
     wait for, the duplicates dropped and the Redis memory; then the hosts go, network 2
     comes back, and the 40 URLs are admitted into task_URL with no host to take them."""
+    # Broadcast routing, where every set waits for the network that is down (§10); what
+    # home routing shows (waiting_for_networks) is checked in tests/test_homes.py.
     async with open_cluster(redis_url, 2, 2, set_size=100, set_linger=0.05, prefix=f"page{random.random()}",
-                            metrics=HTTP) as system:
+                            metrics=HTTP, routing="broadcast") as system:
         c1 = system.centers[1]
         h10, h11 = system.hosts["127.0.1.10"], system.hosts["127.0.1.11"]
         port2 = system.centers[2].port

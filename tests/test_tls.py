@@ -308,7 +308,8 @@ async def test_secure_simulation_crawls_everything_once_over_tls(redis_url):
     assert not r.timed_out
     assert r.lost_urls == 0 and r.duplicate_fetches == 0 and r.invariant_violations == 0
     assert r.fetched_urls == r.reachable_urls > 400
-    assert r.frames_by_stage.get('{stage="dist",flag="3"}', 0) > 0  # answers from the other network
+    # The networks worked together: each routed its URLs of the other's sites there (flag=1).
+    assert r.frames_by_stage.get('{stage="dist",flag="1"}', 0) > 0
     assert r.tls_handshakes >= 2 * (1 + 2 * 2)  # both ends of the WAN link and of every host's link
     assert r.bytes_on_wire >= r.tls_bytes_on_wire > 0
     assert "TLS (--secure)" in format_report(r)

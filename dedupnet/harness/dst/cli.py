@@ -35,7 +35,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--hosts", type=int, default=3, help="hosts per network (default 3)")
     p.add_argument("--pages", type=int, default=2000, help="pages of the synthetic web (default 2000)")
     p.add_argument("--sites", type=int, default=20, help="sites of the synthetic web (default 20)")
-    p.add_argument("--mode", choices=("exact", "paper"), default="exact")
+    p.add_argument("--mode", choices=("exact", "paper"), default="exact",
+                   help="exact (default): no URL admitted twice, checked; paper: the paper's look-ups only")
     p.add_argument("--seed", type=int, default=1, help="the first run's seed: web, schedule and run (default 1)")
     p.add_argument("--runs", type=int, default=1, help="runs, one per seed from --seed on (default 1)")
     p.add_argument("--faults", type=int, default=3, help="faults drawn per schedule (default 3; 0: none)")
@@ -95,7 +96,8 @@ def format_costs(c: dict) -> str:
             f"p99 {c['admit_latency_p99'] or 0:.2f} s")
 
 
-def run(args, out=sys.stdout) -> int:
+def run(args, out=None) -> int:
+    out = out or sys.stdout  # at call time: a caller may have replaced it since import
     t0 = time.perf_counter()
     failed: list[int] = []
     virtual = 0.0
