@@ -27,7 +27,7 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.adapters.runtime import Reactor, control_session, heartbeat, until_stored
-from dedupnet.adapters.store import URL_POOL, Store
+from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 from dedupnet.adapters.status_page import serve_status
@@ -127,6 +127,9 @@ class LocalDaemon:
         self.on_found: Callable[[list[tuple[bytes, str]]], None] | None = None
         #: The LAN's keyring (None: not authenticated), re-read while running.
         self.lan_keyring = keyring_from(settings.lan_key_file)
+        #: task_pool's size when last read: each heartbeat tells the center, so that a
+        #: host that goes down is known to hold it (None: not read yet).
+        self.task_pool_size: int | None = None
         #: (when, pages done then, pages per second over the window before): the crawler's rate.
         self._rate = (0.0, 0, 0.0)  # set when run() starts
 
@@ -148,6 +151,7 @@ class LocalDaemon:
                 self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(self._count_tasks)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if self.crawler is not None:
                 await nursery.start(self._run_crawler)
@@ -203,7 +207,14 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         while True:
             if self.conn is not None:
-                self.conn.send_urgent(heartbeat(self.settings.ip))
+                self.conn.send_urgent(heartbeat(self.settings.ip, self.task_pool_size))
+            await trio.sleep(self.settings.heartbeat_interval)
+
+    async def _count_tasks(self) -> None:
+        """Read task_pool's size for the heartbeats, apart from them: a slow Redis must
+        not hold a heartbeat back."""
+        while True:
+            self.task_pool_size = (await until_stored(self.store, self.counters, self.pools.sizes))[TASK_POOL]
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:

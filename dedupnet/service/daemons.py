@@ -21,14 +21,13 @@ from local_host.pools import HostPools
 
 from dedupnet.adapters import bloom
 
-from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
 from dedupnet.service.config import Settings, endpoint, load_settings
 from dedupnet.service.exposure import check_exposure, warn_while_running
+from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
-from dedupnet.codec.messages import Error, Heartbeat, Register, Status
 from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
@@ -36,7 +35,6 @@ from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import RedisDied, open_store, stop_on_signals, supervise_redis
 from dedupnet.adapters.stores import store_for
 from dedupnet.adapters.tls import TLSConfig
-from dedupnet.adapters.transport import connect
 
 log = logging.getLogger("dedupnet.service.daemons")
 
@@ -296,53 +294,25 @@ async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> Non
 
 
 # -- dedupnet status ------------------------------------------------------------------
-def status_target(address: str | None, config: str | None, key_file: str | None) -> tuple[tuple[str, int], str | None]:
-    """Where ``dedupnet status`` asks and with which key: as given, else what the
-    daemon's own config file says (its ``listen`` address and ``lan_key_file``), so an
-    operator need not repeat the key file the daemon already names."""
+def status_target(address: str | None, config: str | None,
+                  key_files: list[str] | None) -> tuple[tuple[str, int], list[str]]:
+    """Where ``dedupnet status`` (or ``reassign``) asks and with which keys: as given,
+    else what the daemon's own config file says (its ``listen`` address and
+    ``lan_key_file``), so an operator need not repeat the key file the daemon names."""
     settings = load_settings(config) if config else None
     if address is None:
         if settings is None or settings.listen is None:
             raise ValueError("give the daemon's HOST:PORT, or --config FILE of a daemon with a listen address")
         address = settings.listen
-    if key_file is None and settings is not None:
-        key_file = settings.lan_key_file
+    keys = list(key_files or [])
+    if not keys and settings is not None and settings.lan_key_file:
+        keys = [settings.lan_key_file]
     host, port = endpoint(address)
-    return (WILDCARD_TO_LOOPBACK.get(host, host), port), key_file
+    return (WILDCARD_TO_LOOPBACK.get(host, host), port), keys
 
 
 #: A daemon listening on every address is asked on loopback.
 WILDCARD_TO_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
-
-
-class StatusRefused(Exception):
-    """The daemon answered ``dedupnet status`` with an error instead of its status."""
-
-
-async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file: str | None = None) -> dict:
-    ip = source_ip_towards(address[0])
-    register = Register(ip, 0, "control", f"{ip}:1")
-    keyring = keyring_from(key_file)
-    with trio.fail_after(timeout):
-        async with await connect(*address, register, local_ip=ip, counters=Counters(), keyring=keyring) as conn:
-            conn.send_nowait(wire.encode(Status(True)))
-            while True:
-                reply = await conn.receive()
-                if isinstance(reply, Status):
-                    return reply.body or {}
-                if isinstance(reply, Error):
-                    raise StatusRefused(refusal_text(reply, keyed=keyring is not None))
-                if not isinstance(reply, Heartbeat):
-                    raise StatusRefused(f"it answered with a {type(reply).__name__} message, not its status")
-
-
-def refusal_text(error: Error, *, keyed: bool) -> str:
-    """A daemon's Error as a sentence that says what to do."""
-    if error.reason == "bad-tag":
-        return ("it needs the LAN key and this request's tag was not made with it: give --key-file with the "
-                "daemon's lan_key_file, or --config with the daemon's config file" if not keyed else
-                "it did not accept this key file: give the daemon's current lan_key_file")
-    return f"it refused the request ({error.reason}): {error.message}"
 
 
 def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: str | None = None) -> int:
@@ -361,6 +331,19 @@ def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: s
         return 0
     print(format_status(body))
     return 0
+
+
+def print_cluster_status(address: tuple[str, int], *, as_json: bool = False, key_files: list[str] = ()) -> int:
+    """``dedupnet status --cluster``: every reachable center and its hosts, and one
+    verdict (dedupnet/adapters/census.py); exit status 0 complete, 3 in progress, 4 stuck."""
+    keyrings = [keyring_from(f) for f in key_files] or [None]
+    report = trio.run(survey, address, keyrings)
+    if not report["networks"] and report["unreachable"]:
+        u = report["unreachable"][0]
+        print(f"dedupnet status: no answer from {u['address']}: {u['why']}", file=sys.stderr)
+        return 1
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if as_json else format_report(report))
+    return {"complete": 0, "in progress": 3, "stuck": 4}[report["verdict"]]
 
 
 def format_status(body: dict) -> str:
