@@ -24,6 +24,7 @@ import trio
 from dedupnet.adapters.stores import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
+from dedupnet.adapters.census import ask_hosts, build_report
 from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
@@ -184,8 +185,9 @@ class CenterDaemon:
             if self.settings.discovery_port is not None:
                 self.discovery_port = await nursery.start(self._answer_discovery)
             if self.settings.metrics:
-                self.http_port = await nursery.start(serve_status, self.counters, *self.settings.metrics, self.status,
-                                                     self.pools.store)
+                self.http_port = await nursery.start(functools.partial(
+                    serve_status, self.counters, *self.settings.metrics, self.status, self.pools.store,
+                    crawl=self.crawl_report))
             for peer in self.settings.peers:
                 if self.settings.network < peer.network:
                     nursery.start_soon(self._dial, peer)
@@ -384,6 +386,13 @@ class CenterDaemon:
             "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
             **center_detail(self),
         }
+
+    async def crawl_report(self) -> dict:
+        """This network's verdict for the status page (dedupnet/adapters/census.py): its
+        sets and tasks, and what its live hosts say; the whole system's needs every
+        network's key (``dedupnet status --cluster``)."""
+        report = build_report(await ask_hosts(await self.status(), [self.lan_keyring]))
+        return {"verdict": report["verdict"], "reasons": report["reasons"], "hosts": report["networks"][0]["hosts"]}
 
     async def _control_session(self, conn: Connection) -> None:
         """``dedupnet status``, and ``dedupnet reassign``: a Task naming the gone host,

@@ -153,19 +153,9 @@ async def one_pass(start: tuple[str, int], keyrings: list[Keyring | None], timeo
     # A network first listed unreachable through one center may be reached through another.
     unreachable = [u for u in unreachable if u.get("network") not in centers]
     for network, body in sorted(centers.items()):
-        for entry in body.get("liveness", []):
-            if entry["kind"] != "host" or entry["state"] == "down":
-                continue
-            address = parse_address(entry.get("address", ""))
-            if address is None:
-                unreachable.append({"what": "host", "ip": entry["member"], "network": network, "address": "",
-                                    "why": "its status address is not known to its center"})
-                continue
-            try:
-                hosts[entry["member"]] = await ask(address, keyrings, timeout)
-            except (OSError, trio.TooSlowError, StatusRefused) as e:
-                unreachable.append({"what": "host", "ip": entry["member"], "network": network,
-                                    "address": f"{address[0]}:{address[1]}", "why": _why(e, timeout)})
+        part = await ask_hosts(body, keyrings, timeout)
+        hosts.update(part["hosts"])
+        unreachable += part["unreachable"]
     return {"centers": centers, "hosts": hosts, "unreachable": unreachable}
 
 
@@ -259,6 +249,26 @@ def build_report(found: dict) -> dict:
     report = {"networks": networks, "unreachable": found["unreachable"]}
     report["verdict"], report["reasons"] = judge(report)
     return report
+
+
+async def ask_hosts(center: dict, keyrings: list[Keyring | None], timeout: float = 2.0) -> dict:
+    """The live hosts of ``center``'s status asked for theirs: one network's part of
+    :func:`one_pass` (and all a center's own page can ask: it holds its LAN's key, not
+    the other networks')."""
+    hosts: dict[str, dict] = {}
+    unreachable: list[dict] = []
+    for entry in center.get("liveness", []):
+        address = parse_address(entry.get("address", "")) if entry["kind"] == "host" else None
+        if entry["kind"] != "host" or entry["state"] == "down":
+            continue
+        try:
+            if address is None:
+                raise StatusRefused("its status address is not known to its center")
+            hosts[entry["member"]] = await ask(address, keyrings, timeout)
+        except (OSError, trio.TooSlowError, StatusRefused) as e:
+            unreachable.append({"what": "host", "ip": entry["member"], "network": center.get("network"),
+                                "address": entry.get("address", ""), "why": _why(e, timeout)})
+    return {"centers": {center.get("network"): center}, "hosts": hosts, "unreachable": unreachable}
 
 
 async def survey(start: tuple[str, int], keyrings: list[Keyring | None], timeout: float = 5.0,
