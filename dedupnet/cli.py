@@ -105,6 +105,12 @@ SETTINGS_FLAGS = [
          help={CENTER: "seconds of silence after which a host or a peer network counts as gone",
                LOCAL: "seconds of silence after which the host gives its center up and dials again (the same "
                       "on the LAN's center and hosts)"}),
+    flag("--stop-grace", type=float, metavar="S", roles=(LOCAL,),
+         help="on SIGTERM: seconds the pages already requested get to finish (then they are handed back and "
+              "fetched again elsewhere)"),
+    flag("--stop-timeout", type=float, metavar="S", roles=(LOCAL,),
+         help="on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take before the host exits "
+              "with what is left in its Redis"),
     flag("--no-compress", dest="compress", action="store_const", const=False, roles=DAEMONS,
          help="never offer or accept zstd-compressed bodies (default: negotiated per connection)"),
     flag("--recrawl-after", type=float, metavar="S", roles=(*DAEMONS, PUSH),

@@ -91,6 +91,10 @@ class LocalSettings:
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): finish_URL counts a URL as crawled for its
     #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
     recrawl: RecrawlPolicy | None = None
+    #: Leaving (:meth:`LocalDaemon.leave`): seconds the pages on the wire get to finish.
+    stop_grace: float = 10.0
+    #: ... and seconds the whole leave may take.
+    stop_timeout: float = 60.0
 
 
 def core_config(settings: LocalSettings) -> hp.HostConfig:
@@ -299,9 +303,10 @@ class LocalDaemon:
         await trio.sleep(self.settings.send_delay)
         self._send(data)
 
-    async def leave(self, *, timeout: float = 30.0) -> int:
-        """Leave the LAN for good without losing work: finish the pages in progress and
-        stop crawling, let URL_pool drain
+    async def leave(self, *, timeout: float | None = None, grace: float | None = None) -> int:
+        """Leave the LAN for good without losing work: take no new task and give up those
+        whose request has not gone out, let the pages on the wire finish for ``grace``
+        seconds (then cut them off: they are handed back like the rest), let URL_pool drain
         through the protocol, then hand the uncrawled task_pool back to the center and
         drop it once the center has stored it. The first hand-back also tells the center
         to assign nothing more here; tasks it sent before that arrive before its ack (one
@@ -310,11 +315,18 @@ class LocalDaemon:
         leaves the tasks in this host's Redis, where nobody else crawls them).
         Returns the number of tasks handed back."""
         handed = 0
+        timeout = self.settings.stop_timeout if timeout is None else timeout
+        grace = self.settings.stop_grace if grace is None else grace
         with trio.fail_after(timeout):
-            if self.crawler is not None:  # finish the pages in progress, then stop
+            if self.crawler is not None:
                 self.crawler.stop_taking()
-                while self.crawler.in_progress:
-                    await trio.sleep(0.02)
+                with trio.move_on_after(grace):
+                    while self.crawler.in_progress:
+                        await trio.sleep(0.02)
+                if self.crawler.in_progress:
+                    self.counters.inc("pages_cut_off", amount=self.crawler.on_the_wire)
+                    log.warning("%d pages still in progress after %g s (stop_grace): cut off; handed back, they are "
+                                "fetched again by another host", self.crawler.on_the_wire, grace)
                 self.crawler_scope.cancel()
             while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
                 await trio.sleep(0.05)
@@ -339,7 +351,8 @@ class LocalDaemon:
         while self.conn is None or not self.conn.send_nowait(task):
             await trio.sleep(0.05)
         await self.handed_back.wait()
-        await until_stored(self.store, self.counters, self.pools.drop_tasks, [i for i, _ in entries])
+        with trio.CancelScope(shield=True):  # the center holds them now: never crawled here too
+            await until_stored(self.store, self.counters, self.pools.drop_tasks, [i for i, _ in entries])
 
     async def status(self) -> dict:
         return {

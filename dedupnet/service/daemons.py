@@ -148,7 +148,8 @@ def run_local(settings: Settings) -> int:
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
-        tls=_tls(settings, "host"), recrawl=settings.recrawl(),
+        tls=_tls(settings, "host"), recrawl=settings.recrawl(), stop_grace=settings.stop_grace,
+        stop_timeout=settings.stop_timeout,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
@@ -242,23 +243,29 @@ async def _until_signalled(daemon) -> None:
         await daemon.run()
 
 
-#: Seconds a host stopped by SIGTERM/SIGINT spends handing its work back before it
-#: stops anyway (a second signal stops it at once).
-LEAVE_TIMEOUT = 10.0
-
-
 async def _until_signalled_leaving(daemon: LocalDaemon) -> None:
     """A host stopped by SIGTERM or SIGINT leaves its LAN: nobody can tell whether it
-    will come back, so it must not keep work only it would do. It finishes the pages in
-    progress, lets URL_pool drain through the protocol and hands its task_pool back to
-    its center (:meth:`LocalDaemon.leave`), then stops. If it is not connected to its
-    center, or the hand-back takes longer than ``LEAVE_TIMEOUT`` or a second signal
-    comes, it stops as it is: whatever was not handed back stays in its Redis
-    (task_pool, URL_pool) and is resumed when it starts again (issue #9, leave-host:
-    before, SIGTERM stopped a host as it was and its tasks waited for it for ever)."""
+    will come back, so it must not keep work only it would do. It takes no new task at
+    once, lets the pages on the wire finish (``stop_grace``), lets URL_pool drain
+    through the protocol and hands its task_pool back to its center
+    (:meth:`LocalDaemon.leave`), then exits. Not connected to its center, past
+    ``stop_timeout``, or at a second signal, it exits as it is: what was not handed back
+    stays in its Redis (task_pool, URL_pool), resumed when it starts again or moved by
+    ``dedupnet reassign`` at its center."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_leave_on_signals, daemon, nursery.cancel_scope)
         await daemon.run()
+
+
+async def _left_behind(daemon: LocalDaemon) -> str:
+    """What stays in the host's Redis, and how it is recovered, in words for one log line."""
+    held = "task_pool and URL_pool stay"
+    with trio.move_on_after(1.0):  # a Redis that does not answer must not hold the exit
+        sizes = await daemon.store.run(daemon.pools.sizes)
+        held = f"{sizes['task_pool']} tasks in task_pool and {sizes['URL_pool']} URLs in URL_pool stay"
+    s = daemon.settings
+    return (f"{held} in this host's Redis: crawled when it starts again, or moved by `dedupnet reassign --host "
+            f"{s.ip} --data-dir DATA_DIR` at its center {s.center[0]}:{s.center[1]}")
 
 
 async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> None:
@@ -267,28 +274,30 @@ async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> Non
             break
         name = signal.Signals(signum).name
         if daemon.conn is None:
-            log.warning("%s received, not connected to the center: stopping; task_pool and URL_pool stay in Redis "
-                        "until this host starts again", name)
+            if daemon.crawler is not None:
+                daemon.crawler.stop_taking()
+            log.warning("%s received, not connected to the center: stopping now; %s", name, await _left_behind(daemon))
             scope.cancel()
             return
-        log.info("%s received: leaving the LAN (handing the tasks back; again to stop at once)", name)
+        log.info("%s received: taking no new task, letting the pages on the wire finish (up to %g s), then handing "
+                 "the rest back to the center (again to stop at once)", name, daemon.settings.stop_grace)
         async with trio.open_nursery() as inner:
             async def second_signal() -> None:
                 async for again in signals:
-                    log.warning("%s received again: stopping without finishing the hand-back", signal.Signals(again).name)
+                    log.warning("%s received again: stopping now; %s", signal.Signals(again).name,
+                                await _left_behind(daemon))
                     inner.cancel_scope.cancel()
                     return
             inner.start_soon(second_signal)
             try:
-                await daemon.leave(timeout=LEAVE_TIMEOUT)
+                await daemon.leave()
             except trio.TooSlowError:
                 daemon.counters.inc("leave_failed", reason="timeout")
-                log.warning("the hand-back took longer than %.0f s: stopping; what is left stays in Redis until this "
-                            "host starts again", LEAVE_TIMEOUT)
+                log.warning("the stop took longer than %g s (stop_timeout): stopping now; %s",
+                            daemon.settings.stop_timeout, await _left_behind(daemon))
             except Exception as e:  # noqa: BLE001 - Redis gone, connection lost: stop as it is, never crash
                 daemon.counters.inc("leave_failed", reason="error")
-                log.warning("the hand-back failed (%r): stopping; what is left stays in Redis until this host starts "
-                            "again", e)
+                log.warning("the hand-back failed (%r): stopping now; %s", e, await _left_behind(daemon))
             inner.cancel_scope.cancel()
     scope.cancel()
 
