@@ -318,8 +318,9 @@ class CenterDaemon:
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
             beat = heartbeat(self.settings.ip)
-            for conn in list(self.conns.values()):
-                conn.send_urgent(beat)
+            for member, conn in list(self.conns.items()):
+                if not isinstance(member, cp.Operator):  # a control client is never a member
+                    conn.send_urgent(beat)
             self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
