@@ -312,36 +312,62 @@ class LocalDaemon:
         to assign nothing more here; tasks it sent before that arrive before its ack (one
         connection), so a second round hands back whatever came in meanwhile. A Redis
         that goes away meanwhile is waited for, within ``timeout`` (a hand-back given up
-        leaves the tasks in this host's Redis, where nobody else crawls them).
+        leaves the tasks in this host's Redis, where nobody else crawls them), a center
+        away for ``heartbeat_timeout`` is not (ConnectionClosed).
         Returns the number of tasks handed back."""
-        handed = 0
         timeout = self.settings.stop_timeout if timeout is None else timeout
         grace = self.settings.stop_grace if grace is None else grace
+        gone = False
         with trio.fail_after(timeout):
-            if self.crawler is not None:
-                self.crawler.stop_taking()
-                with trio.move_on_after(grace):
-                    while self.crawler.in_progress:
-                        await trio.sleep(0.02)
-                if self.crawler.in_progress:
-                    self.counters.inc("pages_cut_off", amount=self.crawler.on_the_wire)
-                    log.warning("%d pages still in progress after %g s (stop_grace): cut off; handed back, they are "
-                                "fetched again by another host", self.crawler.on_the_wire, grace)
-                self.crawler_scope.cancel()
-            while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
-                await trio.sleep(0.05)
-            first = True
-            while True:
-                entries = await until_stored(self.store, self.counters, self.pools.all_tasks)
-                if not entries and not first:
-                    break
-                for i in range(0, max(len(entries), 1), 5000):  # a Task holds at most 10,000 URLs
-                    await self._hand_back(entries[i : i + 5000])
-                handed += len(entries)
-                first = False
-                while not self.reactor.idle:  # tasks that arrived before the ack, stored
-                    await trio.sleep(0.01)
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    """A center away for ``heartbeat_timeout`` (stopped too) takes nothing back."""
+                    nonlocal gone
+                    since = None
+                    while True:
+                        if self.conn is not None:
+                            since = None
+                        elif since is None:
+                            since = trio.current_time()
+                        elif trio.current_time() - since > self.settings.heartbeat_timeout:
+                            gone = True
+                            nursery.cancel_scope.cancel()
+                            return
+                        await trio.sleep(0.05)
+
+                nursery.start_soon(watch)
+                handed = await self._leave_steps(grace)
+                nursery.cancel_scope.cancel()
+        if gone:
+            raise ConnectionClosed(f"no connection to the center for {self.settings.heartbeat_timeout:g} s")
         log.info("left the LAN; %d tasks handed back to the center", handed)
+        return handed
+
+    async def _leave_steps(self, grace: float) -> int:
+        handed = 0
+        if self.crawler is not None:
+            self.crawler.stop_taking()
+            with trio.move_on_after(grace):
+                while self.crawler.in_progress:
+                    await trio.sleep(0.02)
+            if self.crawler.in_progress:
+                self.counters.inc("pages_cut_off", amount=self.crawler.on_the_wire)
+                log.warning("%d pages still in progress after %g s (stop_grace): cut off; handed back, they are "
+                            "fetched again by another host", self.crawler.on_the_wire, grace)
+            self.crawler_scope.cancel()
+        while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
+            await trio.sleep(0.05)
+        first = True
+        while True:
+            entries = await until_stored(self.store, self.counters, self.pools.all_tasks)
+            if not entries and not first:
+                break
+            for i in range(0, max(len(entries), 1), 5000):  # a Task holds at most 10,000 URLs
+                await self._hand_back(entries[i : i + 5000])
+            handed += len(entries)
+            first = False
+            while not self.reactor.idle:  # tasks that arrived before the ack, stored
+                await trio.sleep(0.01)
         return handed
 
     async def _hand_back(self, entries: list[tuple[bytes, str]]) -> None:
