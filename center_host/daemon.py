@@ -24,8 +24,9 @@ import trio
 from dedupnet.adapters.stores import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
+from dedupnet.adapters.census import ask_hosts, build_report
 from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
-from dedupnet.codec.messages import Heartbeat, Register
+from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import Reactor, Timers, control_session, heartbeat, until_stored
@@ -126,6 +127,14 @@ class CenterDaemon:
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
         self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
+        #: Host IP -> (task_pool size its last heartbeat gave, trio time): what a host that
+        #: went down holds, as far as this center heard (memory only).
+        self.reported_tasks: dict[str, tuple[int, float]] = {}
+        #: Peer network -> the listen address its Register gave (``status --cluster``
+        #: asks it there when the configuration has no port for it).
+        self.peer_listen: dict[int, str] = {}
+        #: Operator requests waiting for the core's answer (set when it is sent).
+        self._answered: dict[cp.Operator, trio.Event] = {}
         self._gauged: set[str] = set()
         self._gauged_routed: set[int] = set()
         #: number -> when this center stored the set (trio time): the status page's ages.
@@ -176,8 +185,9 @@ class CenterDaemon:
             if self.settings.discovery_port is not None:
                 self.discovery_port = await nursery.start(self._answer_discovery)
             if self.settings.metrics:
-                self.http_port = await nursery.start(serve_status, self.counters, *self.settings.metrics, self.status,
-                                                     self.pools.store)
+                self.http_port = await nursery.start(functools.partial(
+                    serve_status, self.counters, *self.settings.metrics, self.status, self.pools.store,
+                    crawl=self.crawl_report))
             for peer in self.settings.peers:
                 if self.settings.network < peer.network:
                     nursery.start_soon(self._dial, peer)
@@ -233,6 +243,7 @@ class CenterDaemon:
             raise ConnectionClosed(f"peer answered {type(reply).__name__}, not a center's Register")
         if await self._refused_map(conn, reply):
             raise ConnectionClosed("map-mismatch")
+        self.peer_listen[reply.network] = reply.listen
         await self._member_session(conn, cp.Peer(reply.network))
 
     async def _on_connection(self, conn: Connection) -> None:
@@ -251,6 +262,7 @@ class CenterDaemon:
         if await self._refused_map(conn, reg):
             return
         conn.send_nowait(wire.encode(self.register()))
+        self.peer_listen[reg.network] = reg.listen
         await self._member_session(conn, cp.Peer(reg.network))
 
     async def _refuse(self, conn: Connection, reason: str, text: str) -> None:
@@ -268,12 +280,16 @@ class CenterDaemon:
         self.conns[member] = conn
         self.last_seen[member] = trio.current_time()
         conn.note(logging.INFO, "%s joined", member, logger=log)
-        await self.reactor.put(cp.Joined(member), conn)
+        address = conn.register.listen if isinstance(member, cp.Host) and conn.register is not None else ""
+        await self.reactor.put(cp.Joined(member, address), conn)
         try:
             while True:
                 message = await conn.receive()
                 self.last_seen[member] = trio.current_time()
-                if not isinstance(message, Heartbeat):
+                if isinstance(message, Heartbeat):
+                    if message.tasks is not None and isinstance(member, cp.Host):
+                        self.reported_tasks[member.ip] = (message.tasks, trio.current_time())
+                else:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
                     try:
@@ -302,8 +318,9 @@ class CenterDaemon:
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
             beat = heartbeat(self.settings.ip)
-            for conn in list(self.conns.values()):
-                conn.send_urgent(beat)
+            for member, conn in list(self.conns.items()):
+                if not isinstance(member, cp.Operator):  # a control client is never a member
+                    conn.send_urgent(beat)
             self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
@@ -338,6 +355,8 @@ class CenterDaemon:
                 self.set_since.pop(a.number, None)
             elif isinstance(a, cp.Send):
                 for member in a.to:
+                    if member in self._answered:
+                        self._answered[member].set()
                     conn = self.conns.get(member)
                     if conn is None or not conn.send_nowait(a.data):
                         self.counters.inc("send_skipped")  # gone: the timers or a rejoin catch up
@@ -359,6 +378,7 @@ class CenterDaemon:
             stages[rec.stage.value] = stages.get(rec.stage.value, 0) + 1
         return {
             "role": "center", "network": self.settings.network, "listen": f"{self.settings.ip}:{self.port}",
+            "lan": self.settings.lan,
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "members": {str(m): round(now - t, 3) for m, t in sorted(self.last_seen.items(), key=str)},
             "sets_in_flight": stages, "waiting_for": self.core.waiting_for(), "timers": len(self.timers),
@@ -368,8 +388,33 @@ class CenterDaemon:
             **center_detail(self),
         }
 
+    async def crawl_report(self) -> dict:
+        """This network's verdict for the status page (dedupnet/adapters/census.py): its
+        sets and tasks, and what its live hosts say; the whole system's needs every
+        network's key (``dedupnet status --cluster``)."""
+        report = build_report(await ask_hosts(await self.status(), [self.lan_keyring]))
+        return {"verdict": report["verdict"], "reasons": report["reasons"], "hosts": report["networks"][0]["hosts"]}
+
     async def _control_session(self, conn: Connection) -> None:
-        await control_session(conn, self.status)
+        """``dedupnet status``, and ``dedupnet reassign``: a Task naming the gone host,
+        answered with the core's Ack once its writes are stored."""
+        operator = cp.Operator(str(conn.peer))
+
+        async def reassign(message) -> None:
+            if not isinstance(message, Task) or message.IP is None:
+                self.counters.inc("rejected", reason="unexpected-message")
+                conn.send_nowait(wire.encode(Ack(getattr(message, "number", 0), "rejected", "unexpected-message")))
+                return
+            answered = self._answered[operator] = trio.Event()
+            self.conns[operator] = conn
+            try:
+                await self.reactor.put(cp.Reassign(message.IP, message.number, message.URLs, operator), conn)
+                await answered.wait()
+            finally:
+                self.conns.pop(operator, None)
+                self._answered.pop(operator, None)
+
+        await control_session(conn, self.status, reassign)
 
 
 def center_detail(daemon: "CenterDaemon") -> dict:
@@ -402,18 +447,26 @@ def center_detail(daemon: "CenterDaemon") -> dict:
 
     s = daemon.settings
     # max: the daemon moves last_seen forward over its own pauses (CenterDaemon._heartbeats).
-    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items()}
+    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items() if not isinstance(m, cp.Operator)}
     waiting = core.waiting_for()
-    addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else p.host for p in s.peers}  # 0: it dials us
-    names = set(silent) | set(addresses) | set(waiting) | {h for h in tasks if h}
+    addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else  # 0: it dials us (its Register says where)
+                 daemon.peer_listen.get(p.network, p.host) for p in s.peers}
+    addresses.update({ip: address for ip, address in core.known.items() if address})
+    names = set(silent) | {f"net:{p.network}" for p in s.peers} | set(waiting) | {h for h in tasks if h} | set(core.known)
     liveness = []
     for name in sorted(names, key=lambda n: (n.startswith("net:"), member_order(n))):
         quiet = silent.get(name)
         state = "down" if quiet is None else "live" if quiet <= 2 * s.heartbeat_interval else "late"
-        liveness.append({"member": name, "kind": "peer" if name.startswith("net:") else "host",
-                         "address": addresses.get(name, name), "state": state,
-                         "silent": None if quiet is None else round(quiet, 3),
-                         "waiting_sets": waiting.get(name, 0), "task_urls": tasks.get(name, 0)})
+        entry = {"member": name, "kind": "peer" if name.startswith("net:") else "host",
+                 "address": addresses.get(name, name), "state": state,
+                 "silent": None if quiet is None else round(quiet, 3),
+                 "waiting_sets": waiting.get(name, 0), "task_urls": tasks.get(name, 0)}
+        if entry["kind"] == "host":
+            entry["known"] = name in core.known  # counted among the LAN's hosts until it leaves
+            reported = daemon.reported_tasks.get(name)
+            entry["task_pool"] = None if reported is None else reported[0]  # as its last heartbeat said
+            entry["task_pool_age"] = None if reported is None else round(now - reported[1], 3)
+        liveness.append(entry)
     return {
         "heartbeat": {"interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout},
         "liveness": liveness,

@@ -34,8 +34,11 @@ CONCLUDED = "concluded"
 CONCLUDED_DIGEST = "concluded_digest"
 #: host IP -> the highest sequence of its sets stored here.
 SEQUENCES = "host_sequences"
+#: host IP -> its status address: the LAN's hosts, until they leave or are reassigned.
+HOSTS = "hosts"
 
-WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.SaveTask, cp.DropTask)
+WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.NoteHost, cp.ForgetHost, cp.SaveTask,
+          cp.DropTask)
 
 
 class CenterPools:
@@ -70,6 +73,10 @@ class CenterPools:
                     batch.add(b"HSET", key(CONCLUDED_DIGEST), a.number, a.digest)
             elif isinstance(a, cp.NoteSequence):
                 batch.add(b"HSET", key(SEQUENCES), a.host, a.sequence)
+            elif isinstance(a, cp.NoteHost):
+                batch.add(b"HSET", key(HOSTS), a.host, a.address)
+            elif isinstance(a, cp.ForgetHost):
+                batch.add(b"HDEL", key(HOSTS), a.host)
             elif isinstance(a, cp.SaveTask):
                 batch.add(b"HSET", key(TASK_URL), a.key, orjson.dumps(a.urls))
             elif isinstance(a, cp.DropTask):
@@ -94,13 +101,14 @@ class CenterPools:
     def load(self) -> cp.Resume:
         """Everything a restarted center must pick up."""
         batch = self.store.batch()
-        for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL, SEQUENCES):
+        for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL, SEQUENCES, HOSTS):
             batch.add(b"HGETALL", self.store.key(pool))
-        local, dist, tasks, sequences = self.store.execute(batch)
+        local, dist, tasks, sequences, hosts = self.store.execute(batch)
         return cp.Resume(
             sets=_values(local) + _values(dist),
             tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
             sequences={k.decode(): int(v) for k, v in _pairs(sequences)},
+            hosts={k.decode(): v.decode() for k, v in _pairs(hosts)},
         )
 
     def sizes(self) -> dict[str, int]:

@@ -87,6 +87,16 @@ class Peer:
 Member = Union[Host, Peer]
 
 
+@dataclass(frozen=True)
+class Operator:
+    """A control connection (``dedupnet reassign``): not a member, only answered."""
+
+    address: str
+
+    def __str__(self) -> str:
+        return f"control:{self.address}"
+
+
 def member_from_str(text: str) -> Member:
     return Peer(int(text[4:])) if text.startswith("net:") else Host(text)
 
@@ -101,6 +111,9 @@ class Received:
 @dataclass(frozen=True)
 class Joined:
     member: Member
+    #: A host's status address (its Register's ``listen``): where ``dedupnet status
+    #: --cluster`` asks it; "" when not known.
+    address: str = ""
 
 
 @dataclass(frozen=True)
@@ -111,6 +124,19 @@ class Left:
 @dataclass(frozen=True)
 class TimerFired:
     number: int
+
+
+@dataclass(frozen=True)
+class Reassign:
+    """An operator says LAN host ``host`` is gone: its unacknowledged tasks (task_URL)
+    and ``urls`` (what its own task_pool held, taken from it by the operator's tool)
+    go to the live hosts, and it is no longer counted as one of the LAN's hosts.
+    Answered to ``reply_to`` with an Ack of ``number``."""
+
+    host: str
+    number: int
+    urls: tuple[str, ...]
+    reply_to: Operator
 
 
 @dataclass(frozen=True)
@@ -131,6 +157,7 @@ class Resume:
     sets: list[bytes]
     tasks: dict[str, list[str]]  # task key "number:host" -> URLs
     sequences: dict[str, int] = field(default_factory=dict)  # host IP -> highest sequence stored
+    hosts: dict[str, str] = field(default_factory=dict)  # host IP -> status address (known hosts)
 
 
 # -- actions ----------------------------------------------------------------------
@@ -201,6 +228,20 @@ class NoteSequence:
 
 
 @dataclass(frozen=True)
+class NoteHost:
+    """``host`` is one of the LAN's hosts (its status address): until it leaves or is
+    reassigned, a crawl is not complete while it is down."""
+
+    host: str
+    address: str
+
+
+@dataclass(frozen=True)
+class ForgetHost:
+    host: str
+
+
+@dataclass(frozen=True)
 class SaveTask:
     key: str  # "number:host"
     urls: tuple[str, ...]
@@ -211,7 +252,8 @@ class DropTask:
     key: str
 
 
-Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, NoteSequence, SaveTask, DropTask]
+Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, NoteSequence, NoteHost, ForgetHost,
+               SaveTask, DropTask]
 
 
 # -- configuration -------------------------------------------------------------------
@@ -436,6 +478,9 @@ class CenterProtocol:
         self.counters = counters or Counters()
         self.sets: dict[int, SetRecord] = {}
         self.hosts: set[str] = set()  # live LAN members
+        #: Every LAN host that has joined and neither left gracefully nor been reassigned
+        #: (durable: NoteHost), with its status address: the ones not live are down.
+        self.known: dict[str, str] = {}
         self.peers: set[int] = set()  # connected peer networks
         self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
         self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
@@ -478,11 +523,13 @@ class CenterProtocol:
         if isinstance(event, TimerFired):
             return self._timer(event.number)
         if isinstance(event, Joined):
-            return self._joined(event.member)
+            return self._joined(event.member, event.address)
         if isinstance(event, Left):
             return self._left(event.member)
         if isinstance(event, Resume):
             return self._resume(event)
+        if isinstance(event, Reassign):
+            return self._operator_reassign(event)
         raise TypeError(f"not a center event: {event!r}")
 
     def _received(self, sender: Member, message: object) -> list[Action]:
@@ -1112,7 +1159,7 @@ class CenterProtocol:
         m = member_from_str(member)
         return m.ip in self.hosts if isinstance(m, Host) else m.network in self.peers
 
-    def _joined(self, member: Member) -> list[Action]:
+    def _joined(self, member: Member, address: str = "") -> list[Action]:
         # Sets that wait for this member (it reconnected, or a peer network is back) ask it now.
         who = str(member)
         again = [rec for rec in self.sets.values() if who in rec.awaiting]
@@ -1125,6 +1172,9 @@ class CenterProtocol:
             log.info("%s is here: asking it for %d sets that wait for it", who, len(again))
         if not isinstance(member, Host):
             return asks
+        if self.known.get(member.ip) != address:
+            self.known[member.ip] = address
+            asks.append(NoteHost(member.ip, address))
         # A host that comes back is sent again the tasks it has not acknowledged; then
         # what was admitted while no host was there is handed out (and sent) as usual.
         resend = [Send((member,), wire.encode(Task(task_parts(k)[0], tuple(urls))))
@@ -1193,10 +1243,41 @@ class CenterProtocol:
         a member, its tasks go to the others (stored before the ack lets it drop them)."""
         self.hosts.discard(sender.ip)
         urls = list(self._canonical_urls(sender, task.number, dict.fromkeys(task.URLs, 0)))
-        actions = self._reassign(sender.ip) + self._assign(task.number, urls)
+        actions = self._reassign(sender.ip) + self._assign(task.number, urls) + self._forget(sender.ip)
         self.counters.inc("tasks_handed_back", amount=len(task.URLs))
         log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
         return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]
+
+    def _forget(self, host: str) -> list[Action]:
+        return [ForgetHost(host)] if self.known.pop(host, None) is not None else []
+
+    def _operator_reassign(self, event: Reassign) -> list[Action]:
+        """``dedupnet reassign``: the operator's word that a host is gone, so its work
+        moves as a graceful leave's would (:meth:`_handed_back`). Refused while the host
+        is connected: it may be crawling those tasks. What it had fetched and not yet
+        acknowledged is not known here; its own task_pool, taken out of its Redis by the
+        operator's tool in the same step, arrives as ``urls``."""
+        ip, reply = event.host, (event.reply_to,)
+
+        def refused(reason: str, why: str) -> list[Action]:
+            self.counters.inc("rejected", reason=reason)
+            log.warning("reassign of %s refused: %s", ip, why)
+            return [Send(reply, wire.encode(Ack(event.number, "rejected", reason)))]
+
+        if ip in self.hosts:
+            return refused("host-live", "it is connected")
+        if self.config.network_of(ip) != self.config.network:
+            return refused("host-not-in-lan", f"not in LAN {self.config.lan}")
+        held = sum(len(u) for k, u in self.tasks.items() if task_parts(k)[1] == ip)
+        if ip not in self.known and not held and not event.urls:
+            return refused("unknown-host", "this center has no such host and holds nothing for it")
+        urls = list(self._canonical_urls(Host(ip), event.number, dict.fromkeys(event.urls, 0)))
+        actions = self._reassign(ip) + self._assign(event.number, urls) + self._forget(ip)
+        self.counters.inc("tasks_reassigned", amount=len(urls))
+        where = ", ".join(sorted(self.hosts)) or "no live host yet (kept for the first that joins)"
+        log.warning("operator: host %s is gone; %d tasks of task_URL and %d of its task_pool go to %s",
+                    ip, held, len(urls), where)
+        return actions + [Send(reply, wire.encode(Ack(event.number, "stored")))]
 
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
         key = task_key(number, sender.ip)
@@ -1219,5 +1300,6 @@ class CenterProtocol:
             actions.append(SetTimer(rec.number, self.config.resume_grace))
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)
+        self.known.update(event.hosts)
         log.info("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
         return actions

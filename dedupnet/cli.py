@@ -105,6 +105,12 @@ SETTINGS_FLAGS = [
          help={CENTER: "seconds of silence after which a host or a peer network counts as gone",
                LOCAL: "seconds of silence after which the host gives its center up and dials again (the same "
                       "on the LAN's center and hosts)"}),
+    flag("--stop-grace", type=float, metavar="S", roles=(LOCAL,),
+         help="on SIGTERM: seconds the pages already requested get to finish (then they are handed back and "
+              "fetched again elsewhere)"),
+    flag("--stop-timeout", type=float, metavar="S", roles=(LOCAL,),
+         help="on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take before the host exits "
+              "with what is left in its Redis"),
     flag("--no-compress", dest="compress", action="store_const", const=False, roles=DAEMONS,
          help="never offer or accept zstd-compressed bodies (default: negotiated per connection)"),
     flag("--recrawl-after", type=float, metavar="S", roles=(*DAEMONS, PUSH),
@@ -243,9 +249,36 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the daemon's --listen address (default: listen in --config)")
     status.add_argument("--config", metavar="FILE",
                         help="the daemon's own config file: its listen address and lan_key_file are used")
-    status.add_argument("--key-file", metavar="FILE",
-                        help="the daemon's --lan-key-file, if it has one (default: lan_key_file in --config)")
+    status.add_argument("--key-file", metavar="FILE", action="append",
+                        help="the daemon's --lan-key-file, if it has one (default: lan_key_file in --config); "
+                             "with --cluster repeat it for each network's key")
+    status.add_argument("--cluster", action="store_true",
+                        help="ask every center reachable from this one and their hosts, and say whether the crawl "
+                             "is complete, in progress or stuck and why (exit status 0, 3 or 4)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+
+    reassign = sub.add_parser("reassign", help="hand a gone host's tasks to the live hosts of its LAN",
+                              description="Tells a host's center that the host is gone: the tasks the center "
+                                          "assigned to it and it has not acknowledged, and with --data-dir the "
+                                          "tasks of its own task_pool, go to the LAN's live hosts, and the "
+                                          "center no longer counts it as a host. Refused while the host is "
+                                          "connected (docs/DEPLOY.md).")
+    reassign.add_argument("address", metavar="HOST:PORT", nargs="?",
+                          help="the host's center (its --listen address; default: listen in --config)")
+    reassign.add_argument("--host", required=True, metavar="IP", help="the gone host's IP (required)")
+    reassign.add_argument("--config", metavar="FILE",
+                          help="the center's own config file: its listen address and lan_key_file are used")
+    reassign.add_argument("--key-file", metavar="FILE",
+                          help="the center's --lan-key-file, if it has one (default: lan_key_file in --config)")
+    reassign.add_argument("--data-dir", metavar="DIR",
+                          help="the gone host's --data-dir: its task_pool moves too (its daemon must be stopped)")
+    reassign.add_argument("--redis", dest="redis_url", metavar="URL",
+                          help="the gone host's Redis, if it used --redis (instead of --data-dir)")
+    reassign.add_argument("--prefix", metavar="P",
+                          help="the gone host's key prefix (default: dedupnet:host:IP)")
+    reassign.add_argument("--leave-task-pool", action="store_true",
+                          help="without --data-dir: move only what the center holds; the host's own task_pool "
+                               "stays in its Redis, crawled only if it starts again")
 
     for name, what in (("push", "put URLs into a host's URL_pool (what a crawler does)"),
                        ("finish", "record URLs as crawled in a host's finish_URL")):
@@ -339,8 +372,20 @@ def _run(args: argparse.Namespace) -> int:
 
         logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-        address, key_file = status_target(args.address, args.config, args.key_file)
-        return print_status(address, as_json=args.json, key_file=key_file)
+        address, key_files = status_target(args.address, args.config, args.key_file)
+        if args.cluster:
+            from dedupnet.service.daemons import print_cluster_status
+
+            return print_cluster_status(address, as_json=args.json, key_files=key_files)
+        return print_status(address, as_json=args.json, key_file=key_files[0] if key_files else None)
+    if args.command == "reassign":
+        from dedupnet.service.daemons import status_target
+        from dedupnet.service.reassign import run_reassign
+
+        logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        address, key_files = status_target(args.address, args.config, [args.key_file] if args.key_file else None)
+        return run_reassign(address, args.host, key_file=key_files[0] if key_files else None, data_dir=args.data_dir,
+                            redis_url=args.redis_url, prefix=args.prefix, leave_task_pool=args.leave_task_pool)
     fields = set(Settings.__dataclass_fields__)
     overrides = {k: v for k, v in vars(args).items() if k in fields}
     settings = load_settings(getattr(args, "config", None), **overrides)

@@ -286,8 +286,14 @@ class Crawler:
         #: While this consumer's pending entries are read: the ids of tasks finished
         #: meanwhile (that read may still list them: see :meth:`_take`).
         self._finished_during_read: set[bytes] | None = None
-        #: Cancelled by :meth:`stop_taking`: no new task is taken, those taken finish.
+        #: Cancelled by :meth:`stop_taking`: no new task is taken.
         self._take_scope = trio.CancelScope()
+        #: Each task in progress: its cancel scope (:meth:`stop_taking` cancels those whose
+        #: request has not gone out) ...
+        self._tasks: dict[bytes, trio.CancelScope] = {}
+        #: ... and those whose request is on the wire or whose page is being recorded.
+        self._on_wire: set[bytes] = set()
+        self.stopping = False
         self._page_file = None
         self._page_limiter = trio.CapacityLimiter(1)
         #: Done tasks waiting to be written: (entry id, outcome, written event, error box).
@@ -402,9 +408,20 @@ class Crawler:
         return entries, raw[-1][0]
 
     def stop_taking(self) -> None:
-        """Take no new task; the ones in progress finish (a host leaving gracefully).
-        Anything read but not started stays in task_pool, pending."""
+        """Take no new task, and give up at once every task whose request has not gone
+        out yet (waiting for a politeness slot, robots.txt or a retry): it stays in
+        task_pool, pending, to be handed back. Pages on the wire go on to be recorded
+        (a host stopping; the caller bounds how long they get)."""
+        self.stopping = True
         self._take_scope.cancel()
+        for eid, scope in self._tasks.items():
+            if eid not in self._on_wire:
+                scope.cancel()
+
+    @property
+    def on_the_wire(self) -> int:
+        """Pages whose request has gone out and whose result is not recorded yet."""
+        return len(self._on_wire)
 
     async def _take_loop(self, nursery: trio.Nursery) -> None:
         with self._take_scope:
@@ -459,12 +476,20 @@ class Crawler:
     # -- one task --------------------------------------------------------------------------
     async def _process(self, eid: bytes, url: str) -> None:
         try:
-            try:
-                outcome = await self._crawl(url)
-            except Exception:
-                log.exception("crawler %s: unexpected error on %s", self.consumer, url)
-                self.counters.inc("fetch_errors", kind="internal")
-                outcome = _internal_failure(url)
+            outcome = None
+            with trio.CancelScope() as scope:
+                self._tasks[eid] = scope
+                if self.stopping:
+                    scope.cancel()
+                try:
+                    outcome = await self._crawl(url, eid)
+                except Exception:
+                    log.exception("crawler %s: unexpected error on %s", self.consumer, url)
+                    self.counters.inc("fetch_errors", kind="internal")
+                    outcome = _internal_failure(url)
+            if outcome is None:  # given up before its request went out: it stays in task_pool
+                self.counters.inc("tasks_given_up")
+                return
             try:
                 await self._record(eid, outcome)
             except Exception:
@@ -485,6 +510,8 @@ class Crawler:
                                 f" {f.status}" if f.status is not None else "", outcome.attempts)
         finally:
             self.in_progress -= 1
+            self._tasks.pop(eid, None)
+            self._on_wire.discard(eid)
             self._taken.discard(eid)
             if self._finished_during_read is not None:
                 self._finished_during_read.add(eid)
@@ -613,7 +640,14 @@ class Crawler:
                     self._reconnects = getattr(self.store, "reconnects", 0)
                     self.store_up.set()
 
-    async def _crawl(self, raw_url: str) -> Outcome:
+    async def _retry_later(self, eid: bytes, delay: float) -> None:
+        """Wait before a retry, as a task that may be given up (its request is not out)."""
+        self._on_wire.discard(eid)
+        if self.stopping and eid in self._tasks:
+            self._tasks[eid].cancel()
+        await trio.sleep(delay)
+
+    async def _crawl(self, raw_url: str, eid: bytes = b"") -> Outcome:
         s = self.settings
         try:
             url = normalize(raw_url)
@@ -640,7 +674,7 @@ class Crawler:
                     if retries < s.max_retries:
                         retries += 1
                         self.counters.inc("retries")
-                        await trio.sleep(self._backoff(retries, None))
+                        await self._retry_later(eid, self._backoff(retries, None))
                         continue
                     return failed("robots_unavailable")
                 if not allowed:
@@ -648,13 +682,13 @@ class Crawler:
                     return Outcome(url, chain, depth, failure=Failure("robots"), attempts=attempts, kind="skipped")
             attempts += 1
             try:
-                resp = await self._fetch(current)
+                resp = await self._fetch(current, eid)
             except _FetchError as e:
                 self.counters.inc("fetch_errors", kind=e.kind)
                 if e.transient and retries < s.max_retries:
                     retries += 1
                     self.counters.inc("retries")
-                    await trio.sleep(self._backoff(retries, None))
+                    await self._retry_later(eid, self._backoff(retries, None))
                     continue
                 return failed(e.kind)
             status = resp.status
@@ -664,7 +698,7 @@ class Crawler:
                 if retries < s.max_retries:
                     retries += 1
                     self.counters.inc("retries")
-                    await trio.sleep(self._backoff(retries, _retry_after(resp.headers)))
+                    await self._retry_later(eid, self._backoff(retries, _retry_after(resp.headers)))
                     continue
                 return failed("http", status)
             location = resp.headers.get("location")
@@ -737,7 +771,7 @@ class Crawler:
         return done
 
     # -- HTTP ------------------------------------------------------------------------------
-    async def _fetch(self, url: str) -> _Response:
+    async def _fetch(self, url: str, eid: bytes = b"") -> _Response:
         """One GET through the politeness gate; the body is read (up to ``max_body``) only
         for a 2xx HTML page (or any 2xx with ``store_dir``)."""
         assert self._clients is not None
@@ -745,6 +779,10 @@ class Crawler:
         site = site_of(url)
         async with self.politeness.slot(site) as sent, self._clients.client(site) as client:
             await self._until_store_answers()  # with the slot: the check is the last thing before the request
+            scope = self._tasks.get(eid)
+            if scope is not None and scope.cancel_called:
+                await trio.lowlevel.checkpoint()  # given up (the crawler stops) before anything went out
+            self._on_wire.add(eid)
             with trio.move_on_after(s.page_timeout):
                 try:
                     async with client.stream("GET", url, headers={"Accept": ACCEPT},

@@ -27,7 +27,7 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.adapters.runtime import Reactor, control_session, heartbeat, until_stored
-from dedupnet.adapters.store import URL_POOL, Store
+from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 from dedupnet.adapters.status_page import serve_status
@@ -91,6 +91,10 @@ class LocalSettings:
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): finish_URL counts a URL as crawled for its
     #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
     recrawl: RecrawlPolicy | None = None
+    #: Leaving (:meth:`LocalDaemon.leave`): seconds the pages on the wire get to finish.
+    stop_grace: float = 10.0
+    #: ... and seconds the whole leave may take.
+    stop_timeout: float = 60.0
 
 
 def core_config(settings: LocalSettings) -> hp.HostConfig:
@@ -127,6 +131,9 @@ class LocalDaemon:
         self.on_found: Callable[[list[tuple[bytes, str]]], None] | None = None
         #: The LAN's keyring (None: not authenticated), re-read while running.
         self.lan_keyring = keyring_from(settings.lan_key_file)
+        #: task_pool's size when last read: each heartbeat tells the center, so that a
+        #: host that goes down is known to hold it (None: not read yet).
+        self.task_pool_size: int | None = None
         #: (when, pages done then, pages per second over the window before): the crawler's rate.
         self._rate = (0.0, 0, 0.0)  # set when run() starts
 
@@ -148,6 +155,7 @@ class LocalDaemon:
                 self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(self._count_tasks)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if self.crawler is not None:
                 await nursery.start(self._run_crawler)
@@ -203,7 +211,14 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         while True:
             if self.conn is not None:
-                self.conn.send_urgent(heartbeat(self.settings.ip))
+                self.conn.send_urgent(heartbeat(self.settings.ip, self.task_pool_size))
+            await trio.sleep(self.settings.heartbeat_interval)
+
+    async def _count_tasks(self) -> None:
+        """Read task_pool's size for the heartbeats, apart from them: a slow Redis must
+        not hold a heartbeat back."""
+        while True:
+            self.task_pool_size = (await until_stored(self.store, self.counters, self.pools.sizes))[TASK_POOL]
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:
@@ -288,37 +303,71 @@ class LocalDaemon:
         await trio.sleep(self.settings.send_delay)
         self._send(data)
 
-    async def leave(self, *, timeout: float = 30.0) -> int:
-        """Leave the LAN for good without losing work: finish the pages in progress and
-        stop crawling, let URL_pool drain
+    async def leave(self, *, timeout: float | None = None, grace: float | None = None) -> int:
+        """Leave the LAN for good without losing work: take no new task and give up those
+        whose request has not gone out, let the pages on the wire finish for ``grace``
+        seconds (then cut them off: they are handed back like the rest), let URL_pool drain
         through the protocol, then hand the uncrawled task_pool back to the center and
         drop it once the center has stored it. The first hand-back also tells the center
         to assign nothing more here; tasks it sent before that arrive before its ack (one
         connection), so a second round hands back whatever came in meanwhile. A Redis
         that goes away meanwhile is waited for, within ``timeout`` (a hand-back given up
-        leaves the tasks in this host's Redis, where nobody else crawls them).
+        leaves the tasks in this host's Redis, where nobody else crawls them), a center
+        away for ``heartbeat_timeout`` is not (ConnectionClosed).
         Returns the number of tasks handed back."""
-        handed = 0
+        timeout = self.settings.stop_timeout if timeout is None else timeout
+        grace = self.settings.stop_grace if grace is None else grace
+        gone = False
         with trio.fail_after(timeout):
-            if self.crawler is not None:  # finish the pages in progress, then stop
-                self.crawler.stop_taking()
+            async with trio.open_nursery() as nursery:
+                async def watch() -> None:
+                    """A center away for ``heartbeat_timeout`` (stopped too) takes nothing back."""
+                    nonlocal gone
+                    since = None
+                    while True:
+                        if self.conn is not None:
+                            since = None
+                        elif since is None:
+                            since = trio.current_time()
+                        elif trio.current_time() - since > self.settings.heartbeat_timeout:
+                            gone = True
+                            nursery.cancel_scope.cancel()
+                            return
+                        await trio.sleep(0.05)
+
+                nursery.start_soon(watch)
+                handed = await self._leave_steps(grace)
+                nursery.cancel_scope.cancel()
+        if gone:
+            raise ConnectionClosed(f"no connection to the center for {self.settings.heartbeat_timeout:g} s")
+        log.info("left the LAN; %d tasks handed back to the center", handed)
+        return handed
+
+    async def _leave_steps(self, grace: float) -> int:
+        handed = 0
+        if self.crawler is not None:
+            self.crawler.stop_taking()
+            with trio.move_on_after(grace):
                 while self.crawler.in_progress:
                     await trio.sleep(0.02)
-                self.crawler_scope.cancel()
-            while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
-                await trio.sleep(0.05)
-            first = True
-            while True:
-                entries = await until_stored(self.store, self.counters, self.pools.all_tasks)
-                if not entries and not first:
-                    break
-                for i in range(0, max(len(entries), 1), 5000):  # a Task holds at most 10,000 URLs
-                    await self._hand_back(entries[i : i + 5000])
-                handed += len(entries)
-                first = False
-                while not self.reactor.idle:  # tasks that arrived before the ack, stored
-                    await trio.sleep(0.01)
-        log.info("left the LAN; %d tasks handed back to the center", handed)
+            if self.crawler.in_progress:
+                self.counters.inc("pages_cut_off", amount=self.crawler.on_the_wire)
+                log.warning("%d pages still in progress after %g s (stop_grace): cut off; handed back, they are "
+                            "fetched again by another host", self.crawler.on_the_wire, grace)
+            self.crawler_scope.cancel()
+        while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
+            await trio.sleep(0.05)
+        first = True
+        while True:
+            entries = await until_stored(self.store, self.counters, self.pools.all_tasks)
+            if not entries and not first:
+                break
+            for i in range(0, max(len(entries), 1), 5000):  # a Task holds at most 10,000 URLs
+                await self._hand_back(entries[i : i + 5000])
+            handed += len(entries)
+            first = False
+            while not self.reactor.idle:  # tasks that arrived before the ack, stored
+                await trio.sleep(0.01)
         return handed
 
     async def _hand_back(self, entries: list[tuple[bytes, str]]) -> None:
@@ -328,7 +377,8 @@ class LocalDaemon:
         while self.conn is None or not self.conn.send_nowait(task):
             await trio.sleep(0.05)
         await self.handed_back.wait()
-        await until_stored(self.store, self.counters, self.pools.drop_tasks, [i for i, _ in entries])
+        with trio.CancelScope(shield=True):  # the center holds them now: never crawled here too
+            await until_stored(self.store, self.counters, self.pools.drop_tasks, [i for i, _ in entries])
 
     async def status(self) -> dict:
         return {

@@ -713,3 +713,32 @@ async def test_no_fetch_starts_while_redis_is_down(web, tmp_path):
     finally:
         store.close()
         server.stop()
+
+
+async def test_stop_taking_gives_up_at_once_what_has_not_been_requested(store, web):
+    """A host stopping: the pages on the wire finish and are recorded; the tasks still
+    waiting for the site's slots are given up at once and stay in task_pool (to be
+    handed back), so none of them is requested after the stop."""
+    a = web.sites["a"]
+    release = trio.Event()
+
+    async def held(n):
+        await release.wait()
+        return Reply(body=page().encode())
+
+    for i in range(20):
+        a.route(f"/w{i}", held)
+    counters = Counters()
+    store.stream_add(TASK_POOL, [a.url(f"/w{i}") for i in range(20)])
+    async with crawling(store, counters=counters, concurrency=10, per_site_concurrency=2,
+                        respect_robots=False) as crawler:
+        await until(lambda: crawler.in_progress == 20 and a.active == 2)
+        crawler.stop_taking()
+        await until(lambda: crawler.in_progress == 2)  # only the two on the wire are left
+        assert crawler.on_the_wire == 2
+        release.set()
+        await until(lambda: crawler.in_progress == 0)
+        assert crawler.pages_done == 2
+    assert len(a.hits()) == 2
+    assert store.stream_len(TASK_POOL) == 18
+    assert counters.get("tasks_given_up") == 18

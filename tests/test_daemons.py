@@ -339,7 +339,7 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
             families = {k.decode()[len(store.prefix) + 1:].split(":")[0]
                         for k in store.redis.scan_iter(match=f"{store.prefix}:*")}
             # Per URL only the admitted record; the rest is per set or per host.
-            assert families <= {"admitted", "concluded", "concluded_digest", "host_sequences"}, families
+            assert families <= {"admitted", "concluded", "concluded_digest", "host_sequences", "hosts"}, families
         assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
 
 

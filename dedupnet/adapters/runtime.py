@@ -255,12 +255,12 @@ class Reactor:
             queue[:0] = await self._execute(actions)
 
 
-def heartbeat(ip: str) -> bytes:
+def heartbeat(ip: str, tasks: int | None = None) -> bytes:
     """A heartbeat as PROTOCOL.md section 4 has it: the sender's wall clock, seconds
     since the Unix epoch, so a peer or an operator reading the wire can compare clocks.
     Liveness never reads it (a message's arrival is what counts), so the daemons' own
     timing stays on trio's monotonic clock."""
-    return wire.encode(Heartbeat(ip, time.time()))
+    return wire.encode(Heartbeat(ip, time.time(), tasks))
 
 
 async def stop_on_signals(scope: trio.CancelScope) -> None:
@@ -274,10 +274,18 @@ async def stop_on_signals(scope: trio.CancelScope) -> None:
             return
 
 
-async def control_session(conn: Connection, status: Callable[[], Awaitable[dict]]) -> None:
-    """Serve a status tool (``dedupnet status``) until it hangs up or is silent for a minute."""
-    with trio.move_on_after(60):
+#: Seconds a control connection (``dedupnet status``, ``reassign``) is served.
+CONTROL_IDLE = 60
+
+
+async def control_session(conn: Connection, status: Callable[[], Awaitable[dict]],
+                          other: Callable[[Any], Awaitable[None]] | None = None) -> None:
+    """Serve an operator's tool (``dedupnet status``; with ``other``, the daemon's further
+    requests) until it hangs up or for ``CONTROL_IDLE`` seconds."""
+    with trio.move_on_after(CONTROL_IDLE):
         while True:
             message = await conn.receive()
             if isinstance(message, Status) and message.request:
                 conn.send_nowait(wire.encode(Status(False, await status())))
+            elif other is not None and not isinstance(message, Heartbeat):
+                await other(message)

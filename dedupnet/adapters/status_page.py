@@ -191,8 +191,9 @@ class StatusView:
     measured (None: not measured). ``errors``: include the process's recent errors."""
 
     def __init__(self, status: Callable[[], Awaitable[dict]], counters: Counters, store: Any = None, *,
-                 errors: bool = True):
+                 errors: bool = True, crawl: Callable[[], Awaitable[dict]] | None = None):
         self.status = status
+        self.crawl = crawl
         self.counters = counters
         self.store = store
         self.errors = recent_errors() if errors else None
@@ -251,6 +252,8 @@ class StatusView:
                     dropped=by_label(body.get("counters", {}), "urls_dropped", "stage"), **await self.memory())
         if self.errors is not None:
             body["recent_errors"] = self.errors.records()
+        if self.crawl is not None:
+            body["crawl"] = await self.crawl()
         return body
 
 
@@ -268,10 +271,12 @@ def routes(snapshot: Callable[[], Awaitable[dict]]) -> dict[str, Route]:
 
 
 async def serve_status(counters: Counters, host: str, port: int, status: Callable[[], Awaitable[dict]],
-                       store: Any = None, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A daemon's HTTP endpoint (``--http``): ``/metrics``, ``/`` and ``/status.json``.
+                       store: Any = None, *, crawl: Callable[[], Awaitable[dict]] | None = None,
+                       task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """A daemon's HTTP endpoint (``--http``): ``/metrics``, ``/`` and ``/status.json``
+    (with ``crawl``, a center's verdict on its network's crawl as ``"crawl"``).
     Reports the bound port through ``task_status``."""
-    view = StatusView(status, counters, store)
+    view = StatusView(status, counters, store, crawl=crawl)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(view.run)
         task_status.started(await nursery.start(serve_http, counters, host, port, routes(view.snapshot)))

@@ -162,11 +162,16 @@ class Heartbeat:
 
     IP: str
     time: float
+    #: A host's task_pool size when last read (None: not said): what it holds if it goes down.
+    tasks: int | None = None
 
     KIND: ClassVar[Kind] = Kind.HEARTBEAT
 
     def to_json(self) -> dict[str, Any]:
-        return {"IP": self.IP, "time": self.time}
+        obj: dict[str, Any] = {"IP": self.IP, "time": self.time}
+        if self.tasks is not None:
+            obj["tasks"] = self.tasks
+        return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,15 +198,22 @@ class Ack:
 
 @dataclass(frozen=True, slots=True)
 class Task:
-    """Task assignment: de-duplicated URLs from a center's task_URL for a host's task_pool."""
+    """Task assignment: de-duplicated URLs from a center's task_URL for a host's task_pool;
+    from a host, its tasks handed back; from an operator (``IP`` set), a gone host's tasks
+    to move to the LAN's live hosts."""
 
     number: int
     URLs: tuple[str, ...]
+    #: Only from a control connection: the host whose tasks move (``dedupnet reassign``).
+    IP: str | None = None
 
     KIND: ClassVar[Kind] = Kind.TASK
 
     def to_json(self) -> dict[str, Any]:
-        return {"number": self.number, "URLs": list(self.URLs)}
+        obj: dict[str, Any] = {"number": self.number, "URLs": list(self.URLs)}
+        if self.IP is not None:
+            obj["IP"] = self.IP
+        return obj
 
 
 @dataclass(frozen=True, slots=True)
@@ -464,7 +476,9 @@ def _register(obj: dict[str, Any]) -> Register:
 
 
 def _heartbeat(obj: dict[str, Any]) -> Heartbeat:
-    return Heartbeat(_ip(Kind.HEARTBEAT, obj["IP"]), obj["time"])
+    if "tasks" in obj:
+        _strict_int(Kind.HEARTBEAT, obj, "tasks")
+    return Heartbeat(_ip(Kind.HEARTBEAT, obj["IP"]), obj["time"], obj.get("tasks"))
 
 
 def _ack(obj: dict[str, Any]) -> Ack:
@@ -476,7 +490,8 @@ def _ack(obj: dict[str, Any]) -> Ack:
 
 def _task(obj: dict[str, Any]) -> Task:
     _strict_int(Kind.TASK, obj, "number")
-    return Task(obj["number"], tuple(obj["URLs"]))
+    ip = obj.get("IP")
+    return Task(obj["number"], tuple(obj["URLs"]), None if ip is None else _ip(Kind.TASK, ip))
 
 
 def _status(obj: dict[str, Any]) -> Status:

@@ -119,6 +119,12 @@ class Settings:
     heartbeat_interval: float = 1.0
     #: A member silent this long leaves the LAN (or the set of peers).
     heartbeat_timeout: float = 5.0
+    #: A host stopped by SIGTERM/SIGINT: seconds the pages whose request is on the wire
+    #: get to finish before they are cut off (then handed back and fetched again elsewhere).
+    stop_grace: float = 10.0
+    #: ... and seconds the whole stop (pages, URL_pool through the protocol, the hand-back)
+    #: may take before the host exits with what is left in its Redis.
+    stop_timeout: float = 60.0
     #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
     #: does not offer it always gets plain JSON).
     compress: bool = True
@@ -204,6 +210,8 @@ class Settings:
             check_network(self.network)
         if not 1 <= self.discovery_port <= 65535:
             raise ValueError("discovery_port must be within 1..65535")
+        if self.stop_grace < 0 or self.stop_timeout <= 0:
+            raise ValueError("stop_grace must not be negative and stop_timeout must be positive")
         if self.discovery_timeout <= 0:
             raise ValueError("discovery_timeout must be positive")
         if self.discovery_address is not None:

@@ -21,14 +21,13 @@ from local_host.pools import HostPools
 
 from dedupnet.adapters import bloom
 
-from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
 from dedupnet.service.config import Settings, endpoint, load_settings
 from dedupnet.service.exposure import check_exposure, warn_while_running
+from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
-from dedupnet.codec.messages import Error, Heartbeat, Register, Status
 from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
@@ -36,7 +35,6 @@ from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import RedisDied, open_store, stop_on_signals, supervise_redis
 from dedupnet.adapters.stores import store_for
 from dedupnet.adapters.tls import TLSConfig
-from dedupnet.adapters.transport import connect
 
 log = logging.getLogger("dedupnet.service.daemons")
 
@@ -150,7 +148,8 @@ def run_local(settings: Settings) -> int:
         max_urls=settings.max_urls_per_set, compress=settings.compress,
         metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
-        tls=_tls(settings, "host"), recrawl=settings.recrawl(),
+        tls=_tls(settings, "host"), recrawl=settings.recrawl(), stop_grace=settings.stop_grace,
+        stop_timeout=settings.stop_timeout,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
@@ -244,23 +243,29 @@ async def _until_signalled(daemon) -> None:
         await daemon.run()
 
 
-#: Seconds a host stopped by SIGTERM/SIGINT spends handing its work back before it
-#: stops anyway (a second signal stops it at once).
-LEAVE_TIMEOUT = 10.0
-
-
 async def _until_signalled_leaving(daemon: LocalDaemon) -> None:
     """A host stopped by SIGTERM or SIGINT leaves its LAN: nobody can tell whether it
-    will come back, so it must not keep work only it would do. It finishes the pages in
-    progress, lets URL_pool drain through the protocol and hands its task_pool back to
-    its center (:meth:`LocalDaemon.leave`), then stops. If it is not connected to its
-    center, or the hand-back takes longer than ``LEAVE_TIMEOUT`` or a second signal
-    comes, it stops as it is: whatever was not handed back stays in its Redis
-    (task_pool, URL_pool) and is resumed when it starts again (issue #9, leave-host:
-    before, SIGTERM stopped a host as it was and its tasks waited for it for ever)."""
+    will come back, so it must not keep work only it would do. It takes no new task at
+    once, lets the pages on the wire finish (``stop_grace``), lets URL_pool drain
+    through the protocol and hands its task_pool back to its center
+    (:meth:`LocalDaemon.leave`), then exits. Not connected to its center, past
+    ``stop_timeout``, or at a second signal, it exits as it is: what was not handed back
+    stays in its Redis (task_pool, URL_pool), resumed when it starts again or moved by
+    ``dedupnet reassign`` at its center."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_leave_on_signals, daemon, nursery.cancel_scope)
         await daemon.run()
+
+
+async def _left_behind(daemon: LocalDaemon) -> str:
+    """What stays in the host's Redis, and how it is recovered, in words for one log line."""
+    held = "task_pool and URL_pool stay"
+    with trio.move_on_after(1.0):  # a Redis that does not answer must not hold the exit
+        sizes = await daemon.store.run(daemon.pools.sizes)
+        held = f"{sizes['task_pool']} tasks in task_pool and {sizes['URL_pool']} URLs in URL_pool stay"
+    s = daemon.settings
+    return (f"{held} in this host's Redis: crawled when it starts again, or moved by `dedupnet reassign --host "
+            f"{s.ip} --data-dir DATA_DIR` at its center {s.center[0]}:{s.center[1]}")
 
 
 async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> None:
@@ -269,80 +274,54 @@ async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> Non
             break
         name = signal.Signals(signum).name
         if daemon.conn is None:
-            log.warning("%s received, not connected to the center: stopping; task_pool and URL_pool stay in Redis "
-                        "until this host starts again", name)
+            if daemon.crawler is not None:
+                daemon.crawler.stop_taking()
+            log.warning("%s received, not connected to the center: stopping now; %s", name, await _left_behind(daemon))
             scope.cancel()
             return
-        log.info("%s received: leaving the LAN (handing the tasks back; again to stop at once)", name)
+        log.info("%s received: taking no new task, letting the pages on the wire finish (up to %g s), then handing "
+                 "the rest back to the center (again to stop at once)", name, daemon.settings.stop_grace)
         async with trio.open_nursery() as inner:
             async def second_signal() -> None:
                 async for again in signals:
-                    log.warning("%s received again: stopping without finishing the hand-back", signal.Signals(again).name)
+                    log.warning("%s received again: stopping now; %s", signal.Signals(again).name,
+                                await _left_behind(daemon))
                     inner.cancel_scope.cancel()
                     return
             inner.start_soon(second_signal)
             try:
-                await daemon.leave(timeout=LEAVE_TIMEOUT)
+                await daemon.leave()
             except trio.TooSlowError:
                 daemon.counters.inc("leave_failed", reason="timeout")
-                log.warning("the hand-back took longer than %.0f s: stopping; what is left stays in Redis until this "
-                            "host starts again", LEAVE_TIMEOUT)
+                log.warning("the stop took longer than %g s (stop_timeout): stopping now; %s",
+                            daemon.settings.stop_timeout, await _left_behind(daemon))
             except Exception as e:  # noqa: BLE001 - Redis gone, connection lost: stop as it is, never crash
                 daemon.counters.inc("leave_failed", reason="error")
-                log.warning("the hand-back failed (%r): stopping; what is left stays in Redis until this host starts "
-                            "again", e)
+                log.warning("the hand-back failed (%r): stopping now; %s", e, await _left_behind(daemon))
             inner.cancel_scope.cancel()
     scope.cancel()
 
 
 # -- dedupnet status ------------------------------------------------------------------
-def status_target(address: str | None, config: str | None, key_file: str | None) -> tuple[tuple[str, int], str | None]:
-    """Where ``dedupnet status`` asks and with which key: as given, else what the
-    daemon's own config file says (its ``listen`` address and ``lan_key_file``), so an
-    operator need not repeat the key file the daemon already names."""
+def status_target(address: str | None, config: str | None,
+                  key_files: list[str] | None) -> tuple[tuple[str, int], list[str]]:
+    """Where ``dedupnet status`` (or ``reassign``) asks and with which keys: as given,
+    else what the daemon's own config file says (its ``listen`` address and
+    ``lan_key_file``), so an operator need not repeat the key file the daemon names."""
     settings = load_settings(config) if config else None
     if address is None:
         if settings is None or settings.listen is None:
             raise ValueError("give the daemon's HOST:PORT, or --config FILE of a daemon with a listen address")
         address = settings.listen
-    if key_file is None and settings is not None:
-        key_file = settings.lan_key_file
+    keys = list(key_files or [])
+    if not keys and settings is not None and settings.lan_key_file:
+        keys = [settings.lan_key_file]
     host, port = endpoint(address)
-    return (WILDCARD_TO_LOOPBACK.get(host, host), port), key_file
+    return (WILDCARD_TO_LOOPBACK.get(host, host), port), keys
 
 
 #: A daemon listening on every address is asked on loopback.
 WILDCARD_TO_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
-
-
-class StatusRefused(Exception):
-    """The daemon answered ``dedupnet status`` with an error instead of its status."""
-
-
-async def fetch_status(address: tuple[str, int], timeout: float = 5.0, key_file: str | None = None) -> dict:
-    ip = source_ip_towards(address[0])
-    register = Register(ip, 0, "control", f"{ip}:1")
-    keyring = keyring_from(key_file)
-    with trio.fail_after(timeout):
-        async with await connect(*address, register, local_ip=ip, counters=Counters(), keyring=keyring) as conn:
-            conn.send_nowait(wire.encode(Status(True)))
-            while True:
-                reply = await conn.receive()
-                if isinstance(reply, Status):
-                    return reply.body or {}
-                if isinstance(reply, Error):
-                    raise StatusRefused(refusal_text(reply, keyed=keyring is not None))
-                if not isinstance(reply, Heartbeat):
-                    raise StatusRefused(f"it answered with a {type(reply).__name__} message, not its status")
-
-
-def refusal_text(error: Error, *, keyed: bool) -> str:
-    """A daemon's Error as a sentence that says what to do."""
-    if error.reason == "bad-tag":
-        return ("it needs the LAN key and this request's tag was not made with it: give --key-file with the "
-                "daemon's lan_key_file, or --config with the daemon's config file" if not keyed else
-                "it did not accept this key file: give the daemon's current lan_key_file")
-    return f"it refused the request ({error.reason}): {error.message}"
 
 
 def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: str | None = None) -> int:
@@ -361,6 +340,19 @@ def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: s
         return 0
     print(format_status(body))
     return 0
+
+
+def print_cluster_status(address: tuple[str, int], *, as_json: bool = False, key_files: list[str] = ()) -> int:
+    """``dedupnet status --cluster``: every reachable center and its hosts, and one
+    verdict (dedupnet/adapters/census.py); exit status 0 complete, 3 in progress, 4 stuck."""
+    keyrings = [keyring_from(f) for f in key_files] or [None]
+    report = trio.run(survey, address, keyrings)
+    if not report["networks"] and report["unreachable"]:
+        u = report["unreachable"][0]
+        print(f"dedupnet status: no answer from {u['address']}: {u['why']}", file=sys.stderr)
+        return 1
+    print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if as_json else format_report(report))
+    return {"complete": 0, "in progress": 3, "stuck": 4}[report["verdict"]]
 
 
 def format_status(body: dict) -> str:

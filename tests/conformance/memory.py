@@ -29,6 +29,7 @@ class MemoryCenter:
     timers: dict[int, float] = field(default_factory=dict)
     outbox: list[tuple[cp.Member, bytes]] = field(default_factory=list)
     admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+    hosts: dict[str, str] = field(default_factory=dict)  # the known hosts (NoteHost)
 
     @classmethod
     def make(cls, **config) -> "MemoryCenter":
@@ -66,6 +67,10 @@ class MemoryCenter:
                     self.digests[a.number] = a.digest
             elif isinstance(a, cp.NoteSequence):
                 self.sequences[a.host] = a.sequence
+            elif isinstance(a, cp.NoteHost):
+                self.hosts[a.host] = a.address
+            elif isinstance(a, cp.ForgetHost):
+                self.hosts.pop(a.host, None)
             elif isinstance(a, cp.SaveTask):
                 self.task_URL[a.key] = a.urls
             elif isinstance(a, cp.DropTask):
@@ -91,9 +96,9 @@ class MemoryCenter:
         with ``changes`` to its configuration (an operator's edit)."""
         fresh = MemoryCenter(cp.CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
                              self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
-                             self.digests, self.sequences, admissions=self.admissions)
+                             self.digests, self.sequences, admissions=self.admissions, hosts=self.hosts)
         fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
-                             {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences)))
+                             {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences), dict(self.hosts)))
         return fresh
 
 

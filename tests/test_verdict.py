@@ -1,0 +1,117 @@
+"""Is the crawl complete, and a dead host's work moves: real daemons on loopback, real
+Redis (dedupnet/adapters/census.py, dedupnet/service/reassign.py)."""
+
+import random
+import sys
+from collections import Counter
+
+import httpx
+import pytest
+import trio
+
+from dedupnet.adapters.census import survey
+from dedupnet.adapters.store import TASK_POOL
+from dedupnet.harness.cluster import open_cluster
+from dedupnet.service.reassign import SET_ASIDE, Refused, reassign
+
+
+def site_urls(tag, n):
+    return [f"http://site{i % 11}.example/{tag}/{i}" for i in range(n)]
+
+
+async def tasks_of(host):
+    return [url for _, url in await host.store.run(host.pools.all_tasks)]
+
+
+async def crawl(cluster):
+    """What the crawlers do with their tasks: fetch each (recorded), then finish it."""
+    fetched = []
+    for h in cluster.hosts.values():
+        entries = await h.store.run(h.pools.all_tasks)
+        fetched += [u for _, u in entries]
+        h.pools.finish([u for _, u in entries])
+        await h.store.run(h.pools.drop_tasks, [i for i, _ in entries])
+    return fetched
+
+
+async def cli(*args):
+    done = await trio.run_process([sys.executable, "-m", "dedupnet.cli", *args], capture_stdout=True,
+                                  capture_stderr=True, check=False)
+    done.stdout, done.stderr = done.stdout.decode(), done.stderr.decode()
+    return done
+
+
+async def status_json(port):
+    async with httpx.AsyncClient(timeout=5) as client:
+        return (await client.get(f"http://127.0.0.1:{port}/status.json")).json()
+
+
+async def test_a_host_down_holding_tasks_is_stuck_until_reassigned(redis_url):
+    prefix = f"verdict{random.random()}"
+    async with open_cluster(redis_url, 2, 2, set_size=20, prefix=prefix, heartbeat_interval=0.1,
+                            metrics=("127.0.0.1", 0)) as cluster:
+        urls = site_urls("v", 300)
+        hosts = list(cluster.hosts.values())
+        hosts[0].pools.push(urls[:200])
+        hosts[2].pools.push(urls[150:])
+        with trio.fail_after(30):
+            await cluster.wait_quiescent()
+        center, dead = cluster.centers[1], "127.0.1.11"
+        held = len(await tasks_of(cluster.hosts[dead]))
+        assert held > 0
+        with trio.fail_after(10):  # its heartbeats tell its center what its task_pool holds
+            while center.reported_tasks.get(dead, (None,))[0] != held:
+                await trio.sleep(0.05)
+
+        report = await survey(cluster.center_address(1), [None], settle=0.1)
+        assert report["verdict"] == "in progress"  # tasks wait in the task_pools (no crawler here)
+
+        await cluster.kill(dead)  # stopped hard, as by a second SIGTERM: its task_pool stays in its Redis
+        del cluster.hosts[dead]
+        dead_store = cluster.stores[f"host:{dead}"]
+        with trio.fail_after(10):
+            while dead in center.core.hosts:
+                await trio.sleep(0.05)
+        fetched = await crawl(cluster)  # everything else is crawled
+
+        # Asked from the other network's center, which learnt where network 1 listens from its Register.
+        report = await survey(cluster.center_address(2), [None], settle=0.1)
+        assert report["verdict"] == "stuck"
+        assert any(f"host {dead} is down holding {held} tasks" in r for r in report["reasons"]), report["reasons"]
+        assert {v["network"] for v in report["networks"]} == {1, 2}
+        page = await status_json(center.http_port)  # the center's status page says so too
+        assert page["crawl"]["verdict"] == "stuck" and dead in page["crawl"]["reasons"][0]
+        assert {m["member"]: m["task_pool"] for m in page["liveness"] if m["kind"] == "host"}[dead] == held
+
+        with pytest.raises(Refused, match="connected"):  # a live host keeps its tasks
+            await reassign(cluster.center_address(1), "127.0.1.10", key_file=None, data=None)
+        with pytest.raises(Refused, match="task_pool"):  # its own task_pool would be left behind unsaid
+            await reassign(cluster.center_address(1), dead, key_file=None, data=None)
+
+        where = "%s:%d" % cluster.center_address(1)
+        out = await cli("status", "--cluster", where)
+        assert out.returncode == 4 and out.stdout.strip().splitlines()[-1].startswith(
+            f"verdict: stuck (host {dead} is down holding {held} tasks"), out.stdout
+        out = await cli("reassign", where, "--host", dead, "--redis", redis_url, "--prefix", f"{prefix}:host:{dead}")
+        assert out.returncode == 0, out.stderr
+        assert f"and {held} from its task_pool handed to the live hosts" in out.stdout
+        assert dead_store.redis.xlen(dead_store.key(TASK_POOL)) == 0  # a restart would not fetch them again
+        assert not dead_store.redis.exists(dead_store.key(SET_ASIDE))
+        with trio.fail_after(30):
+            await cluster.wait_quiescent()
+        fetched += await crawl(cluster)
+
+        assert [u for u, n in Counter(fetched).items() if n > 1] == []  # 0 duplicates
+        assert set(urls) - set(fetched) == set()  # 0 lost
+        report = await survey(cluster.center_address(1), [None], settle=0.1)
+        assert (report["verdict"], report["reasons"]) == ("complete", [])
+
+
+def test_a_center_that_does_not_answer_is_never_complete():
+    from dedupnet.adapters.census import build_report
+
+    report = build_report({"centers": {}, "hosts": {}, "unreachable": [
+        {"what": "center", "network": 2, "address": "10.2.0.1:7700", "why": "Connection refused"}]})
+    assert report["verdict"] == "stuck"
+    assert report["reasons"] == ["center of network 2 at 10.2.0.1:7700 did not answer (Connection refused): its "
+                                 "work is unknown"]
