@@ -121,6 +121,7 @@ def test_load_spread_from_a_hand_made_request_log():
         "pages_per_host_max": 4, "pages_per_host_mean": round(7 / 5, 1),  # 4 hosts and "?"
         "sites_fetched": 3, "sites_multi_host": 3,
         "max_hosts_per_site_1s": 3,
+        "longest_pause": 7.0,  # pages at 13.0 and 20.0 (robots.txt is not a page)
     }
     alone = load_spread([(0.0, a, "/", h1), (0.5, a, "/robots.txt", h1), (5.0, b, "/", h2)], networks=2)
     assert alone["sites_multi_host"] == 0 and alone["max_hosts_per_site_1s"] == 1

@@ -171,6 +171,7 @@ class Report:
     sites_fetched: int = 0
     sites_multi_host: int = 0
     max_hosts_per_site_1s: int = 0
+    longest_pause: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -575,6 +576,7 @@ def format_report(r: Report) -> str:
     busiest network's share   {_num(r.busiest_network_share, '>10.3f')}   (1/L = {1 / max(c['networks'], 1):.3f})
   sites fetched by >1 host    {r.sites_multi_host:>10,} of {r.sites_fetched:,} sites fetched
   most hosts on a site in 1 s {r.max_hosts_per_site_1s:>10,}
+  longest pause between pages {r.longest_pause:>10.1f} s
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
   seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _windows_lines(r) + _faults_lines(r) + _links_text(r) + _auth_lines(r)
 

@@ -34,18 +34,23 @@ def load_spread(log: Iterable[tuple[float, str, str, str]], *, networks: int, ho
     * ``sites_fetched`` and ``sites_multi_host``: sites requested at all (robots.txt
       included), and by more than one client;
     * ``max_hosts_per_site_1s``: the most distinct clients of one site within one second
-      (two requests a second apart or more are not together)."""
+      (two requests a second apart or more are not together);
+    * ``longest_pause``: the longest time between two pages, from the first to the last
+      (a crawl that stands still: what a network cut off costs the others)."""
     per_network: Counter[str] = Counter({f"net:{n}": 0 for n in range(1, networks + 1)})
     per_host: Counter[str] = Counter({h: 0 for h in hosts})
     by_site: defaultdict[str, list[tuple[float, str]]] = defaultdict(list)
+    times: list[float] = []
     for t, site, target, client in log:
         by_site[site].append((t, client))
         if target == ROBOTS:
             continue
+        times.append(t)
         per_host[client] += 1
         n = network_of_host(client)
         per_network[f"net:{n if n is not None else '?'}"] += 1
     pages = sum(per_host.values())
+    times.sort()
     busiest = max((v for k, v in per_network.items() if k != "net:?"), default=0)
     most = 0
     for events in by_site.values():
@@ -69,6 +74,7 @@ def load_spread(log: Iterable[tuple[float, str, str, str]], *, networks: int, ho
         "sites_fetched": len(by_site),
         "sites_multi_host": sum(len({c for _, c in events}) > 1 for events in by_site.values()),
         "max_hosts_per_site_1s": most,
+        "longest_pause": round(max((b - a for a, b in zip(times, times[1:])), default=0.0), 3),
     }
 
 
