@@ -29,7 +29,7 @@ from dedupnet.adapters.discovery import Responder, center_address, serve_discove
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import Reactor, Timers, control_session, heartbeat, until_stored
+from dedupnet.adapters.runtime import Reactor, Timers, check_durable, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -102,6 +102,9 @@ class CenterSettings:
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): admitted URLs count as seen for their age
     #: only. None: for ever. Every center of the system must have the same policy.
     recrawl: RecrawlPolicy | None = None
+    #: Send an acknowledgement, an answer or a task only once the writes it depends on are
+    #: fsynced to Redis' AOF (``WAITAOF``); a Redis that cannot tell is used as it is.
+    durable_acks: bool = True
 
 
 def core_config(settings: CenterSettings) -> cp.CenterConfig:
@@ -177,6 +180,8 @@ class CenterDaemon:
 
     # -- running -------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        if self.settings.durable_acks:
+            await check_durable(self.store, self.counters, self.pools.store)
         await self.reactor.process(await until_stored(self.store, self.counters, self.pools.load))
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self.reactor.run)
@@ -346,7 +351,8 @@ class CenterDaemon:
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):
-            await until_stored(self.store, self.counters, self.pools.apply_steps, actions)
+            sends = any(isinstance(a, cp.Send) for a in actions)
+            await until_stored(self.store, self.counters, self.pools.apply_steps, actions, sends)
         followups = []
         for a in actions:
             if isinstance(a, cp.Save):

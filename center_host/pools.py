@@ -52,8 +52,10 @@ class CenterPools:
 
     # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.adapters.store.Steps)
     # the daemon drives on trio with AsyncStore.drive.
-    def apply_steps(self, actions: list) -> Steps[None]:
-        yield from self.store.apply_writes_steps(actions, WRITES, self._queue)
+    def apply_steps(self, actions: list, durable: bool = False) -> Steps[None]:
+        """``durable``: the event sends messages that depend on these writes (the store
+        returns once they are on disk, if it can tell)."""
+        yield from self.store.apply_writes_steps(actions, WRITES, self._queue, durable=durable)
 
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key

@@ -111,6 +111,9 @@ SETTINGS_FLAGS = [
     flag("--stop-timeout", type=float, metavar="S", roles=(LOCAL,),
          help="on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take before the host exits "
               "with what is left in its Redis"),
+    flag("--no-durable-acks", dest="durable_acks", action="store_const", const=False, roles=DAEMONS,
+         help="send acknowledgements, answers and tasks without waiting for their writes to be fsynced to "
+              "Redis' AOF (default: wait, when the Redis has its AOF on)"),
     flag("--no-compress", dest="compress", action="store_const", const=False, roles=DAEMONS,
          help="never offer or accept zstd-compressed bodies (default: negotiated per connection)"),
     flag("--recrawl-after", type=float, metavar="S", roles=(*DAEMONS, PUSH),

@@ -26,7 +26,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
-from dedupnet.adapters.runtime import Reactor, control_session, heartbeat, until_stored
+from dedupnet.adapters.runtime import Reactor, check_durable, control_session, heartbeat, until_stored
 from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -95,6 +95,9 @@ class LocalSettings:
     stop_grace: float = 10.0
     #: ... and seconds the whole leave may take.
     stop_timeout: float = 60.0
+    #: Send a set or a task's acknowledgement only once the writes it depends on are
+    #: fsynced to Redis' AOF (``WAITAOF``); a Redis that cannot tell is used as it is.
+    durable_acks: bool = True
 
 
 def core_config(settings: LocalSettings) -> hp.HostConfig:
@@ -140,6 +143,8 @@ class LocalDaemon:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._rate = (trio.current_time(), 0, 0.0)
         await until_stored(self.store, self.counters, self.pools.setup)
+        if self.settings.durable_acks:
+            await check_durable(self.store, self.counters, self.pools.store)
         resume, orphans = await until_stored(self.store, self.counters, self.pools.load)
         await self.reactor.process(resume)
         if orphans:
@@ -256,7 +261,8 @@ class LocalDaemon:
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):
-            await until_stored(self.store, self.counters, self.pools.apply_steps, actions)
+            sends = any(isinstance(a, hp.Send) for a in actions)
+            await until_stored(self.store, self.counters, self.pools.apply_steps, actions, sends)
         followups = []
         for a in actions:
             if isinstance(a, hp.Send) and self.settings.send_delay:

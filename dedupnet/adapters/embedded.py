@@ -34,6 +34,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from dedupnet.adapters.aof import Cut, file_sizes, repair_aof, report_truncations
 from dedupnet.codec.errors import DedupnetError
 
 __all__ = ["EmbeddedRedisError", "EmbeddedRedis", "EmbeddedCluster", "find_server_binary"]
@@ -147,6 +148,8 @@ class EmbeddedRedis:
         self._dir: Path | None = None  # data dir in use while running
         self._dir_is_temp = False
         self._client_kwargs: dict[str, Any] = {}
+        #: What was cut off a damaged AOF before a start (dedupnet/adapters/aof.py).
+        self.aof_cuts: list[Cut] = []
 
     # -- public ---------------------------------------------------------------
 
@@ -181,15 +184,14 @@ class EmbeddedRedis:
             binary = find_server_binary()
             self._prepare_dir()
             try:
-                attempts = _PORT_RETRIES if (self.port is None and not self.unix_socket) else 1
-                for attempt in range(1, attempts + 1):
-                    try:
-                        self._start_once(binary)
-                        break
-                    except _AddressInUse as exc:
-                        if attempt == attempts:
-                            raise EmbeddedRedisError(str(exc), reason="address-in-use") from None
-                        log.debug("port race (%s), retrying", exc)
+                try:
+                    self._start_on_a_port(binary)
+                except EmbeddedRedisError as exc:
+                    # A server that will not load its AOF: cut a damaged tail off (a power
+                    # cut's), with an ERROR line, and try once more.
+                    if not (self.persistent and exc.reason == "redis-start-failed" and self._repair_aof()):
+                        raise
+                    self._start_on_a_port(binary)
             except BaseException:
                 self._cleanup_dir()
                 raise
@@ -266,6 +268,29 @@ class EmbeddedRedis:
 
     # -- starting ---------------------------------------------------------------
 
+    def _start_on_a_port(self, binary: Path) -> None:
+        attempts = _PORT_RETRIES if (self.port is None and not self.unix_socket) else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                self._start_once(binary)
+                return
+            except _AddressInUse as exc:
+                if attempt == attempts:
+                    raise EmbeddedRedisError(str(exc), reason="address-in-use") from None
+                log.debug("port race (%s), retrying", exc)
+
+    def _aof_dirname(self) -> str:
+        return self.config.get("appenddirname", "appendonlydir")
+
+    def _repair_aof(self) -> bool:
+        """Cut the damaged tail off this server's AOF (dedupnet/adapters/aof.py); True if
+        anything was cut, so that a start is worth trying again."""
+        assert self._dir is not None
+        cuts = repair_aof(self._dir, dirname=self._aof_dirname(),
+                          filename=self.config.get("appendfilename", "appendonly.aof"))
+        self.aof_cuts += cuts
+        return bool(cuts)
+
     def _prepare_dir(self) -> None:
         if self.data_dir is not None:
             self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -301,6 +326,9 @@ class EmbeddedRedis:
         if self.persistent:
             args["appendonly"] = "yes"
             args["appendfsync"] = "everysec"
+            # A tail cut inside a command (a power cut) is dropped on load, not refused;
+            # one with bytes that are no command is cut by _repair_aof.
+            args["aof-load-truncated"] = "yes"
         else:
             args["appendonly"] = "no"
         args.update(self.config)  # later --key wins; the user's entries come last
@@ -334,6 +362,7 @@ class EmbeddedRedis:
         log_file = self._dir / LOG_NAME
         # Config errors are printed before the logfile is opened: send stdout
         # and stderr to the same file (both append), remember where we began.
+        sizes = file_sizes(self._dir, self._aof_dirname()) if self.persistent else {}
         with open(log_file, "ab") as out:
             log_offset = out.tell()
             t0 = time.monotonic()
@@ -347,6 +376,8 @@ class EmbeddedRedis:
             _kill(proc)
             raise
         self._proc, self._url = proc, url
+        if self.persistent:
+            self.aof_cuts += report_truncations(_log_text(log_file, log_offset), sizes, self._dir, self._aof_dirname())
         log.info(
             "embedded Redis started: %s%s at %s, %s, pid %d, log %s (%.0f ms)",
             binary,
@@ -641,14 +672,26 @@ def _free_port(host: str) -> int:
         return int(sock.getsockname()[1])
 
 
+def _read_log(path: Path, offset: int) -> str:
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode("utf-8", "replace")
+
+
+def _log_text(path: Path, offset: int = 0) -> str:
+    """The server's log from ``offset`` on ("" if it cannot be read)."""
+    try:
+        return _read_log(path, offset)
+    except OSError:
+        return ""
+
+
 def _log_tail(path: Path, offset: int = 0, lines: int = _LOG_TAIL_LINES) -> str:
     try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            data = f.read()
+        text = _read_log(path, offset)
     except OSError as exc:
         return f"(log unreadable: {exc})"
-    tail = collections.deque(data.decode("utf-8", "replace").splitlines(), maxlen=lines)
+    tail = collections.deque(text.splitlines(), maxlen=lines)
     return "\n".join(tail) if tail else "(log is empty)"
 
 

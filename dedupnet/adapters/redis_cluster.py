@@ -69,6 +69,7 @@ from dedupnet.adapters.store import (
     Batch,
     FingerprintReplies,
     RetryPolicy,
+    Steps,
     Store,
     T,
     _bulk,
@@ -526,6 +527,12 @@ class ClusterStore(Store):
 
     def key(self, pool: str) -> str:
         return f"{{{self.prefix}}}:{pool}"
+
+    def durable_check_steps(self) -> Steps[str | None]:
+        """A transaction here is split over the masters (with its redo record), so one
+        ``WAITAOF`` after it covers nothing: acknowledgements are not waited for."""
+        return "a Redis Cluster's transactions span several servers; no WAITAOF covers one"
+        yield  # a generator, like every Steps
 
     def fp_key(self, pool: str) -> str:
         return f"{self.prefix}:{pool}"

@@ -29,16 +29,20 @@ log = logging.getLogger("dedupnet.adapters.runtime")
 
 
 @contextlib.contextmanager
-def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None,
-               bucket_bits: int = 10) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
+def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 10,
+               durable_acks: bool = False) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
     """A store on ``redis_url``, or on an embedded server (persistent when it has a
     ``data_dir``), and that server (None with ``redis_url``): the daemon runs
     :func:`supervise_redis` on it. Must be entered from the main thread, before
-    ``trio.run``: the embedded server dies with the thread that started it."""
+    ``trio.run``: the embedded server dies with the thread that started it.
+    ``durable_acks``: the embedded server fsyncs every write before its reply
+    (``appendfsync always``), so a daemon's wait for the disk costs no server tick
+    (docs/DECISIONS.md, "Durable acknowledgements")."""
     with contextlib.ExitStack() as stack:
         server = None
         if redis_url is None:
-            server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir)
+            config = {"appendfsync": "always"} if durable_acks and data_dir is not None else None
+            server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir, config=config)
             redis_url = stack.enter_context(server)
             if data_dir is not None:  # so `dedupnet push --data-dir` finds this daemon's Redis
                 url_file = Path(data_dir) / "redis.url"
@@ -124,6 +128,19 @@ async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
                 last_log = trio.current_time()
             await trio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+async def check_durable(astore, counters, store: Store) -> None:
+    """With ``durable_acks``: find out whether this daemon's Redis can say when a write is
+    on disk (``WAITAOF``), so that the messages depending on an event's writes go only
+    after them. A Redis that cannot (its AOF off, too old, never fsyncing) is still used,
+    with one WARNING: a power cut can then lose what was acknowledged."""
+    why = await until_stored(astore, counters, store.durable_check_steps)
+    store.durable = why is None
+    counters.set_gauge("durable_acks", int(store.durable))
+    if why is not None:
+        log.warning("acknowledgements are not durable: Redis at %s: %s. A power cut can lose writes this daemon "
+                    "has acknowledged; give it a Redis with appendonly yes (Redis 7.2+ or Valkey 8+)", store.url, why)
 
 
 class Timers:

@@ -101,6 +101,15 @@ def raise_if_loading(results: list) -> list:
     return results
 
 
+#: Milliseconds one ``WAITAOF`` blocks before the daemon logs that the disk is slow and
+#: waits again (below the store's socket timeout, so the wait is not a lost connection).
+FSYNC_WAIT_MS = 10_000
+#: Milliseconds the start-up check gives the server to fsync one write; ``everysec``
+#: does it within one server tick, ``appendfsync no`` never.
+FSYNC_PROBE_MS = 3_000
+#: The key the durability check (and a wait asked again) writes.
+FSYNC_PROBE = "fsync_probe"
+
 # Local host pools (§1.1).
 FINISH_URL = "finish_URL"
 TASK_POOL = "task_pool"
@@ -359,6 +368,11 @@ class Store:
 
     #: A Bloom-filter finish_URL (dedupnet/adapters/bloom.py ``attach``); None: exact intsets.
     finish_filter: Any = None
+    #: True once :meth:`durable_check_steps` found that this server fsyncs its AOF on
+    #: ``WAITAOF``: a ``durable`` transaction then returns only when it is on disk.
+    durable = False
+    #: Durable transactions that waited for their fsync.
+    fsync_waits = 0
 
     def batch(self) -> Batch:
         batch = Batch(self.bucket_bits)
@@ -424,14 +438,21 @@ class Store:
         Returns EXEC's replies; an error inside the transaction raises it."""
         return self.drive(self.transact_steps(fill))
 
-    def transact_steps(self, fill: Callable[[Batch], None]) -> Steps[list]:
+    def transact_steps(self, fill: Callable[[Batch], None], *, durable: bool = False) -> Steps[list]:
+        """``durable``: return only once the server has fsynced the transaction to its AOF
+        (when :attr:`durable` says it can): a ``WAITAOF`` rides in the same round trip."""
         batch = self.batch()
         batch.add(b"MULTI")
         fill(batch)
         if len(batch) == 1:
             return []
         batch.add(b"EXEC")
+        wait = durable and self.durable
+        if wait:
+            batch.add(b"WAITAOF", 1, 0, FSYNC_WAIT_MS)
         replies = yield batch
+        if wait:
+            synced = replies.pop()
         for reply in replies[:-1]:
             if isinstance(reply, ResponseError):
                 raise reply
@@ -441,17 +462,57 @@ class Store:
         for reply in results:
             if isinstance(reply, ResponseError):
                 raise reply
+        if wait:
+            yield from self._fsynced_steps(synced)
         return results
+
+    def _fsynced_steps(self, reply: Any) -> Steps[None]:
+        """Wait until ``WAITAOF``'s ``reply`` says the AOF is fsynced. A wait that timed out
+        (a stalled disk) is asked again after a write of our own, since any connection of
+        the pool may carry it and ``WAITAOF`` covers that connection's writes: the AOF is
+        one file, so an fsync past our write is past the transaction before it too. A
+        server whose AOF was turned off meanwhile cannot be waited for: said once, and
+        writes go on as without ``durable``."""
+        while True:
+            if isinstance(reply, ResponseError):
+                self.durable = False
+                log.warning("acknowledgements are not durable any more: Redis at %s answers WAITAOF with %s",
+                            self.url, reply)
+                return
+            if reply[0] >= 1:
+                self.fsync_waits += 1
+                return
+            log.warning("Redis at %s has not fsynced its AOF within %d ms (a slow disk?); the messages that depend "
+                        "on the writes wait for it", self.url, FSYNC_WAIT_MS)
+            batch = self.batch()
+            batch.add(b"SET", self.key(FSYNC_PROBE), b"1")
+            batch.add(b"WAITAOF", 1, 0, FSYNC_WAIT_MS)
+            _, reply = yield batch
+
+    def durable_check_steps(self) -> Steps[str | None]:
+        """Can writes be waited for until they are on disk here? None if so, else why not:
+        the AOF is off (``WAITAOF`` refused), the server predates ``WAITAOF`` (Redis 7.2,
+        Valkey 8), or it does not fsync within :data:`FSYNC_PROBE_MS` (``appendfsync no``)."""
+        batch = self.batch()
+        batch.add(b"SET", self.key(FSYNC_PROBE), b"1")
+        batch.add(b"WAITAOF", 1, 0, FSYNC_PROBE_MS)
+        _, reply = yield batch
+        if isinstance(reply, ResponseError):
+            return str(reply)
+        if reply[0] < 1:
+            return f"its AOF was not fsynced within {FSYNC_PROBE_MS} ms (appendfsync no?)"
+        return None
 
     def apply_writes(self, actions: list, kinds: tuple, queue: Callable[[Batch, list], None]) -> None:
         """The writes among a core's ``actions`` (those of ``kinds``), queued by ``queue``,
         as one MULTI/EXEC: all of one event's writes or none."""
         self.drive(self.apply_writes_steps(actions, kinds, queue))
 
-    def apply_writes_steps(self, actions: list, kinds: tuple, queue: Callable[[Batch, list], None]) -> Steps[None]:
+    def apply_writes_steps(self, actions: list, kinds: tuple, queue: Callable[[Batch, list], None], *,
+                           durable: bool = False) -> Steps[None]:
         writes = [a for a in actions if isinstance(a, kinds)]
         if writes:
-            yield from self.transact_steps(lambda batch: queue(batch, writes))
+            yield from self.transact_steps(lambda batch: queue(batch, writes), durable=durable)
 
     def command(self, *args: Any) -> Any:
         """One plain command (status, admin), with the same retry as batches."""

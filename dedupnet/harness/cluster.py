@@ -212,6 +212,7 @@ async def open_cluster(redis_url: str, networks: int, hosts: int, *, mode: str =
     a fault-injecting relay each (:mod:`dedupnet.harness.relay`), clean until told otherwise.
     ``tls_dir`` (certificates from :func:`dedupnet.adapters.tls.make_certs` for every network):
     the centers peer over TLS; ``lan_tls``: hosts to their center too."""
+    timing.setdefault("durable_acks", False)  # a test's or simulation's server keeps nothing on disk
     cluster = Cluster(redis_url, prefix, mode, set_size, timing, links=frozenset(links), link_seed=link_seed,
                       tls_dir=tls_dir, lan_tls=lan_tls)
     try:

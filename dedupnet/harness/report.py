@@ -89,6 +89,9 @@ class SimConfig:
     weights: tuple[str, ...] = ()
     #: Seconds every answer of the synthetic web waits, as on the real web (0: at once).
     web_latency: float = 0.0
+    #: Every daemon's ``durable_acks``: off by default, as the simulation's own server
+    #: keeps nothing on disk; on, it runs that server with its AOF on (simcli.py).
+    durable_acks: bool = False
 
 
 @dataclass

@@ -171,6 +171,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
                                      routing=cfg.routing, weights=parse_weights(list(cfg.weights)),
+                                     durable_acks=cfg.durable_acks,
                                      **_link_relays(cfg),
                                      **({"recrawl": recrawl_policy(cfg)} if cfg.recrawl_after is not None else {}),
                                      **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}

@@ -4,7 +4,9 @@ dedupnet/harness/chaos.py; or the topology sweep) a run goes to."""
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import tempfile
 
 import trio
 
@@ -21,12 +23,9 @@ from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
 def run(args) -> int:
     """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed),
     or ``--chaos N`` (N random fault schedules, dedupnet/harness/chaos.py)."""
-    import contextlib
     import dataclasses
 
     import orjson
-
-    from dedupnet.adapters.embedded import EmbeddedRedis
 
     if args.sweep:
         return _sweep(args)
@@ -41,7 +40,8 @@ def run(args) -> int:
                      bloom_error_rate=args.bloom_error_rate,
                      lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
                      recrawl_after=args.recrawl_after, windows=args.windows, routing=args.routing,
-                     weights=tuple(args.weights or ()), web_latency=args.web_latency, concurrency=args.concurrency)
+                     weights=tuple(args.weights or ()), web_latency=args.web_latency, concurrency=args.concurrency,
+                     durable_acks=args.durable_acks)
     try:
         check_secure(base)
         check_windows(base)
@@ -72,7 +72,7 @@ def run(args) -> int:
 
         server_cm = EmbeddedCluster(args.redis_cluster)
     else:
-        server_cm = contextlib.nullcontext(args.redis) if args.redis else EmbeddedRedis()
+        server_cm = contextlib.nullcontext(args.redis) if args.redis else _embedded(base)
     with server_cm as url:
         for mode in modes:
             cfg = dataclasses.replace(base, mode=mode)
@@ -107,6 +107,22 @@ def run(args) -> int:
     return 1 if any(r.timed_out for r in reports) else 0
 
 
+@contextlib.contextmanager
+def _embedded(cfg: SimConfig):
+    """The simulation's own server: in memory only, or with ``--durable-acks`` keeping
+    its AOF in a temporary directory, fsynced as a daemon's server does then, so that
+    the daemons' waits for the disk are real."""
+    from dedupnet.adapters.embedded import EmbeddedRedis
+
+    if not cfg.durable_acks:
+        with EmbeddedRedis() as url:
+            yield url
+        return
+    with tempfile.TemporaryDirectory(prefix="dedupnet-sim-aof-") as data_dir:
+        with EmbeddedRedis(persistent=True, data_dir=data_dir, config={"appendfsync": "always"}) as url:
+            yield url
+
+
 def _sweep(args) -> int:
     """``dedupnet sim --sweep 2x2,3x3``: :mod:`dedupnet.harness.sweep` with this command's web,
     seed and --processes (one simulation process per layout)."""
@@ -126,6 +142,8 @@ def _sweep(args) -> int:
         argv += ["--concurrency", str(args.concurrency)]
     if args.processes:
         argv.append("--processes")
+    if args.durable_acks:
+        argv.append("--sim-args=--durable-acks")
     if args.baseline_python:
         argv += ["--baseline-python", args.baseline_python]
     if args.json:
@@ -243,6 +261,9 @@ def add_arguments(p) -> None:
                         "the report checks that every URL was fetched exactly K times")
     p.add_argument("--windows", type=int, default=1, metavar="K",
                    help="with --recrawl-after: crawl K windows (default %(default)s)")
+    p.add_argument("--durable-acks", action="store_true",
+                   help="every daemon sends what depends on a write only once Redis has fsynced it (WAITAOF); "
+                        "the embedded server then keeps an AOF in a temporary directory")
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "

@@ -365,6 +365,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout),
                 "--gather-linger", str(cfg.gather_linger),
                 "--no-discovery"]  # hosts are told their center; a simulation opens no UDP port
+        argv += [] if cfg.durable_acks else ["--no-durable-acks"]
         if cfg.partition_policy:
             argv += ["--partition-policy", cfg.partition_policy]
         if cfg.routing:
@@ -399,6 +400,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                     "--log-level", "INFO"]
             if cfg.max_depth is not None:
                 argv += ["--max-depth", str(cfg.max_depth)]
+            argv += [] if cfg.durable_acks else ["--no-durable-acks"]
             argv += _tls_flags(cfg, tls_dir, "host", n) + keys
             hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log",
                                 keyring=keyring, data_dir=data_dir))

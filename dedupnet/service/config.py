@@ -125,6 +125,11 @@ class Settings:
     #: ... and seconds the whole stop (pages, URL_pool through the protocol, the hand-back)
     #: may take before the host exits with what is left in its Redis.
     stop_timeout: float = 60.0
+    #: Send every message whose safety depends on a write (an acknowledged set, an
+    #: answer, a task, a task's acknowledgement) only once that write is fsynced to the
+    #: AOF of the daemon's Redis (``WAITAOF``; docs/DECISIONS.md, "Durable acknowledgements").
+    #: A Redis that cannot tell (AOF off) is used all the same, with a warning.
+    durable_acks: bool = True
     #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
     #: does not offer it always gets plain JSON).
     compress: bool = True

@@ -101,10 +101,12 @@ def run_center(settings: Settings) -> int:
         tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
         recrawl=settings.recrawl(), weights=parse_weights(settings.weights),
         previous_weights=tuple(parse_weights(w) for w in settings.previous_weights),
+        durable_acks=settings.durable_acks,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
-                    data_dir=data_dir, bucket_bits=settings.bucket_bits) as (store, server):
+                    data_dir=data_dir, bucket_bits=settings.bucket_bits,
+                    durable_acks=settings.durable_acks) as (store, server):
         return _run(_until_signalled, CenterDaemon(center, store), server, warning)
 
 
@@ -150,10 +152,11 @@ def run_local(settings: Settings) -> int:
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
         tls=_tls(settings, "host"), recrawl=settings.recrawl(), stop_grace=settings.stop_grace,
         stop_timeout=settings.stop_timeout,
+        durable_acks=settings.durable_acks,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
-                    bucket_bits=settings.bucket_bits) as (store, server):
+                    bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks) as (store, server):
         bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/bloom.py
         return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server, warning)
 
