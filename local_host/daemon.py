@@ -27,7 +27,7 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.adapters.runtime import Reactor, check_durable, control_session, heartbeat, until_stored
-from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
+from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 from dedupnet.adapters.status_page import serve_status
@@ -223,7 +223,7 @@ class LocalDaemon:
         """Read task_pool's size for the heartbeats, apart from them: a slow Redis must
         not hold a heartbeat back."""
         while True:
-            self.task_pool_size = (await until_stored(self.store, self.counters, self.pools.sizes))[TASK_POOL]
+            self.task_pool_size = await until_stored(self.store, self.counters, self.pools.task_pool_size_steps)
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _walk(self) -> None:

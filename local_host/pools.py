@@ -177,6 +177,11 @@ class HostPools:
     def next_numbers(self, config: hp.HostConfig, n: int) -> list[int]:
         return [make_number(config.network, config.host_id, seq) for seq in self.store.next_sequences(n)]
 
+    def task_pool_size_steps(self) -> Steps[int]:
+        """``XLEN task_pool`` on trio (no worker thread: a daemon that stops is not held
+        by a Redis that does not answer)."""
+        return int((yield from self.store.command_steps(b"XLEN", self.store.key(TASK_POOL))))
+
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()
         batch.add(b"XLEN", self.store.key(URL_POOL))
