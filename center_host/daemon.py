@@ -80,7 +80,7 @@ class CenterSettings:
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
-    #: Key files (dedupnet/codec/auth.py, issue #10): hosts and control clients of this LAN
+    #: Key files (dedupnet/codec/auth.py): hosts and control clients of this LAN
     #: must tag every message with the LAN key; peer centers with the peer key. None:
     #: that role is trusted by its source address alone, as before.
     lan_key_file: str | None = None

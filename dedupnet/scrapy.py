@@ -1,4 +1,4 @@
-"""A Scrapy spider as the crawler of a dedupnet local host (issue #11).
+"""A Scrapy spider as the crawler of a dedupnet local host.
 
 Two lines of ``settings.py`` (and where the host's Redis is)::
 

@@ -1,4 +1,4 @@
-"""The crawler of a local host (issue #4): takes tasks from ``task_pool``, fetches them
+"""The crawler of a local host: takes tasks from ``task_pool``, fetches them
 politely with trio + httpx, and hands what it found to the protocol through ``URL_pool``.
 
 Flow of one task::

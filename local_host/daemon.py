@@ -73,14 +73,14 @@ class LocalSettings:
     metrics: tuple[str, int] | None = None
     #: Address the status port binds (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
-    #: Run the crawler on this host's task_pool (issue #4); None = protocol only.
+    #: Run the crawler on this host's task_pool; None = protocol only.
     crawler: CrawlerSettings | None = None
     #: Seed URLs, put into URL_pool at start: they go through the protocol like any link.
     seeds: list[str] = field(default_factory=list)
     #: Fault injection for tests and the simulation: every protocol message this host
     #: sends waits this long first, as from a host too busy to answer in time. 0 in use.
     send_delay: float = 0.0
-    #: The LAN key file (dedupnet/codec/auth.py, issue #10): every message to and from the
+    #: The LAN key file (dedupnet/codec/auth.py): every message to and from the
     #: center is tagged; also required of ``dedupnet status`` clients. None: untagged.
     lan_key_file: str | None = None
     #: Seconds between two reads of the key file (rotation without a restart).

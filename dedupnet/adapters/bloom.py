@@ -1,4 +1,4 @@
-"""An optional Bloom-filter ``finish_URL`` (issue #11 part 4; related-systems C).
+"""An optional Bloom-filter ``finish_URL`` (related-systems C).
 
 For operators who trade exactness for memory: ``finish_url_filter = "bloom"`` keeps a
 host's ``finish_URL`` (paper §1.1, "the URLs this host has crawled", looked up in §2.2

@@ -3,7 +3,7 @@
 Why: the paper's hosts find each other by broadcast on their LAN (§2.3 "broadcast it to
 the LAN's hosts"), but it says nothing of how a host learns its center (gap 5). Explicit
 ``--center HOST:PORT`` stays the default; discovery lets an operator add a host to a LAN
-without knowing, or editing, its center's address or network id (issue #13 item 2).
+without knowing, or editing, its center's address or network id.
 
 How: the host broadcasts a *query* to UDP port ``discovery_port`` (default
 :data:`DEFAULT_PORT`) on its LAN's broadcast address (netifaces, :func:`dedupnet.adapters.netinfo.

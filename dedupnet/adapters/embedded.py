@@ -467,7 +467,7 @@ class EmbeddedRedis:
 
 class EmbeddedCluster:
     """A Redis Cluster of ``masters`` embedded servers (and ``replicas`` per master) on
-    loopback ports (issue #11):
+    loopback ports:
     each in cluster mode with its own data dir (AOF and ``nodes.conf``, so a node that
     is killed comes back as itself), slots split evenly with ``CLUSTER ADDSLOTSRANGE``
     and joined with ``CLUSTER MEET``. ``url`` is ``redis+cluster://127.0.0.1:<port>``.

@@ -1,4 +1,4 @@
-"""Re-crawl by age (issue #13 item 3): fingerprint sets whose members are "seen" only
+"""Re-crawl by age: fingerprint sets whose members are "seen" only
 for a while.
 
 Without ``recrawl_after`` a URL in ``finish_URL`` (a host) or ``admitted`` (a center) is

@@ -1,4 +1,4 @@
-"""The store on a Redis Cluster (``redis+cluster://host:port``): issue #11 part 3.
+"""The store on a Redis Cluster (``redis+cluster://host:port``).
 
 A centre's ``admitted`` record for a web-scale crawl (billions of URLs at ~8 bytes each)
 outgrows one server; Redis Cluster (or a Valkey cluster) spreads keys over 16,384 hash

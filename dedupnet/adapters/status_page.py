@@ -1,4 +1,4 @@
-"""The live status page (issue #13): what an operator opens in a browser to see a
+"""The live status page: what an operator opens in a browser to see a
 network and its peers, served on a daemon's HTTP endpoint (``--http HOST:PORT``, the
 same server as ``/metrics``).
 

@@ -1,5 +1,5 @@
 """TLS between centers (and optionally on a LAN): contexts, who a certificate names, the
-byte count under TLS, and ``dedupnet certs`` (issue #10, part B).
+byte count under TLS, and ``dedupnet certs``.
 
 Why
 ---

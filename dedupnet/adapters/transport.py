@@ -44,7 +44,7 @@ Why it is shaped this way
   always hand the connection one encoded form (plain, or ``encode(..., compress=True)``)
   and the connection converts it for its peer, once per encoded object, so a broadcast
   is compressed once however many peers it goes to.
-* **Frames can be authenticated** (issue #10, :mod:`dedupnet.codec.auth`). A connection
+* **Frames can be authenticated** (:mod:`dedupnet.codec.auth`). A connection
   with a :class:`~dedupnet.codec.auth.Keyring` tags every message it sends with the keyring's
   sending key (after compression: the tag covers the body as sent; once per encoded
   object and key, so a broadcast is still signed once) and its decoder rejects any
@@ -54,7 +54,7 @@ Why it is shaped this way
   key, its peer centers the peer key): the Register must verify under one of them and
   its role must be one whose keyring verified it; from then on the connection uses
   that keyring only. A role without a keyring is served as before (untagged).
-* **Limits against abuse** (issue #10). ``max_connections_per_source`` caps the
+* **Limits against abuse**. ``max_connections_per_source`` caps the
   connections one source address may hold open (one more is closed at once, counted
   ``handshake_failed{reason="too-many"}``); the handshake deadline bounds a client
   that trickles its Register (slowloris) however slowly it sends; and each connection

@@ -9,7 +9,7 @@ transport (:mod:`dedupnet.adapters.transport`) calls them; a daemon re-reads its
 
 Why: a center trusted a connection by its TCP source address alone (PROTOCOL.md gap 2),
 so anything that could connect from an address inside the LAN could send a flag=3
-answer that marks URLs as seen (never crawled: lost) or inject a flag=1 set (issue #10).
+answer that marks URLs as seen (never crawled: lost) or inject a flag=1 set.
 With a LAN key every message carries a tag that only holders of the key can compute.
 
 The tag (``wire`` header byte 8 ``tag_len`` = :data:`TAG_LEN` = 18)::

@@ -338,7 +338,7 @@ class Decoder:
     frame before its body is parsed (or decompressed); it raises :class:`ProtocolError` to
     reject it. The tag of the last message returned is :attr:`last_tag`.
 
-    ``keyring`` (a :class:`dedupnet.codec.auth.Keyring`, issue #10): every message must carry
+    ``keyring`` (a :class:`dedupnet.codec.auth.Keyring`): every message must carry
     its tag. Sets ``verify_tag`` to ``keyring.verify`` and :attr:`tag_len_required` to
     its tag length, which is checked as soon as the header is complete (an untagged
     message is ``bad-tag`` before a byte of its body is buffered). Both are attributes:

@@ -1,4 +1,4 @@
-"""The fault vocabulary of ``dedupnet sim --fault SPEC`` and ``--chaos N`` (issue #9).
+"""The fault vocabulary of ``dedupnet sim --fault SPEC`` and ``--chaos N``.
 
 The product promises no duplicate crawl and no lost URL (design guide; source protocol
 §2.2-§2.4 say nothing about failures, docs/PROTOCOL.md fills the gaps). A promise like

@@ -1,4 +1,4 @@
-"""A fault-injecting TCP relay for the links between daemons (issue #9, faults on the links).
+"""A fault-injecting TCP relay for the links between daemons (faults on the links).
 
 The daemons talk through a :class:`Relay` exactly as through TCP: it listens on a
 loopback address, and for every connection it accepts it connects on to the real

@@ -1,4 +1,4 @@
-"""What both simulation runners share (issue #12: no runner imports the other): a run's
+"""What both simulation runners share (no runner imports the other): a run's
 config, the observer that counts what the web served, the seeding rule, the progress
 line, and the report with its checks (duplicate fetches, lost URLs, the extracted ->
 crawled-once invariant) and its text."""
@@ -59,26 +59,26 @@ class SimConfig:
     per_site_concurrency: int = 4
     concurrency: int = 16
     progress_every: float = 1.0
-    #: Faults to inject (issue #9); link faults (dedupnet/harness/relay.py) run in-process.
+    #: Faults to inject; link faults (dedupnet/harness/relay.py) run in-process.
     faults: tuple[Fault, ...] = ()
     #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/adapters/bloom.py): every false
     #: positive of the filter is a URL never crawled, counted in ``lost URLs``.
     finish_url_filter: str = "exact"
     bloom_capacity: int = 10_000_000
     bloom_error_rate: float = 0.001
-    #: HMAC tags on the LANs (issue #10, dedupnet/codec/auth.py): a random key made for the
+    #: HMAC tags on the LANs (dedupnet/codec/auth.py): a random key made for the
     #: run (one key file, shared by every LAN of the simulation), or this key file.
     lan_key: bool = False
     lan_key_file: str | None = None
     #: Seconds between two reads of the key file by each daemon (a rotation's pace).
     key_poll_interval: float = 1.0
-    #: ``--secure`` (issue #10): TLS with client certificates between the centers,
+    #: ``--secure``: TLS with client certificates between the centers,
     #: certificates made for the run in a temporary directory (dedupnet/adapters/tls.py).
     #: Also HMAC tags on the LANs, as ``lan_key`` (a random LAN key made for the run).
     secure: bool = False
     #: ``--lan-tls``: with ``secure``, TLS between hosts and their center too.
     lan_tls: bool = False
-    #: Re-crawl by age (issue #13): every daemon's ``recrawl_after``, and ``windows`` K:
+    #: Re-crawl by age: every daemon's ``recrawl_after``, and ``windows`` K:
     #: the seeds are offered again K - 1 times, each once the previous window is quiescent
     #: and older than the age (:func:`_run_windows`); every URL must be fetched K times.
     recrawl_after: float | None = None
@@ -607,7 +607,7 @@ def _windows_lines(r: Report) -> str:
 
 
 def _auth_lines(r: Report) -> str:
-    """LAN keys (issue #10) and what was refused, if either applies."""
+    """LAN keys and what was refused, if either applies."""
     keyed = r.config.get("lan_key") or r.config.get("lan_key_file") or r.config.get("secure")
     if not keyed and not r.bad_input:
         return ""

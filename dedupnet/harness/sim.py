@@ -13,7 +13,7 @@ the keys a real daemon would use on its own server. ``--processes`` runs every
 daemon as its own OS process (``dedupnet center`` / ``dedupnet local``) against the
 same server.
 
-Link faults (``SimConfig.faults``, issue #9): the links they name go through relays
+Link faults (``SimConfig.faults``): the links they name go through relays
 (dedupnet/harness/relay.py) from the start, clean; each fault is switched on when its fraction
 of the crawl is fetched and off after its duration, and the run ends only after every
 fault with an end has ended (a partition has healed). The report lists what the relays did.

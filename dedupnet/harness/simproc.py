@@ -19,7 +19,7 @@ Supported: modes ``exact`` and ``paper``; scenarios ``default``, ``concurrent`` 
 the same command). ``owner`` (no daemons) and ``churn`` (a host leaving for good needs
 the in-process handle) are refused with a clear error.
 
-Faults (``cfg.faults``, ``dedupnet sim --processes --fault SPEC``, issue #9): every
+Faults (``cfg.faults``, ``dedupnet sim --processes --fault SPEC``): every
 process fault of :mod:`dedupnet.harness.faults`, carried out by :mod:`dedupnet.harness.procfaults`
 (signals to the daemons; ``kill-redis`` makes the run start its own persistent server
 on a fixed port instead of using the one given, so that it can kill and restart it).

@@ -133,7 +133,7 @@ class Settings:
     #: Offer and accept zstd-compressed bodies (negotiated per connection; a peer that
     #: does not offer it always gets plain JSON).
     compress: bool = True
-    #: Authenticated frames (issue #10, dedupnet/codec/auth.py): a key file of ``KEY_ID
+    #: Authenticated frames (dedupnet/codec/auth.py): a key file of ``KEY_ID
     #: HEX_SECRET [send]`` lines. ``lan_key_file``: a center's hosts (and control
     #: clients) must tag every message with it; a host tags its center connection.
     #: ``peer_key_file``: the same between peer centers. Re-read every
