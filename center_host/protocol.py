@@ -498,6 +498,14 @@ class CenterProtocol:
         self.recently_concluded: dict[int, None] = {}
         #: Host IP -> the highest sequence of its sets stored here (durable: NoteSequence).
         self.sequences: dict[str, int] = {}
+        #: §11: per home network, the own sets whose URLs for it have not gone yet (oldest
+        #: first), and the frame out with it now (its sets' numbers, lowest first). One
+        #: frame per home at a time, carrying every waiting set's URLs for it (as R4
+        #: gathers for the peers): what a URL costs on the WAN does not grow with the
+        #: number of sets, and a link that resets often still gets whole frames through.
+        #: Not stored: a restarted center queues its stored routes again.
+        self.route_queue: dict[int, dict[int, None]] = {}
+        self.route_out: dict[int, tuple[int, ...]] = {}
 
     def homes_described(self) -> str | None:
         """The map (and the earlier ones still asked about, after ``;``) as every peer
@@ -713,10 +721,12 @@ class CenterProtocol:
         """The stored frame to those of ``members`` that are connected now (one encoding);
         the others are sent it when they come back (:meth:`_joined`)."""
         to = tuple(member_from_str(m) for m in sorted(members) if self._live(m))
-        if rec.stage in ROUTED:  # §11: each home (or previous home) is sent its own sites' URLs
-            flag = FLAG_REQUEST if rec.stage is Stage.HOME else FLAG_BROADCAST
+        if rec.stage is Stage.HOME:  # §11: the frame this set heads, if any, carries its URLs
+            return [a for m in to if isinstance(m, Peer) and self.route_out.get(m.network, (0,))[0] == rec.number
+                    for a in self._send_routes(m.network)]
+        if rec.stage is Stage.CHECK:  # each previous home is asked about its own sites' URLs
             return [Send((m,), wire.encode(Frame(dict.fromkeys(rec.routes[m.network], 0), rec.frame.IP, rec.number,
-                                                 flag)))
+                                                 FLAG_BROADCAST)))
                     for m in to if isinstance(m, Peer) and m.network in rec.routes]
         return [Send(to, wire.encode(rec.frame))] if to else []
 
@@ -879,9 +889,47 @@ class CenterProtocol:
         self.counters.inc("urls_routed", amount=sum(map(len, away.values())))
         log.info("set %d: %d URLs admitted here, %d for their home networks %s", rec.number, len(here),
                  sum(map(len, away.values())), sorted(away))
-        return [*actions, Save(DIST_REDUCE_POOL, rec.number, rec.dump()),
-                *self._send_to(rec, [str(Peer(n)) for n in away]), SetTimer(rec.number, self._resend_delay(rec)),
-                *self._start_waiting()]
+        return [*actions, Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._queue_routes(rec, away),
+                SetTimer(rec.number, self._resend_delay(rec)), *self._start_waiting()]
+
+    def _queue_routes(self, rec: SetRecord, networks: Iterable[int]) -> list[Action]:
+        for network in sorted(networks):
+            self.route_queue.setdefault(network, {})[rec.number] = None
+        return [a for network in sorted(networks) for a in self._next_routes(network)]
+
+    def _next_routes(self, network: int) -> list[Action]:
+        """When nothing is out with a connected home: the waiting sets' URLs for it, oldest sets
+        first and up to ``gather_max`` (one set at least), become the frame out, under
+        the lowest of their numbers. The home decides it as one set; a set whose number
+        it has concluded with other URLs is decided anew, so its record keeps it exact
+        whichever sets a frame holds (a restarted center may group them otherwise)."""
+        if network in self.route_out or network not in self.peers:
+            return []  # a home that is down is sent all it waits for, in one frame, when back
+        queue = self.route_queue.get(network, {})
+        members: list[int] = []
+        size = 0
+        for number in list(queue):
+            rec = self.sets.get(number)
+            urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
+            if urls and members and size + len(urls) > self.config.gather_max:
+                break
+            del queue[number]
+            if urls:
+                members.append(number)
+                size += len(urls)
+        if not members:
+            return []
+        self.route_out[network] = tuple(sorted(members))
+        return self._send_routes(network)
+
+    def _send_routes(self, network: int) -> list[Action]:
+        """The frame out with a home, to it if it is connected (else when it is back)."""
+        members = [self.sets[n] for n in self.route_out.get(network, ()) if n in self.sets]
+        if not members or network not in self.peers:
+            return []
+        urls = {url: 0 for rec in members for url in rec.routes.get(network, ())}
+        head = members[0]
+        return [Send((Peer(network),), wire.encode(Frame(urls, head.frame.IP, head.number, FLAG_REQUEST)))]
 
     def _moved_in(self, rec: SetRecord) -> dict[int, list[str]]:
         """URLs homed here whose site had another home under an earlier map, by that
@@ -912,9 +960,10 @@ class CenterProtocol:
                 *self._start_waiting()]
 
     def _home_acked(self, sender: Member, ack: Ack) -> list[Action]:
-        """A home network holds (or had decided) its URLs of our set: they leave it."""
-        rec = self.sets.get(ack.number)
-        if not isinstance(sender, Peer) or rec is None or rec.stage is not Stage.HOME or sender.network not in rec.routes:
+        """A home network holds (or had decided) the URLs of the frame out with it: they
+        leave each of its sets, and the next frame goes."""
+        out = self.route_out.get(sender.network) if isinstance(sender, Peer) else None
+        if not out or out[0] != ack.number:
             self.counters.inc("repeated_acks")
             return []
         if ack.status == "rejected":
@@ -922,19 +971,24 @@ class CenterProtocol:
             log.error("set %d: network %d refused its URLs (%s); kept, asked again", ack.number, sender.network,
                       ack.reason or "no reason given")
             return []
-        for url in rec.routes.pop(sender.network):
-            rec.frame.URL_set.pop(url, None)
-            if self.claims.get(url) == rec.number:
-                del self.claims[url]
-            # Its home holds it now, for good: found here again, it is dropped at once. Not
-            # when the peer only passes it on (routed to it under an earlier map).
-            if self.homes.home_of(url) == sender.network:
-                self._held_elsewhere(url, rec.number)
-        rec.awaiting.discard(str(sender))
-        rec.answered.add(str(sender))
-        if rec.awaiting:
-            return self._start_waiting()
-        return [CancelTimer(rec.number), *self._stage_done(rec)]
+        del self.route_out[sender.network]
+        actions: list[Action] = []
+        for rec in [self.sets[n] for n in out if n in self.sets]:
+            if rec.stage is not Stage.HOME or sender.network not in rec.routes:
+                continue
+            for url in rec.routes.pop(sender.network):
+                rec.frame.URL_set.pop(url, None)
+                if self.claims.get(url) == rec.number:
+                    del self.claims[url]
+                # Its home holds it now, for good: found here again, it is dropped at once. Not
+                # when the peer only passes it on (routed to it under an earlier map).
+                if self.homes.home_of(url) == sender.network:
+                    self._held_elsewhere(url, rec.number)
+            rec.awaiting.discard(str(sender))
+            rec.answered.add(str(sender))
+            if not rec.awaiting:
+                actions += [CancelTimer(rec.number), *self._stage_done(rec)]
+        return [*actions, *self._next_routes(sender.network), *self._start_waiting()]
 
     # -- the end of a stage --------------------------------------------------------------
     def _stage_done(self, rec: SetRecord) -> list[Action]:
@@ -1168,6 +1222,8 @@ class CenterProtocol:
         else:
             self.hosts.add(member.ip)
         asks = [a for rec in again for a in self._send_to(rec, (who,))]
+        if isinstance(member, Peer):
+            asks += self._next_routes(member.network)
         if again:
             log.info("%s is here: asking it for %d sets that wait for it", who, len(again))
         if not isinstance(member, Host):
@@ -1291,12 +1347,13 @@ class CenterProtocol:
         """Pick up every stored set: it is asked again once its timer fires, and members
         that have not come back by then are no longer waited for."""
         actions: list[Action] = []
-        for data in event.sets:
-            rec = SetRecord.load(data)
+        for rec in sorted(map(SetRecord.load, event.sets), key=lambda r: r.number):
             self.sets[rec.number] = rec
             if self.exact and rec.stage is not Stage.FOREIGN:
                 for url in rec.frame.URL_set:
                     self.claims[url] = rec.number
+            if rec.stage is Stage.HOME:
+                actions += self._queue_routes(rec, rec.routes)
             actions.append(SetTimer(rec.number, self.config.resume_grace))
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)

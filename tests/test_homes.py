@@ -104,6 +104,32 @@ def test_urls_homed_here_are_admitted_with_no_wan_message_others_go_to_their_hom
     assert not c.core.sets and not c.dist_reduce_pool and n in c.concluded and not c.core.claims
 
 
+def test_one_frame_at_a_time_goes_to_a_home_carrying_every_set_that_waits_for_it():
+    """While a frame is out with a home, the next sets' URLs for it wait; its ack sends
+    them all in one frame under the lowest number, and they all leave at its ack. A
+    reconnection sends the frame out again, the same, and nothing else."""
+    c = center()
+    m = c.core.homes
+    frames = {seq: dict.fromkeys(urls_homed(m, 1, 1, f"s{seq}") + urls_homed(m, 2, 2, f"s{seq}"), 0)
+              for seq in range(1, 5)}
+    for seq, urls in frames.items():
+        c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(urls, "127.0.1.10", num(1, 10, seq), 1)))
+    first = [msg for to, msg in sent(c) if to == "net:2"]
+    assert [(f.number, len(f.URL_set)) for f in first] == [(num(1, 10, 1), 2)]
+    c.feed(cp.Left(cp.Peer(2)))  # the connection is reset: the frame or its ack is lost
+    c.feed(cp.Joined(cp.Peer(2)))
+    assert [msg for to, msg in sent(c) if to == "net:2"] == first
+    c.feed(cp.Received(cp.Peer(2), Ack(num(1, 10, 3), "stored")))  # not the frame out: ignored
+    assert c.core.routed_waiting() == {2: 8}
+    c.feed(cp.Received(cp.Peer(2), Ack(num(1, 10, 1), "stored")))
+    (second,) = [msg for to, msg in sent(c) if to == "net:2"]
+    assert second.number == num(1, 10, 2) and second.IP == "127.0.1.10" and len(second.URL_set) == 6
+    assert set(c.core.sets) == {num(1, 10, seq) for seq in (2, 3, 4)}
+    c.feed(cp.Received(cp.Peer(2), Ack(second.number, "stored")))
+    assert not c.core.sets and not c.dist_reduce_pool and not sent(c)
+    assert {num(1, 10, seq) for seq in frames} <= set(c.concluded)
+
+
 def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_its_lan():
     c = center(network=2, peers=(1, 3), hosts=("10",))
     m = c.core.homes
@@ -172,7 +198,7 @@ def test_a_home_that_is_down_delays_only_its_own_sites_and_gets_them_when_back()
     assert c.core.routed_waiting() == {3: 10} and c.core.counters.get("sets_concluded", complete="false") == 0
     c.feed(cp.Joined(cp.Peer(3)))
     asked = [msg for to, msg in sent(c) if to == "net:3"]
-    assert sum(len(f.URL_set) for f in asked) == 10
+    assert len(asked) == 1 and len(asked[0].URL_set) == 10  # all it waits for, in one frame
     for f in asked:
         c.feed(cp.Received(cp.Peer(3), Ack(f.number, "stored")))
     assert not c.core.sets and c.core.routed_waiting() == {}
