@@ -312,10 +312,12 @@ class CenterDaemon:
                 self.reactor.post(cp.Left(member))
 
     async def _heartbeats(self) -> None:
-        """Send ours to every member; gap 3: a member whose heartbeats stop is closed, and so
-        leaves. Slow is not dead: any message counts as a heartbeat, a member whose message
-        waits for room in our own inbox is not silent, and a pause of this daemon (an
-        overloaded event loop, a GC or VM freeze) is not counted against anyone."""
+        """Send ours to every member we sent nothing else to during the last interval (any
+        message counts as a heartbeat, so a busy link carries none: they were a large part
+        of a WAN link's messages); gap 3: a member whose heartbeats stop is closed, and so
+        leaves. Slow is not dead: a member whose message waits for room in our own inbox is
+        not silent, and a pause of this daemon (an overloaded event loop, a GC or VM
+        freeze) is not counted against anyone."""
         interval = self.settings.heartbeat_interval
         last = trio.current_time()
         while True:
@@ -324,7 +326,8 @@ class CenterDaemon:
             stalled, last = max(0.0, now - last - interval), now
             beat = heartbeat(self.settings.ip)
             for member, conn in list(self.conns.items()):
-                if not isinstance(member, cp.Operator):  # a control client is never a member
+                # A control client is never a member.
+                if not isinstance(member, cp.Operator) and now - conn.last_sent >= interval / 2:
                     conn.send_urgent(beat)
             self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout

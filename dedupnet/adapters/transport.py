@@ -369,6 +369,9 @@ class Connection:
         self._send_ch, self._recv_ch = trio.open_memory_channel[bytes](max_queue)
         self._urgent: bytes | None = None  # the priority lane: one slot, newest wins
         self._held: bytes | None = None  # taken from the queue, sent after the urgent one
+        #: trio time the last message went out whole (or the connection was made): a
+        #: link that carries messages needs no heartbeat, any message is one.
+        self.last_sent = trio.current_time()
         self._idle_scope: trio.CancelScope | None = None  # the writer waiting for data
         self._closing = False  # no more sends accepted (flushing or closed)
         self._closed = False  # socket closed
@@ -780,6 +783,7 @@ class Connection:
                     self.counters.inc("send_timeout")
                     self._close_now("send-timeout")
                     return
+                self.last_sent = trio.current_time()
                 self._count_sent(data)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError) as exc:
             if not self._closed:
