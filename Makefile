@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: sim demo test bench clean browser
+.PHONY: sim demo test bench clean browser promtool
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ sim: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/dedupnet demo
 
-test: $(STAMP) browser
+test: $(STAMP) browser promtool
 	$(BIN)/python -m pytest -q
 
 # tests/test_status_page.py drives the status page in headless Chromium. On a fresh
@@ -32,6 +32,16 @@ browser:
 	    timeout 900 sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium' \
 	    >/dev/null 2>&1; } || \
 	  echo "make: no chromium (not root, no apt-get, or the install failed): the status page's browser test is skipped"
+
+# tests/test_alerts.py checks the shipped alert rules (deploy/prometheus/) and a live
+# daemon's /metrics with promtool, from Debian's prometheus package; installed the same
+# way, when root and missing; without it those tests are skipped and say why.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	    timeout 900 sh -c 'apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus' \
+	    >/dev/null 2>&1; } || \
+	  echo "make: no promtool (not root, no apt-get, or the install failed): the alert rule and metrics checks are skipped"
 
 bench: $(STAMP)
 	$(BIN)/python bench/bench_store.py

@@ -43,7 +43,7 @@ async def run(url: str, args) -> None:
         admitted = sum(c.counters.get("urls_admitted") for c in system.centers.values())
         frames = sum(v for d in [*system.centers.values(), *hosts] for k, v in d.counters.snapshot().items()
                      if k.startswith("frames_sent"))
-        wire = sum(d.counters.get("bytes_sent") for d in [*system.centers.values(), *hosts])
+        wire = sum(d.counters.get("sent_bytes") for d in [*system.centers.values(), *hosts])
         print(f"{args.networks} networks x {args.hosts} hosts, {args.mode} mode, set size {args.set_size}")
         print(f"URLs pushed          {pushed:>10,}   ({t_push:.2f} s to push)")
         print(f"URLs admitted        {admitted:>10,}   (distinct: {len(urls):,})")

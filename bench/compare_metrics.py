@@ -54,7 +54,7 @@ PREFIX = "dedupnet_"
 _SHAPES = [
     ("frames_received", ("kind",)), ("frames_acked", ("kind", "flag")), ("frames_sent", ("kind",)),
     ("frames_in", ("stage", "flag")), ("bad_input", ("reason",)), ("handshake_failed", ("reason",)),
-    ("bytes_sent", ()), ("bytes_received", ()), ("connected", ()), ("pages_fetched", ("status",)),
+    ("sent_bytes", ()), ("received_bytes", ()), ("connected", ()), ("pages_fetched", ("status",)),
 ]
 
 
@@ -118,7 +118,7 @@ def test_expectations(text: str) -> str:
         "dedupnet_frames_received_total": (
             "counter", {(("kind", "frame"), ("flag", "1")): 5.0, (("kind", "register"),): 1.0}),
         "dedupnet_bad_input_total": ("counter", {(("reason", 'we"ird\\re\nason'),): 1.0}),
-        "dedupnet_bytes_sent_total": ("counter", {(): 1234.0}),
+        "dedupnet_sent_bytes_total": ("counter", {(): 1234.0}),
         "dedupnet_connections_open": ("gauge", {(("role", "host"),): 3.0}),
         "dedupnet_load": ("gauge", {(): 0.25}),
     }
@@ -204,14 +204,14 @@ def inc_costs(repeat: int) -> dict[str, float]:
     ours = Counters()
     reg = CollectorRegistry()
     frames = PCounter(PREFIX + "frames_received", "", ["kind", "flag"], registry=reg)
-    sent = PCounter(PREFIX + "bytes_sent", "", registry=reg)
+    sent = PCounter(PREFIX + "sent_bytes", "", registry=reg)
     child = frames.labels(kind="frame", flag="1")
     n = 100_000
     return best({
         "ours inc(name, kind=, flag=)": lambda: ours.inc("frames_received", kind="frame", flag="1"),
         "library .labels(kind=, flag=).inc()": lambda: frames.labels(kind="frame", flag="1").inc(),
         "library pre-bound child .inc()": child.inc,
-        "ours inc(name, 1234)": lambda: ours.inc("bytes_sent", 1234),
+        "ours inc(name, 1234)": lambda: ours.inc("sent_bytes", 1234),
         "library .inc(1234)": lambda: sent.inc(1234),
     }, n, repeat)
 

@@ -138,8 +138,6 @@ class CenterDaemon:
         self.peer_listen: dict[int, str] = {}
         #: Operator requests waiting for the core's answer (set when it is sent).
         self._answered: dict[cp.Operator, trio.Event] = {}
-        self._gauged: set[str] = set()
-        self._gauged_routed: set[int] = set()
         #: number -> when this center stored the set (trio time): the status page's ages.
         self.set_since: dict[int, float] = {}
         #: The bound port of ``settings.metrics`` (the HTTP endpoint), once serving.
@@ -329,7 +327,6 @@ class CenterDaemon:
                 # A control client is never a member.
                 if not isinstance(member, cp.Operator) and now - conn.last_sent >= interval / 2:
                     conn.send_urgent(beat)
-            self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
                 seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled
@@ -338,18 +335,6 @@ class CenterDaemon:
                     log.warning("%s missed its heartbeats: silent for %.1f s (heartbeat timeout %g s); it leaves",
                                 member, now - seen, self.settings.heartbeat_timeout)
                     await self.conns[member].aclose()
-
-    def _gauge_waiting(self) -> None:
-        """``sets_waiting{member}``: sets in flight that still wait for that member's answer;
-        ``urls_waiting{network}``: URLs held here for a home network that has not taken them."""
-        waiting = self.core.waiting_for()
-        for member in set(waiting) | self._gauged:
-            self.counters.set_gauge("sets_waiting", waiting.get(member, 0), member=member)
-        self._gauged = set(waiting)
-        routed = self.core.routed_waiting()
-        for network in set(routed) | self._gauged_routed:
-            self.counters.set_gauge("urls_waiting", routed.get(network, 0), network=str(network))
-        self._gauged_routed = set(routed)
 
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:

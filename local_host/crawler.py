@@ -790,7 +790,7 @@ class Crawler:
                         try:
                             return await self._read_response(r)
                         finally:
-                            self.counters.inc("bytes_fetched", r.num_bytes_downloaded)
+                            self.counters.inc("fetched_bytes", r.num_bytes_downloaded)
                 except httpx.TimeoutException:
                     raise _FetchError("timeout", True) from None
                 except httpx.ConnectError:
@@ -853,7 +853,7 @@ class Crawler:
                                 total += len(chunk)
                                 if total >= ROBOTS_MAX:
                                     break
-                        self.counters.inc("bytes_fetched", r.num_bytes_downloaded)
+                        self.counters.inc("fetched_bytes", r.num_bytes_downloaded)
                         return b"".join(chunks)[:ROBOTS_MAX].decode("utf-8", errors="replace")
                 raise RobotsUnavailable(f"{url}: timeout")
         except httpx.TooManyRedirects:

@@ -257,7 +257,7 @@ async def test_fetch_and_links(store, web):
     assert counters.get("links_dropped", reason="self") == 1
     assert counters.total("links_dropped") == 14 - 5 - 1  # minus the duplicate page1.html
     assert counters.get("pages_done", outcome="ok") == 2
-    assert counters.get("bytes_fetched") > 0
+    assert counters.get("fetched_bytes") > 0
     assert len(a.hits("/robots.txt")) == 1  # robots fetched once per site
 
 
@@ -425,7 +425,7 @@ async def test_huge_body_cut_off(store, web):
     assert pushed(store) == []
     assert finished(store, [a.url("/huge"), a.url("/declared")]) == [True, True]
     assert failures(store) == {}
-    assert counters.get("bytes_fetched") < 2 * 256 * 1024 + 256 * 1024
+    assert counters.get("fetched_bytes") < 2 * 256 * 1024 + 256 * 1024
     assert sum(sent) < 320 * 62500 // 4  # the crawler hung up long before the end
 
 

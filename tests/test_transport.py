@@ -23,6 +23,7 @@ import trio.testing
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Error, Frame, Heartbeat, Kind, Register, Status, Task
 from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, serve_metrics
+from dedupnet.adapters.metric_catalog import METRICS
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever, serve
 from dedupnet.codec.wire import Decoder, encode
 
@@ -123,8 +124,8 @@ async def test_handshake_and_echo_both_ways_with_bound_source():
     assert client_counters.get("frames_received", kind="frame", flag="3") == 1
     assert client_counters.get("frames_received", kind="heartbeat") == 1
     # Everything the client wrote was read by the server (it echoed all of it) and back.
-    assert client_counters.get("bytes_sent") == server_counters.get("bytes_received") > 0
-    assert server_counters.get("bytes_sent") == client_counters.get("bytes_received") > 0
+    assert client_counters.get("sent_bytes") == server_counters.get("received_bytes") > 0
+    assert server_counters.get("sent_bytes") == client_counters.get("received_bytes") > 0
     assert server_counters.total("handshake_failed") == 0
     assert server_counters.total("bad_input") == 0
 
@@ -638,12 +639,18 @@ def parse_prometheus(text: str) -> dict[str, tuple[str, dict[tuple, float]]]:
     """Parse the text format strictly enough to fail on a malformed line."""
     assert text.endswith("\n")
     metrics: dict[str, tuple[str, dict[tuple, float]]] = {}
-    current = None
+    current = helped = None
     for line in text.splitlines():
+        if line.startswith("# HELP "):
+            m = re.fullmatch(r"# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (\S.*)", line)
+            assert m, line
+            helped = m.group(1)
+            continue
         if line.startswith("#"):
             m = re.fullmatch(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)", line)
             assert m, line
             assert m.group(1) not in metrics, f"second TYPE line for {m.group(1)}"
+            assert helped == m.group(1), f"no HELP line right before the TYPE line of {m.group(1)}"
             current = m.group(1)
             metrics[current] = (m.group(2), {})
             continue
@@ -664,7 +671,7 @@ def sample_counters() -> Counters:
     c.inc("frames_received", 4, flag="1", kind="frame")  # keyword order does not matter
     c.inc("frames_received", kind="register")
     c.inc("bad_input", reason='we"ird\\re\nason')
-    c.inc("bytes_sent", 1234)
+    c.inc("sent_bytes", 1234)
     c.set_gauge("connections_open", 3, role="host")
     c.set_gauge("load", 0.25)
     return c
@@ -678,16 +685,19 @@ def test_counters_snapshot_and_prometheus_text():
     snap = c.snapshot()
     assert snap['frames_received{kind="frame",flag="1"}'] == 5
     assert snap['frames_received{kind="register"}'] == 1
-    assert snap["bytes_sent"] == 1234
+    assert snap["sent_bytes"] == 1234
     assert c.gauges() == {'connections_open{role="host"}': 3, "load": 0.25}
     metrics = parse_prometheus(c.render_prometheus())
     assert metrics["dedupnet_frames_received_total"] == (
         "counter", {(("kind", "frame"), ("flag", "1")): 5.0, (("kind", "register"),): 1.0})
     assert metrics["dedupnet_bad_input_total"] == ("counter", {(("reason", 'we"ird\\re\nason'),): 1.0})
-    assert metrics["dedupnet_bytes_sent_total"] == ("counter", {(): 1234.0})
+    assert metrics["dedupnet_sent_bytes_total"] == ("counter", {(): 1234.0})
     assert metrics["dedupnet_connections_open"] == ("gauge", {(("role", "host"),): 3.0})
     assert metrics["dedupnet_load"] == ("gauge", {(): 0.25})
     assert "x_frames_received_total" in parse_prometheus(c.render_prometheus(prefix="x_"))
+    text = c.render_prometheus()
+    assert f"# HELP dedupnet_sent_bytes_total {METRICS['sent_bytes'].help}\n# TYPE dedupnet_sent_bytes_total counter\n" in text
+    assert "# HELP dedupnet_load not declared in dedupnet/adapters/metric_catalog.py\n" in text
     assert Counters().render_prometheus() == ""
     with pytest.raises(ValueError):
         c.inc("bad name")
@@ -721,9 +731,9 @@ async def test_serve_metrics_over_tcp():
         assert status == 200 and headers["content-type"] == CONTENT_TYPE
         assert body.decode() == c.render_prometheus()
         parse_prometheus(body.decode())
-        c.inc("bytes_sent", 1)  # each scrape sees the current values
+        c.inc("sent_bytes", 1)  # each scrape sees the current values
         status, _, body = await http(port, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")
-        assert status == 200 and b"dedupnet_bytes_sent_total 1235\n" in body
+        assert status == 200 and b"dedupnet_sent_bytes_total 1235\n" in body
         for request in (b"GET / HTTP/1.1\r\n\r\n", b"GET /other HTTP/1.1\r\n\r\n", b"POST /metrics HTTP/1.1\r\n\r\n"):
             assert (await http(port, request))[0] == 404
         assert (await http(port, b"nonsense\r\n\r\n"))[0] == 400

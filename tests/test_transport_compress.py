@@ -106,7 +106,7 @@ async def test_both_sides_compress_after_the_welcome():
     assert server_counters.get("frames_sent", kind="welcome") == 1
     assert client_counters.get("frames_received", kind="welcome") == 1
     # Three big frames each way took far less than three plain frames.
-    assert client_counters.get("bytes_sent") < BIG_FRAME_BYTES
+    assert client_counters.get("sent_bytes") < BIG_FRAME_BYTES
 
 
 async def test_old_peer_that_does_not_offer_gets_plain_bytes_and_no_welcome():

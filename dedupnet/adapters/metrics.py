@@ -12,7 +12,8 @@ Naming: a series is ``name`` plus labels, e.g. ``inc("frames_received", kind="fr
 flag="1")``. :meth:`Counters.snapshot` keys it as ``frames_received{kind="frame",flag="1"}``
 (labels in the order of the first ``inc``; the order of keyword arguments in later calls
 does not matter). :meth:`Counters.render_prometheus` exposes counters the way Prometheus
-expects them, with the prefix and a ``_total`` suffix: ``dedupnet_frames_received_total``.
+expects them, with the prefix and a ``_total`` suffix: ``dedupnet_frames_received_total``,
+each family with the ``# HELP`` text declared for it in dedupnet/adapters/metric_catalog.py.
 
 Counters may be incremented from worker threads (the Redis store runs in
 ``trio.to_thread``), so updates take a lock; it is uncontended in the common case.
@@ -29,6 +30,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import trio
 
 from dedupnet.adapters.listen import open_listeners
+from dedupnet.adapters.metric_catalog import METRICS, exposed_name
 
 __all__ = ["Counters", "serve_http", "serve_metrics", "CONTENT_TYPE", "Route"]
 
@@ -46,6 +48,11 @@ _Key = tuple[str, tuple[tuple[str, str], ...]]  # (name, sorted labels): identit
 def _escape(value: str) -> str:
     """A label value as the text format wants it: backslash, double quote and newline escaped."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _escape_help(text: str) -> str:
+    """Help text as the text format wants it: backslash and newline escaped."""
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
 def _labels_text(labels: tuple[tuple[str, str], ...]) -> str:
@@ -132,6 +139,17 @@ class Counters:
             key = self._key(name, labels)
             self._gauges[key] = value
 
+    def replace_gauges(self, names: set[str], series: list[tuple[str, Mapping[str, object], float]]) -> None:
+        """Make ``series`` (``(name, labels, value)``) the only series of the gauges
+        ``names``, in one step: a level read afresh drops the members, stages or pools
+        that are gone instead of leaving their last value behind."""
+        with self._lock:
+            for key in [k for k in self._gauges if k[0] in names]:
+                del self._gauges[key]
+                self._display.pop(key, None)
+            for name, labels, value in series:
+                self._gauges[self._key(name, labels)] = value
+
     def get_gauge(self, name: str, **labels: object) -> float:
         """The value of one gauge series (0 if never set)."""
         key = (name, tuple(sorted((k, str(v)) for k, v in labels.items())))
@@ -149,8 +167,8 @@ class Counters:
         """All series in the Prometheus text exposition format 0.0.4.
 
         Counters are named ``<prefix><name>_total`` (the Prometheus convention for
-        counters) and gauges ``<prefix><name>``; each metric has one ``# TYPE`` line
-        before its samples.
+        counters) and gauges ``<prefix><name>``; each metric has its ``# HELP`` (from
+        dedupnet/adapters/metric_catalog.py) and ``# TYPE`` lines before its samples.
         """
         with self._lock:
             counters = sorted(self._counters.items())
@@ -160,10 +178,11 @@ class Counters:
         for kind, series in (("counter", counters), ("gauge", gauges)):
             current = None
             for key, value in series:
-                name = prefix + key[0]
-                if kind == "counter" and not name.endswith("_total"):
-                    name += "_total"
+                name = exposed_name(key[0], kind, prefix)
                 if name != current:
+                    declared = METRICS.get(key[0])
+                    text = declared.help if declared is not None else "not declared in dedupnet/adapters/metric_catalog.py"
+                    lines.append(f"# HELP {name} {_escape_help(text)}")
                     lines.append(f"# TYPE {name} {kind}")
                     current = name
                 lines.append(f"{name}{_labels_text(display[key])} {_number(value)}")

@@ -33,7 +33,8 @@ from typing import Any
 import orjson
 import trio
 
-from dedupnet.adapters.metrics import Counters, Route, serve_http
+from dedupnet.adapters.levels import Levels
+from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, Route, serve_http
 
 log = logging.getLogger("dedupnet.adapters.status_page")
 
@@ -273,13 +274,21 @@ def routes(snapshot: Callable[[], Awaitable[dict]]) -> dict[str, Route]:
 async def serve_status(counters: Counters, host: str, port: int, status: Callable[[], Awaitable[dict]],
                        store: Any = None, *, crawl: Callable[[], Awaitable[dict]] | None = None,
                        task_status=trio.TASK_STATUS_IGNORED) -> None:
-    """A daemon's HTTP endpoint (``--http``): ``/metrics``, ``/`` and ``/status.json``
-    (with ``crawl``, a center's verdict on its network's crawl as ``"crawl"``).
+    """A daemon's HTTP endpoint (``--http``): ``/metrics`` (with the levels of
+    dedupnet/adapters/levels.py), ``/`` and ``/status.json`` (with ``crawl``, a center's
+    verdict on its network's crawl as ``"crawl"``, and as ``crawl_verdict`` on ``/metrics``).
     Reports the bound port through ``task_status``."""
     view = StatusView(status, counters, store, crawl=crawl)
+    levels = Levels(counters, status, crawl)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(view.run)
-        task_status.started(await nursery.start(serve_http, counters, host, port, routes(view.snapshot)))
+
+        async def metrics() -> tuple:
+            await levels.refresh(nursery)
+            return CONTENT_TYPE, counters.render_prometheus().encode("utf-8")
+
+        table = {**routes(view.snapshot), "/metrics": metrics}
+        task_status.started(await nursery.start(serve_http, counters, host, port, table))
 
 
 # -- the simulation's page -----------------------------------------------------------------

@@ -232,9 +232,9 @@ async def sniff_tls(sock: Any) -> bool | None:
 
 class CountingStream(trio.abc.HalfCloseableStream):
     """The TCP stream under an :class:`trio.SSLStream`, counting every byte it carries
-    (TLS records, handshakes and alerts included) as ``tls_bytes_sent`` /
-    ``tls_bytes_received``: what the encryption costs on the wire, next to the
-    messages' own ``bytes_sent``."""
+    (TLS records, handshakes and alerts included) as ``tls_sent_bytes`` /
+    ``tls_received_bytes``: what the encryption costs on the wire, next to the
+    messages' own ``sent_bytes``."""
 
     def __init__(self, stream: trio.SocketStream, counters) -> None:
         self.transport_stream = stream
@@ -243,7 +243,7 @@ class CountingStream(trio.abc.HalfCloseableStream):
 
     async def send_all(self, data) -> None:
         await self.transport_stream.send_all(data)
-        self.counters.inc("tls_bytes_sent", len(data))
+        self.counters.inc("tls_sent_bytes", len(data))
 
     async def wait_send_all_might_not_block(self) -> None:
         await self.transport_stream.wait_send_all_might_not_block()
@@ -251,7 +251,7 @@ class CountingStream(trio.abc.HalfCloseableStream):
     async def receive_some(self, max_bytes: int | None = None) -> bytes:
         data = await self.transport_stream.receive_some(max_bytes)
         if data:
-            self.counters.inc("tls_bytes_received", len(data))
+            self.counters.inc("tls_received_bytes", len(data))
         return data
 
     async def send_eof(self) -> None:

@@ -97,8 +97,8 @@ Counters (in the :class:`~dedupnet.adapters.metrics.Counters` passed in)
 
 =======================================  =======================================================
 ``frames_received{kind[,flag]}``         messages decoded; ``flag`` only for kind ``frame``
-``bytes_received``                       bytes read from sockets
-``frames_sent{kind}``, ``bytes_sent``    messages / bytes written (counted once written;
+``received_bytes``                       bytes read from sockets
+``frames_sent{kind}``, ``sent_bytes``    messages / bytes written (counted once written;
                                          bytes as sent, i.e. compressed where negotiated)
 ``compressed_sent``                      messages sent with a compressed body
 ``compressed_received``                  messages received with a compressed body
@@ -120,8 +120,8 @@ Counters (in the :class:`~dedupnet.adapters.metrics.Counters` passed in)
                                          CA, no client certificate, not TLS), or a plain
                                          connection for a role that must use TLS; both sides
 ``handshake_failed{reason="wrong-network"}``  the peer's certificate names another network
-``tls_bytes_sent``, ``tls_bytes_received``  TCP bytes of TLS connections (records, handshakes)
-``tls_payload_sent``                     the part of ``bytes_sent`` that went inside TLS
+``tls_sent_bytes``, ``tls_received_bytes``  TCP bytes of TLS connections (records, handshakes)
+``tls_payload_sent_bytes``               the part of ``sent_bytes`` that went inside TLS
 ``session_error``                        client: ``on_connected`` raised (logged)
 ``heartbeat_missed``                     client: the server was silent for ``silence_timeout``
                                          (connection given up, dialled again)
@@ -583,7 +583,7 @@ class Connection:
                     self._close_now("eof")
                     raise ConnectionClosed(f"{self.peer} closed the connection")
                 self._heard = trio.current_time()
-                self.counters.inc("bytes_received", len(data))
+                self.counters.inc("received_bytes", len(data))
                 if self._byte_bucket is not None:
                     self._byte_bucket.take(len(data), trio.current_time())
                 decoder.feed(data)
@@ -728,9 +728,9 @@ class Connection:
     def _count_sent(self, data: bytes) -> None:
         for kind in _sent_kinds(data):
             self.counters.inc("frames_sent", kind=kind)
-        self.counters.inc("bytes_sent", len(data))
+        self.counters.inc("sent_bytes", len(data))
         if self.tls:
-            self.counters.inc("tls_payload_sent", len(data))
+            self.counters.inc("tls_payload_sent_bytes", len(data))
         if is_compressed(data):
             self.counters.inc("compressed_sent")
 

@@ -379,9 +379,9 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         set_fill=round(set_urls / set_frames, 1) if set_frames else None,
         frames_per_url=round(frames_sent / found, 3) if found else None,
         bytes_per_url=round(sum(wire_bytes(d.counters) for d in daemons) / len(expected), 1) if expected else None,
-        tls_bytes_on_wire=sum(d.counters.get("tls_bytes_sent") for d in daemons),
+        tls_bytes_on_wire=sum(d.counters.get("tls_sent_bytes") for d in daemons),
         tls_handshakes=sum(d.counters.get("tls_handshakes") for d in daemons),
-        tls_payload_bytes=sum(d.counters.get("tls_payload_sent") for d in daemons),
+        tls_payload_bytes=sum(d.counters.get("tls_payload_sent_bytes") for d in daemons),
         max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
         center_cpu_s=None if center_cpu is None else round(center_cpu, 3),
         center_cpu_ms_per_1k_urls=round(center_cpu * 1e6 / admitted, 1) if center_cpu is not None and admitted else None,
@@ -421,10 +421,10 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
 
 
 def wire_bytes(counters) -> int:
-    """Bytes a daemon put on the wire: its messages' bytes (``bytes_sent``), except that
-    those sent inside TLS count as the TLS records that carried them (``tls_bytes_sent``:
+    """Bytes a daemon put on the wire: its messages' bytes (``sent_bytes``), except that
+    those sent inside TLS count as the TLS records that carried them (``tls_sent_bytes``:
     TCP bytes under the SSLStream, handshakes included; dedupnet/adapters/tls.py CountingStream)."""
-    return counters.get("bytes_sent") - counters.get("tls_payload_sent") + counters.get("tls_bytes_sent")
+    return counters.get("sent_bytes") - counters.get("tls_payload_sent_bytes") + counters.get("tls_sent_bytes")
 
 
 def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],

@@ -197,7 +197,7 @@ class Daemon:
             return None  # refused, closed, timed out, garbled: not answering
         finally:
             self._control[0] += counters.total("frames_received")
-            self._control[1] += counters.get("bytes_received")
+            self._control[1] += counters.get("received_bytes")
         self.status, self.control_before = body, before
         return body
 
@@ -208,7 +208,7 @@ class Daemon:
             snap.update(self.status.get("counters", {}))
             frames, nbytes = self.control_before
             snap[_STATUS_FRAMES] -= frames
-            snap["bytes_sent"] -= nbytes
+            snap["sent_bytes"] -= nbytes
         return {k: v for k, v in sorted(snap.items()) if v > 0}
 
     def new_life(self) -> None:
