@@ -58,16 +58,18 @@ class Deployment:
     """Centers and frontier hosts (``--no-crawl``) of ``networks`` networks, as processes
     on one Redis; ``self.hosts[n]``: (Store of host n's pools, URLFrontier stub)."""
 
-    def __init__(self, tmp_path: Path, redis_url: str, prefix: str, networks: int, pb, services):
-        self.tmp, self.procs, self.pb = tmp_path, [], pb
-        base = 40 + networks  # 127.0.41.x / 127.0.42.x: no other test's addresses
+    def __init__(self, tmp_path: Path, pb):
+        self.tmp, self.pb = tmp_path, pb
+        self.procs, self.hosts, self.channels = [], {}, []
+
+    def launch(self, redis_url: str, prefix: str, networks: int, services) -> None:
+        base = 40 + networks  # 127.41.x.x / 127.42.x.x: no other test's addresses
         centers = {n: (f"127.{base}.{n}.1", free_port(f"127.{base}.{n}.1")) for n in range(1, networks + 1)}
         for n, (ip, port) in sorted(centers.items(), reverse=True):
             peers = [a for m, (pip, pport) in centers.items() if m != n
                      for a in ("--peer", f"{m},{pip}:{pport},127.{base}.{m}.0/24")]
             self.start("center", "--network", str(n), "--listen", f"{ip}:{port}", "--redis", redis_url,
                        "--prefix", f"{prefix}:c{n}", "--no-durable-acks", "--no-discovery", *peers)
-        self.hosts, self.channels = {}, []
         for n, (cip, cport) in centers.items():
             ip = f"127.{base}.{n}.10"
             port = free_port(ip)
@@ -77,8 +79,6 @@ class Deployment:
             channel = grpc.insecure_channel(f"{ip}:{port}")
             self.channels.append(channel)
             self.hosts[n] = (Store(redis_url, f"{prefix}:h{n}"), services.URLFrontierStub(channel))
-        for _, stub in self.hosts.values():
-            assert wait_for(lambda: self._answers(stub), 30), self.logs()
 
     def start(self, *args):
         log = open(self.tmp / f"{len(self.procs)}.log", "w")
@@ -109,8 +109,12 @@ def deploy(tmp_path, redis_url, prefix, stubs):
     made = []
 
     def make(networks: int = 1) -> Deployment:
-        made.append(Deployment(tmp_path, redis_url, prefix, networks, *stubs))
-        return made[-1]
+        d = Deployment(tmp_path, stubs[0])
+        made.append(d)  # stopped whatever happens next
+        d.launch(redis_url, prefix, networks, stubs[1])
+        for _, stub in d.hosts.values():
+            assert wait_for(lambda: d._answers(stub), 30), d.logs()
+        return d
 
     yield make
     for d in made:
