@@ -166,6 +166,9 @@ SETTINGS_FLAGS = [
     # the crawler
     flag("--no-crawl", dest="crawl", action="store_const", const=False, roles=(LOCAL,),
          help="run the protocol only: no crawler (URLs come from dedupnet push or a Scrapy spider)"),
+    flag("--frontier", metavar="[HOST:]PORT", roles=(LOCAL,),
+         help="serve the URLFrontier API (gRPC) here for crawlers in any language, on 127.0.0.1 unless HOST "
+              "says otherwise (needs pip install 'dedupnet[frontier]'; docs/FRONTIER.md)"),
     flag("--seed", dest="seeds", action="append", metavar="URL", roles=(LOCAL,),
          help="a seed URL, sent through the protocol like any found link (repeat)"),
     flag("--seeds-file", metavar="FILE", roles=(LOCAL,), help="seed URLs, one per line"),
@@ -186,7 +189,7 @@ SETTINGS_FLAGS = [
 ]
 
 GROUPS = {  # where a flag is listed in --help, by its first name; the rest go under "settings"
-    "crawler": {"--no-crawl", "--seed", "--seeds-file", "--concurrency", "--per-site", "--per-site-delay",
+    "crawler": {"--no-crawl", "--frontier", "--seed", "--seeds-file", "--concurrency", "--per-site", "--per-site-delay",
                 "--max-depth", "--allow-domain", "--ignore-robots", "--store", "--recrawl-interval"},
     "TLS, keys and limits": {"--insecure", "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls", "--lan-key-file",
                              "--peer-key-file",

@@ -69,7 +69,6 @@ from pathlib import Path
 import httpx
 import orjson
 import trio
-from redis.exceptions import ResponseError
 
 from dedupnet.adapters.stores import on_trio
 from dedupnet.codec.errors import BadURL
@@ -81,14 +80,12 @@ from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Stor
 from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
 
 from .fetch import ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
-from .pools import TASK_FP
+from .tasks import GROUP, fill_discovered, fill_finished, read_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
 log = logging.getLogger("dedupnet.crawler")
 
-#: Consumer group of the crawler(s) of a host on ``task_pool``.
-GROUP = "crawl"
 #: Hash URL -> JSON ``{reason, status, attempts, final_url, time}`` of permanent failures.
 FAILED = "failed"
 #: Hash 8-byte fingerprint -> depth (only with ``max_depth``).
@@ -381,31 +378,7 @@ class Crawler:
     def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
         """One XREADGROUP (in a worker thread): entries, and the last id read (for paging
         through this consumer's pending entries)."""
-        key = self.store.key(TASK_POOL)
-        args: list = [b"XREADGROUP", b"GROUP", GROUP, self.consumer, b"COUNT", count]
-        if block_ms:
-            args += [b"BLOCK", block_ms]
-        args += [b"STREAMS", key, start]
-        try:
-            reply = self.store.command(*args)
-        except ResponseError as e:
-            if "NOGROUP" not in str(e):
-                raise
-            self.store.ensure_group(TASK_POOL, GROUP)  # task_pool was deleted: start again
-            return [], None
-        raw = reply[0][1] if reply else []
-        if not raw:
-            return [], None
-        entries, gone = [], []
-        for eid, fields in raw:
-            url = dict(zip(fields[0::2], fields[1::2])).get(b"u") if fields else None
-            if url is None:
-                gone.append(eid)  # deleted under us, or not a task: nothing to do
-            else:
-                entries.append((eid, url.decode("utf-8", "replace")))
-        if gone:
-            self.store.stream_done(TASK_POOL, GROUP, gone)
-        return entries, raw[-1][0]
+        return read_tasks(self.store, self.consumer, count, start, block_ms)
 
     def stop_taking(self) -> None:
         """Take no new task, and give up at once every task whose request has not gone
@@ -571,18 +544,9 @@ class Crawler:
         redirect chains) into finish_URL, their links into URL_pool (with depths),
         failure records set or cleared, and their task entries acknowledged and deleted."""
         key = self.store.key
-        chains = [u for _, o in items for u in o.chain]
-        if chains and self._finished is not None:
-            self._finished.add(batch, chains)
-        elif chains:
-            batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(chains))
-        if self._finished is not None:  # no longer queued: a later admission is queued again
-            batch.fingerprints(b"SREM", key(TASK_FP), fingerprint_many([o.url for _, o in items]))
-        url_pool = key(URL_POOL)
+        fill_discovered(batch, self.store, [link for _, o in items for link in o.links])
         records: dict[str, bytes | None] = {}  # URL -> failure record, None: clear it (last wins)
         for _, o in items:
-            for link in o.links:
-                batch.add(b"XADD", url_pool, b"*", b"u", link)
             if o.links and self.settings.max_depth is not None:
                 batch.add(b"EVAL", _MIN_DEPTH, 1, self.depth_key, o.depth + 1,
                           *fingerprint_fields(fingerprint_many(o.links)))
@@ -598,9 +562,8 @@ class Crawler:
         failed = [x for url, r in records.items() if r is not None for x in (url, r)]
         if failed:
             batch.add(b"HSET", key(FAILED), *failed)
-        eids = [eid for eid, _ in items]
-        batch.add(b"XACK", key(TASK_POOL), GROUP, *eids)
-        batch.add(b"XDEL", key(TASK_POOL), *eids)
+        fill_finished(batch, self.store, [eid for eid, _ in items], [o.url for _, o in items],
+                      [u for _, o in items for u in o.chain], self._finished)
 
     def _depth_record(self, url: str) -> int:
         (field_,) = fingerprint_fields(fingerprint_many([url]))

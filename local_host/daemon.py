@@ -98,6 +98,8 @@ class LocalSettings:
     #: Send a set or a task's acknowledgement only once the writes it depends on are
     #: fsynced to Redis' AOF (``WAITAOF``); a Redis that cannot tell is used as it is.
     durable_acks: bool = True
+    #: ``(host, port)`` of the URLFrontier service (local_host/frontier.py); None: off.
+    frontier: tuple[str, int] | None = None
 
 
 def core_config(settings: LocalSettings) -> hp.HostConfig:
@@ -139,6 +141,9 @@ class LocalDaemon:
         self.task_pool_size: int | None = None
         #: (when, pages done then, pages per second over the window before): the crawler's rate.
         self._rate = (0.0, 0, 0.0)  # set when run() starts
+        #: The URLFrontier service's queues and its bound port, once it serves.
+        self.frontier = None
+        self.frontier_port: int | None = None
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._rate = (trio.current_time(), 0, 0.0)
@@ -162,6 +167,8 @@ class LocalDaemon:
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(self._count_tasks)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
+            if s.frontier is not None:
+                self.frontier_port = await nursery.start(self._serve_frontier)
             if self.crawler is not None:
                 await nursery.start(self._run_crawler)
                 if s.seeds:
@@ -190,6 +197,31 @@ class LocalDaemon:
     async def _run_crawler(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         with self.crawler_scope:
             await self.crawler.run(task_status=task_status)
+
+    async def _serve_frontier(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """The URLFrontier service: gRPC's server, in its own threads, on this host's
+        Redis (the optional grpcio is imported only here)."""
+        from .frontier import start_server
+        from .frontier_queues import FrontierQueues
+
+        queues = FrontierQueues(self.pools.store, self.counters, recrawl=self.settings.recrawl)
+        await until_stored(self.store, self.counters, queues.setup)
+        token = trio.lowlevel.current_trio_token()
+
+        def wake_walker() -> None:
+            try:
+                trio.from_thread.run_sync(lambda: self._pushed.set(), trio_token=token)
+            except trio.RunFinishedError:
+                pass
+
+        queues.on_push = wake_walker
+        server, port = await trio.to_thread.run_sync(start_server, queues, self.counters, *self.settings.frontier)
+        self.frontier = queues
+        try:
+            task_status.started(port)
+            await trio.sleep_forever()
+        finally:
+            server.stop(None)
 
     async def _serve_status(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.listen_port, lambda conn: control_session(conn, self.status),
@@ -351,6 +383,8 @@ class LocalDaemon:
 
     async def _leave_steps(self, grace: float) -> int:
         handed = 0
+        if self.frontier is not None:
+            self.frontier.active = False  # hand nothing more out: the tasks go back to the center
         if self.crawler is not None:
             self.crawler.stop_taking()
             with trio.move_on_after(grace):

@@ -163,6 +163,9 @@ class Settings:
     # -- the crawler on a host (``dedupnet local``) -------------------------------------
     #: Run the crawler on this host's task_pool.
     crawl: bool = True
+    #: Serve the URLFrontier API (gRPC) for other crawlers on ``host:port`` (a port
+    #: alone: on 127.0.0.1); needs the ``frontier`` extra. None: off.
+    frontier: str | None = None
     #: Seed URLs, sent through the protocol like any discovered URL.
     seeds: list[str] = dataclasses.field(default_factory=list)
     seeds_file: str | None = None
@@ -189,6 +192,8 @@ class Settings:
     recrawl_sites: list[str] = dataclasses.field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.frontier is not None:
+            frontier_endpoint(str(self.frontier))  # a ValueError naming what is wrong
         if self.mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, not {self.mode!r}")
         if self.partition_policy not in (None, *PARTITION_POLICIES):
@@ -324,3 +329,8 @@ def endpoint(text: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]"), int(port)
+
+
+def frontier_endpoint(text: str) -> tuple[str, int]:
+    """``--frontier``: ``"host:port"``, or a port alone (on loopback: safe by default)."""
+    return ("127.0.0.1", int(text)) if text.isdigit() and int(text) <= 65535 else endpoint(text)

@@ -23,8 +23,8 @@ from dedupnet.adapters import bloom
 
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
-from dedupnet.service.config import Settings, endpoint, load_settings
-from dedupnet.service.exposure import check_exposure, warn_while_running
+from dedupnet.service.config import Settings, endpoint, frontier_endpoint, load_settings
+from dedupnet.service.exposure import check_exposure, check_frontier_exposure, warn_while_running
 from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import DiscoveryError
@@ -142,6 +142,9 @@ def run_local(settings: Settings) -> int:
     ip = settings.ip or source_ip_towards(center[0])
     listen_host, port = endpoint(settings.listen) if settings.listen else (ip, 0)
     warning = check_exposure(settings, "host", (listen_host, port))
+    frontier = frontier_endpoint(settings.frontier) if settings.frontier else None
+    if frontier is not None:
+        warning = "; ".join(w for w in (warning, check_frontier_exposure(settings, frontier)) if w) or None
     local = LocalSettings(
         network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
@@ -152,7 +155,7 @@ def run_local(settings: Settings) -> int:
         lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
         tls=_tls(settings, "host"), recrawl=settings.recrawl(), stop_grace=settings.stop_grace,
         stop_timeout=settings.stop_timeout,
-        durable_acks=settings.durable_acks,
+        durable_acks=settings.durable_acks, frontier=frontier,
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,

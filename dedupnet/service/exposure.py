@@ -91,6 +91,23 @@ def check_exposure(settings: Settings, role: str, listen: tuple[str | None, int]
                       "or pass --insecure to run without (docs/DEPLOY.md)")
 
 
+def check_frontier_exposure(settings: Settings, listen: tuple[str, int]) -> str | None:
+    """As :func:`check_exposure`, for a host's URLFrontier service: it authenticates no
+    client (the URLFrontier API has no means to), and a client can take every task of
+    the host and mark it crawled. So beyond loopback only with ``--insecure`` (and then
+    only on a network where every machine is the operator's)."""
+    host, port = listen
+    if is_loopback(host):
+        return None
+    where = f"{host}:{port}"
+    if settings.insecure:
+        return (f"--insecure: the URLFrontier service listens on {where}, beyond loopback, without "
+                "authentication: anyone who can reach it can take this host's tasks and mark them crawled")
+    raise Unprotected(f"refusing to serve the URLFrontier API on {where}, beyond loopback: it authenticates no "
+                      "client; serve it on 127.0.0.1 (a crawler on this machine), or pass --insecure on a network "
+                      "only your crawlers reach (docs/FRONTIER.md)")
+
+
 async def warn_while_running(text: str, interval: float = INSECURE_WARNING_INTERVAL) -> None:
     """Log ``text`` at WARNING now and every ``interval`` seconds until cancelled: an
     insecure daemon says so in every page of its log, not only at start."""

@@ -1,0 +1,86 @@
+"""The crawler side of ``task_pool``: how a task is taken and how a fetched one is
+recorded, for every crawler front end of a host (dedupnet's crawler, the URLFrontier
+service) so that they cannot drift apart.
+
+A task is leased, not popped: reading it with ``XREADGROUP`` in the group ``crawl``
+leaves the entry in the stream, pending for the consumer that read it. It leaves
+``task_pool`` only in the transaction that records its URL in ``finish_URL``
+(:func:`fill_finished`), with whatever else the crawler writes for the page: a crawler
+killed at any point loses no task, and fetches again at most what it had in hand.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis.exceptions import ResponseError
+
+from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
+from dedupnet.codec.urls import fingerprint_many
+
+from .pools import TASK_FP
+
+#: Consumer group of every crawler of a host on ``task_pool``.
+GROUP = "crawl"
+
+
+def read_tasks(store: Store, consumer: str, count: int, start: bytes,
+               block_ms: int | None = None) -> tuple[list[tuple[bytes, str]], bytes | None]:
+    """One ``XREADGROUP`` for ``consumer``: new entries (``start`` ``>``) or its own
+    pending ones from ``start`` on. Returns the entries ``(id, url)`` and the last id
+    read (to page on through the pending ones; None when nothing was read). Entries
+    deleted under us are acknowledged and skipped; a ``task_pool`` deleted under us is
+    started again, empty."""
+    key = store.key(TASK_POOL)
+    args: list = [b"XREADGROUP", b"GROUP", GROUP, consumer, b"COUNT", count]
+    if block_ms:
+        args += [b"BLOCK", block_ms]
+    args += [b"STREAMS", key, start]
+    try:
+        reply = store.command(*args)
+    except ResponseError as e:
+        if "NOGROUP" not in str(e):
+            raise
+        store.ensure_group(TASK_POOL, GROUP)
+        return [], None
+    raw = reply[0][1] if reply else []
+    if not raw:
+        return [], None
+    entries, gone = [], []
+    for eid, fields in raw:
+        url = dict(zip(fields[0::2], fields[1::2])).get(b"u") if fields else None
+        if url is None:
+            gone.append(eid)  # deleted under us, or not a task: nothing to do
+        else:
+            entries.append((eid, url.decode("utf-8", "replace")))
+    if gone:
+        store.stream_done(TASK_POOL, GROUP, gone)
+    return entries, raw[-1][0]
+
+
+def fill_finished(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequence[str],
+                  chains: Sequence[str], finished: AgedSet | None) -> None:
+    """Queue what records fetched tasks into a transaction: the URLs fetched for them
+    (``chains``: each task URL and the redirects followed from it) into ``finish_URL``,
+    and the task entries acknowledged and deleted. Under a re-crawl policy
+    (``finished``: the aged ``finish_URL``) the task URLs also leave ``task_pool:fp``,
+    so that a later admission of them is queued again."""
+    key = store.key
+    if chains and finished is not None:
+        finished.add(batch, list(chains))
+    elif chains:
+        batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(list(chains)))
+    if finished is not None and urls:
+        batch.fingerprints(b"SREM", key(TASK_FP), fingerprint_many(list(urls)))
+    if eids:
+        batch.add(b"XACK", key(TASK_POOL), GROUP, *eids)
+        batch.add(b"XDEL", key(TASK_POOL), *eids)
+
+
+def fill_discovered(batch: Batch, store: Store, urls: Sequence[str]) -> None:
+    """Queue normalised URLs a crawler found into ``URL_pool`` (§2.2 step 1): from there
+    the host's walker takes them through the protocol."""
+    url_pool = store.key(URL_POOL)
+    for url in urls:
+        batch.add(b"XADD", url_pool, b"*", b"u", url)
