@@ -184,6 +184,16 @@ _ALL = (
     _c("pages_cut_off", "Pages still on the wire when a leaving host's grace time ran out.", role="host"),
     _c("recrawls", "Re-crawls of the seeds started.", role="host"),
     _c("recrawl_urls", "Seed URLs queued again by re-crawls.", role="host"),
+    # -- the URLFrontier service (local_host/frontier.py) --
+    _c("frontier_urls_out", "URLs handed to URLFrontier clients (GetURLs).", role="host"),
+    _c("frontier_bad_input", "URLFrontier items refused (FAIL), by reason.", "reason", role="host"),
+    _c("frontier_streams_broken", "URLFrontier GetURLs streams that ended with an error.", role="host"),
+    _c("frontier_discovered", "Discovered URLs a URLFrontier client put, pushed to URL_pool.", role="host"),
+    _c("frontier_skipped", "Discovered URLs a URLFrontier client put that this host knew already (SKIPPED).",
+       role="host"),
+    _c("frontier_known", "Fetches a URLFrontier client recorded (known items: finish_URL).", role="host"),
+    _c("frontier_known_unleased", "Known items recorded for URLs that were not leased to a client.",
+       role="host"),
 )
 
 METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
