@@ -361,7 +361,7 @@ class Scheduler:
         return cls(
             crawler, store, _build(_load(s.get("DUPEFILTER_CLASS")), crawler), consumer=consumer,
             take_batch=s.getint("DEDUPNET_TAKE_BATCH", concurrency),
-            max_leased=s.getint("DEDUPNET_MAX_LEASED", 2 * concurrency),
+            max_leased=s.getint("DEDUPNET_MAX_LEASED", concurrency),
             flush_interval=s.getfloat("DEDUPNET_FLUSH_INTERVAL", 0.2),
             push_batch=s.getint("DEDUPNET_PUSH_BATCH", 1000),
             max_idle=s.getfloat("DEDUPNET_MAX_IDLE", 0.0),
@@ -437,7 +437,7 @@ class Scheduler:
 
     def next_request(self) -> Request | None:
         self._release()
-        if not self._queue and len(self.book) < self.max_leased:
+        if not self._queue and self._room():
             self._take()
         while self._queue:
             _, _, request = heapq.heappop(self._queue)
@@ -561,11 +561,20 @@ class Scheduler:
         heapq.heappush(self._queue, (-request.priority, next(self._order), request))
 
     # -- tasks ---------------------------------------------------------------------------------
+    def _room(self) -> int:
+        """Tasks that may be taken now. A finished task counts against ``max_leased``
+        until it is written: a spider killed before that fetches it again, so what a
+        crash costs stays within the bound. At the bound, what is finished is written
+        first."""
+        if len(self.book) + len(self._done) >= self.max_leased and self._done:
+            self._try_flush()
+        return max(self.max_leased - len(self.book) - len(self._done), 0)
+
     def _take(self) -> int:
         """Read tasks from task_pool into the local queue: first this consumer's pending
         entries not leased here (after a restart; and every ``PENDING_RESCAN`` s, for a
         reply lost with a connection), page by page, then new entries."""
-        count = min(self.take_batch, self.max_leased - len(self.book))
+        count = min(self.take_batch, self._room())
         if count <= 0:
             return 0
         if self._cursor is None and time.monotonic() >= self._rescan_at:
@@ -695,7 +704,7 @@ class Scheduler:
         try:
             self._release()
             self._try_flush()
-            if not self._queue and len(self.book) < self.max_leased and self._take():
+            if not self._queue and self._room() and self._take():
                 self._wake_engine()
         except Exception:  # never let the LoopingCall die
             log.exception("dedupnet: scheduler tick failed")
