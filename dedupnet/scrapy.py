@@ -81,6 +81,7 @@ import heapq
 import itertools
 import logging
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,6 +116,8 @@ REQUESTS = "scrapy_requests"
 ROBOTS_META = "dedupnet_robots"
 #: Seconds before a robots.txt that could not be fetched is asked for again.
 ROBOTS_RETRY_DELAY = 5.0
+#: Longest a watch for new tasks blocks in Redis (also how long closing may wait for it).
+WATCH_BLOCK = 1.0
 #: Seconds between two looks, while idle, for entries delivered to this consumer that
 #: it never received (as the crawler's PENDING_RESCAN).
 PENDING_RESCAN = 5.0
@@ -347,6 +350,8 @@ class Scheduler:
         self._active_at = time.monotonic()
         self._loop: task.LoopingCall | None = None
         self._write_failing = False
+        self._watching = False
+        self._watcher: threading.Thread | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -380,6 +385,9 @@ class Scheduler:
         self.crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
         self._loop = task.LoopingCall(self._tick)
         self._loop.start(self.flush_interval, now=False)
+        self._watching = True
+        self._watcher = threading.Thread(target=self._watch_tasks, name="dedupnet-task-watch", daemon=True)
+        self._watcher.start()
         log.info("dedupnet: spider %s is the crawler of %s (consumer %r of group %r on %s)",
                  spider.name, self.store.prefix, self.consumer, GROUP, _safe_url(self.store.url))
         return None
@@ -387,6 +395,9 @@ class Scheduler:
     def close(self, reason: str):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        self._watching = False
+        if self._watcher is not None:
+            self._watcher.join(WATCH_BLOCK + 1.0)
         self._release()
         try:
             self._flush()
@@ -691,12 +702,18 @@ class Scheduler:
         return None if slot is None else slot.inprogress
 
     def _release(self) -> None:
+        """Tasks the engine is done with are finished; written at once when it holds no
+        other task (nothing to batch them with: the links are what the crawl waits for),
+        else at the next tick."""
         in_progress = self._engine_in_progress()
         if in_progress is None:
             return
         if self.book.released(in_progress):
             self._active_at = time.monotonic()
-        self._done += self.book.finished()
+        finished = self.book.finished()
+        self._done += finished
+        if finished and not self.book.out:
+            self._try_flush()
 
     def _tick(self) -> None:
         """Every ``flush_interval``: finished tasks and links out; if idle, tasks in (and
@@ -708,6 +725,32 @@ class Scheduler:
                 self._wake_engine()
         except Exception:  # never let the LoopingCall die
             log.exception("dedupnet: scheduler tick failed")
+
+    def _watch_tasks(self) -> None:
+        """In a thread of its own: wait in Redis for entries added to task_pool (``XREAD
+        BLOCK``, which reads without taking) and have the reactor take them at once, so
+        a task does not wait for the next tick. The tick still looks, should this fail."""
+        key = self.store.key(TASK_POOL)
+        last: bytes | str = "$"
+        while self._watching:
+            try:
+                reply = self.store.redis.xread({key: last}, count=1, block=int(WATCH_BLOCK * 1000))
+            except (RedisError, OSError) as e:
+                log.debug("dedupnet: watching task_pool: %s", e)
+                time.sleep(WATCH_BLOCK)
+                last = "$"
+                continue
+            if reply and self._watching:
+                last = reply[0][1][-1][0]
+                reactor.callFromThread(self._new_tasks)
+
+    def _new_tasks(self) -> None:
+        try:
+            self._release()
+            if not self._queue and self._room() and self._take():
+                self._wake_engine()
+        except Exception:
+            log.exception("dedupnet: taking new tasks failed")
 
     def _wake_engine(self) -> None:
         """Requests are ready here: the engine asks for them now, not at its 5 s heartbeat."""

@@ -389,3 +389,31 @@ def test_a_finished_task_counts_against_the_lease_bound_until_it_is_written(redi
         assert store.stream_len("task_pool") == 0
     finally:
         sched.store.close()
+
+
+def test_new_tasks_wake_the_scheduler_without_waiting_for_a_tick(redis_url, store, monkeypatch):
+    """A watch blocked in Redis on task_pool (XREAD, which takes nothing) hands the
+    reactor a call as soon as an entry is added; the call takes it."""
+    import threading
+    from types import SimpleNamespace
+
+    import dedupnet.scrapy as ds
+
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    woken = threading.Event()
+    monkeypatch.setattr(ds, "reactor", SimpleNamespace(callFromThread=lambda fn: woken.set()))
+    sched._watching = True
+    watcher = threading.Thread(target=sched._watch_tasks, daemon=True)
+    watcher.start()
+    try:
+        time.sleep(0.3)  # the watch is blocked in Redis
+        assert not woken.is_set()
+        store.stream_add("task_pool", ["http://a.example/new"])
+        assert woken.wait(10)
+        sched._new_tasks()  # what the reactor runs
+        assert len(sched) == 1 and stats.get_value("dedupnet/tasks_taken") == 1
+        assert store.redis.xpending(store.key("task_pool"), GROUP)["pending"] == 1
+    finally:
+        sched._watching = False
+        watcher.join(5)
+        sched.store.close()
