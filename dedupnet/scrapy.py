@@ -58,6 +58,10 @@ Requests that are not plain discovered GETs:
   its ``meta`` is not kept. The hash is per host: a URL the protocol gives to another
   host goes to that host's ``parse``.
 
+With ``ROBOTSTXT_OBEY`` each task is checked against its site's robots.txt here, before
+the engine gets it (:mod:`dedupnet.scrapy_robots` says why Scrapy's middleware is not
+enough): a disallowed task is finished without a fetch.
+
 Bad URLs (not http(s), unparsable, too long) are dropped with a log line and the
 stat ``dedupnet/bad_input/<reason>``. Redis errors are retried by the store; if it
 stays away, what was to be written is kept in memory and written at the next tick,
@@ -77,6 +81,7 @@ import heapq
 import itertools
 import logging
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,12 +92,14 @@ from redis.exceptions import RedisError, ResponseError
 from scrapy import Request, signals
 from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import DontCloseSpider, NotConfigured
-from twisted.internet import task
+from twisted.internet import reactor, task
 
 from dedupnet.adapters.stores import store_for
 from dedupnet.codec.errors import BadURL, DedupnetError
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
 from dedupnet.codec.urls import fingerprint, fingerprint_many, normalize
+from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
+from local_host.fetch import RobotsUnavailable, origin_of
 
 __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
 
@@ -104,6 +111,13 @@ GROUP = "crawl"
 TASK_META = "dedupnet_task"
 #: Hash 8-byte fingerprint -> JSON {cb, eb, kw, p} of discovered requests with more than a URL.
 REQUESTS = "scrapy_requests"
+#: Request meta key: this scheduler checked the task against robots.txt (and set
+#: ``dont_obey_robotstxt``, which a request copied from it must not keep).
+ROBOTS_META = "dedupnet_robots"
+#: Seconds before a robots.txt that could not be fetched is asked for again.
+ROBOTS_RETRY_DELAY = 5.0
+#: Longest a watch for new tasks blocks in Redis (also how long closing may wait for it).
+WATCH_BLOCK = 1.0
 #: Seconds between two looks, while idle, for entries delivered to this consumer that
 #: it never received (as the crawler's PENDING_RESCAN).
 PENDING_RESCAN = 5.0
@@ -182,9 +196,9 @@ class TaskBook:
             self._drop(eid)
         return len(gone)
 
-    def dropped(self, request: Request) -> None:
-        """A retry of a task that was queued here and will never be fetched (the queue
-        was dropped) — the task stays pending in Redis."""
+    def not_fetched(self, request: Request) -> None:
+        """A task request queued here that is done with without a fetch (robots.txt
+        forbids it, or cannot be had): its task is finished."""
         lease = self.lease_of(request)
         if lease is not None:
             self._drop(lease.eid)
@@ -201,6 +215,14 @@ class TaskBook:
     def finished(self) -> list[Lease]:
         out, self.done = self.done, []
         return out
+
+
+def _forget_task(request: Request) -> None:
+    """A request that carries a task's meta but is not that task's fetch (a redirect's
+    target, a request made with copied meta) loses what the scheduler put there."""
+    request.meta.pop(TASK_META, None)
+    if request.meta.pop(ROBOTS_META, None):
+        request.meta.pop("dont_obey_robotstxt", None)
 
 
 def _normal(url: str) -> str | None:
@@ -298,7 +320,7 @@ class Scheduler:
 
     def __init__(self, crawler, store: Store, dupefilter, *, consumer: str, take_batch: int,
                  max_leased: int, flush_interval: float, push_batch: int, max_idle: float,
-                 seed_start_requests: bool, keep_callbacks: bool):
+                 seed_start_requests: bool, keep_callbacks: bool, robots: RobotsGate | None = None):
         self.crawler = crawler
         self.stats = crawler.stats
         self.store = store
@@ -311,6 +333,8 @@ class Scheduler:
         self.max_idle = max_idle
         self.seed_start_requests = seed_start_requests
         self.keep_callbacks = keep_callbacks
+        #: With ROBOTSTXT_OBEY: the scheduler's own robots.txt check of each task.
+        self.robots = robots
         self.spider = None
         self.book = TaskBook()
         #: Requests fetched here: retries of tasks, tasks read ahead, bypassing requests.
@@ -326,6 +350,8 @@ class Scheduler:
         self._active_at = time.monotonic()
         self._loop: task.LoopingCall | None = None
         self._write_failing = False
+        self._watching = False
+        self._watcher: threading.Thread | None = None
 
     @classmethod
     def from_crawler(cls, crawler):
@@ -340,12 +366,14 @@ class Scheduler:
         return cls(
             crawler, store, _build(_load(s.get("DUPEFILTER_CLASS")), crawler), consumer=consumer,
             take_batch=s.getint("DEDUPNET_TAKE_BATCH", concurrency),
-            max_leased=s.getint("DEDUPNET_MAX_LEASED", 2 * concurrency),
+            max_leased=s.getint("DEDUPNET_MAX_LEASED", concurrency),
             flush_interval=s.getfloat("DEDUPNET_FLUSH_INTERVAL", 0.2),
             push_batch=s.getint("DEDUPNET_PUSH_BATCH", 1000),
             max_idle=s.getfloat("DEDUPNET_MAX_IDLE", 0.0),
             seed_start_requests=s.getbool("DEDUPNET_SEED_START_REQUESTS", True),
             keep_callbacks=s.getbool("DEDUPNET_KEEP_CALLBACKS", True),
+            robots=RobotsGate(s.get("ROBOTSTXT_USER_AGENT") or s.get("USER_AGENT") or "Scrapy")
+            if s.getbool("ROBOTSTXT_OBEY") else None,
         )
 
     # -- Scrapy's scheduler interface --------------------------------------------------------
@@ -357,6 +385,9 @@ class Scheduler:
         self.crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
         self._loop = task.LoopingCall(self._tick)
         self._loop.start(self.flush_interval, now=False)
+        self._watching = True
+        self._watcher = threading.Thread(target=self._watch_tasks, name="dedupnet-task-watch", daemon=True)
+        self._watcher.start()
         log.info("dedupnet: spider %s is the crawler of %s (consumer %r of group %r on %s)",
                  spider.name, self.store.prefix, self.consumer, GROUP, _safe_url(self.store.url))
         return None
@@ -364,6 +395,9 @@ class Scheduler:
     def close(self, reason: str):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        self._watching = False
+        if self._watcher is not None:
+            self._watcher.join(WATCH_BLOCK + 1.0)
         self._release()
         try:
             self._flush()
@@ -385,7 +419,7 @@ class Scheduler:
         return bool(self._queue)
 
     def __len__(self) -> int:
-        return len(self._queue)
+        return len(self._queue) + (len(self.robots) if self.robots is not None else 0)
 
     def enqueue_request(self, request: Request) -> bool:
         self._active_at = time.monotonic()
@@ -400,10 +434,10 @@ class Scheduler:
                 # The task's URL answered with a redirect: done with it; the target is
                 # a discovered URL (the lease ends when the engine lets the redirecting
                 # request go, right after this call).
-                request.meta.pop(TASK_META, None)
+                _forget_task(request)
                 self.stats.inc_value("dedupnet/redirects")
                 return self._discovered(request, url, redirect=True)
-            request.meta.pop(TASK_META, None)  # copied meta: not ours
+            _forget_task(request)  # copied meta: not ours
         if request.method != "GET" or request.body:
             return self._bypass(request, "not_get")
         if request.dont_filter and not (self.seed_start_requests and request.meta.get("is_start_request")):
@@ -414,14 +448,71 @@ class Scheduler:
 
     def next_request(self) -> Request | None:
         self._release()
-        if not self._queue and len(self.book) < self.max_leased:
+        if not self._queue and self._room():
             self._take()
-        if not self._queue:
-            return None
-        _, _, request = heapq.heappop(self._queue)
-        self.book.handed(request)
-        self.stats.inc_value("scheduler/dequeued/dedupnet")
-        return request
+        while self._queue:
+            _, _, request = heapq.heappop(self._queue)
+            if self.robots is None or TASK_META not in request.meta or self._robots_allow(request):
+                self.book.handed(request)
+                self.stats.inc_value("scheduler/dequeued/dedupnet")
+                return request
+        return None
+
+    # -- robots.txt (dedupnet/scrapy_robots.py) -------------------------------------------------
+    def _robots_allow(self, request: Request) -> bool:
+        """Whether a task request may go to the engine now; if not it is finished
+        without a fetch (forbidden) or waits for its site's robots.txt."""
+        verdict = self.robots.check(request.url, request)
+        if verdict == ALLOWED:
+            request.meta[ROBOTS_META] = True
+            request.meta["dont_obey_robotstxt"] = True  # checked here: Scrapy's middleware is not asked
+            return True
+        if verdict == DISALLOWED:
+            self.stats.inc_value("dedupnet/robots_forbidden")
+            log.debug("dedupnet: forbidden by robots.txt, finished without a fetch: %s", request.url)
+            self.book.not_fetched(request)
+        elif verdict == FETCH:
+            self._fetch_robots(origin_of(request.url))
+        return False
+
+    def _fetch_robots(self, origin: str) -> None:
+        """robots.txt of ``origin`` through Scrapy's engine (its downloader middlewares,
+        retries included); the tasks waiting for it are checked again when it comes."""
+        engine = self.crawler.engine
+        req = Request(origin + "/robots.txt", priority=1000, dont_filter=True,
+                      meta={"dont_obey_robotstxt": True})
+        if hasattr(engine, "download_async"):  # Scrapy 2.14+
+            from scrapy.utils.defer import deferred_from_coro
+
+            d = deferred_from_coro(engine.download_async(req))
+        else:  # pragma: no cover - older Scrapy
+            d = engine.download(req)
+        self.stats.inc_value("dedupnet/robots_requests")
+        d.addCallbacks(lambda resp: self._robots_answered(origin, resp.status, resp.body),
+                       lambda failure: self._robots_failed(origin, failure.getErrorMessage()))
+
+    def _robots_answered(self, origin: str, status: int, body: bytes) -> None:
+        try:
+            ready = self.robots.answered(origin, status, body)
+        except RobotsUnavailable as e:
+            return self._robots_failed(origin, str(e))
+        for request in ready:
+            self._push_local(request)
+        self._wake_engine()
+
+    def _robots_failed(self, origin: str, why: str) -> None:
+        given_up = self.robots.failed(origin)
+        if given_up is None:
+            log.warning("dedupnet: robots.txt of %s unavailable (%s): asked again in %g s", origin, why,
+                        ROBOTS_RETRY_DELAY)
+            reactor.callLater(ROBOTS_RETRY_DELAY, self._fetch_robots, origin)
+            return
+        log.error("dedupnet: robots.txt of %s unavailable (%s): %d tasks finished without a fetch", origin, why,
+                  len(given_up))
+        self.stats.inc_value("dedupnet/robots_unavailable", len(given_up))
+        for request in given_up:
+            self.book.not_fetched(request)
+        self._release()
 
     # -- discovered URLs ---------------------------------------------------------------------
     def _discovered(self, request: Request, url: str, *, redirect: bool = False) -> bool:
@@ -481,11 +572,20 @@ class Scheduler:
         heapq.heappush(self._queue, (-request.priority, next(self._order), request))
 
     # -- tasks ---------------------------------------------------------------------------------
+    def _room(self) -> int:
+        """Tasks that may be taken now. A finished task counts against ``max_leased``
+        until it is written: a spider killed before that fetches it again, so what a
+        crash costs stays within the bound. At the bound, what is finished is written
+        first."""
+        if len(self.book) + len(self._done) >= self.max_leased and self._done:
+            self._try_flush()
+        return max(self.max_leased - len(self.book) - len(self._done), 0)
+
     def _take(self) -> int:
         """Read tasks from task_pool into the local queue: first this consumer's pending
         entries not leased here (after a restart; and every ``PENDING_RESCAN`` s, for a
         reply lost with a connection), page by page, then new entries."""
-        count = min(self.take_batch, self.max_leased - len(self.book))
+        count = min(self.take_batch, self._room())
         if count <= 0:
             return 0
         if self._cursor is None and time.monotonic() >= self._rescan_at:
@@ -602,12 +702,18 @@ class Scheduler:
         return None if slot is None else slot.inprogress
 
     def _release(self) -> None:
+        """Tasks the engine is done with are finished; written at once when it holds no
+        other task (nothing to batch them with: the links are what the crawl waits for),
+        else at the next tick."""
         in_progress = self._engine_in_progress()
         if in_progress is None:
             return
         if self.book.released(in_progress):
             self._active_at = time.monotonic()
-        self._done += self.book.finished()
+        finished = self.book.finished()
+        self._done += finished
+        if finished and not self.book.out:
+            self._try_flush()
 
     def _tick(self) -> None:
         """Every ``flush_interval``: finished tasks and links out; if idle, tasks in (and
@@ -615,12 +721,42 @@ class Scheduler:
         try:
             self._release()
             self._try_flush()
-            if not self._queue and len(self.book) < self.max_leased and self._take():
-                slot = self._engine_slot()
-                if slot is not None:
-                    slot.nextcall.schedule()
+            if not self._queue and self._room() and self._take():
+                self._wake_engine()
         except Exception:  # never let the LoopingCall die
             log.exception("dedupnet: scheduler tick failed")
+
+    def _watch_tasks(self) -> None:
+        """In a thread of its own: wait in Redis for entries added to task_pool (``XREAD
+        BLOCK``, which reads without taking) and have the reactor take them at once, so
+        a task does not wait for the next tick. The tick still looks, should this fail."""
+        key = self.store.key(TASK_POOL)
+        last: bytes | str = "$"
+        while self._watching:
+            try:
+                reply = self.store.redis.xread({key: last}, count=1, block=int(WATCH_BLOCK * 1000))
+            except (RedisError, OSError) as e:
+                log.debug("dedupnet: watching task_pool: %s", e)
+                time.sleep(WATCH_BLOCK)
+                last = "$"
+                continue
+            if reply and self._watching:
+                last = reply[0][1][-1][0]
+                reactor.callFromThread(self._new_tasks)
+
+    def _new_tasks(self) -> None:
+        try:
+            self._release()
+            if not self._queue and self._room() and self._take():
+                self._wake_engine()
+        except Exception:
+            log.exception("dedupnet: taking new tasks failed")
+
+    def _wake_engine(self) -> None:
+        """Requests are ready here: the engine asks for them now, not at its 5 s heartbeat."""
+        slot = self._engine_slot()
+        if slot is not None:
+            slot.nextcall.schedule()
 
     def _try_flush(self) -> None:
         try:

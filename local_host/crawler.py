@@ -79,7 +79,8 @@ from dedupnet.adapters.runtime import until_stored
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
 from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
 
-from .fetch import ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links, in_scope
+from .fetch import (ROBOTS_MAX, ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links,
+                    in_scope, robots_text)
 from .tasks import GROUP, fill_discovered, fill_finished, read_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
@@ -97,7 +98,6 @@ RECRAWL_LOCK = "recrawl_lock"
 HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 ACCEPT = "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1"
-ROBOTS_MAX = 512 * 1024  # RFC 9309: parse at least 500 KiB
 PARSE_IN_THREAD = 256 * 1024
 #: An unwanted body (404, redirect, 503, a PDF) declared at most this long is read and
 #: dropped, so the connection goes back to the pool: far cheaper than a new connection.
@@ -805,10 +805,8 @@ class Crawler:
                     async with client.stream("GET", url, follow_redirects=True,
                                                    extensions={"trace": _on_send(sent)}) as r:
                         self.counters.inc("robots_fetched", status=r.status_code)
-                        if 400 <= r.status_code < 500:
-                            return None  # no robots.txt: everything is allowed
                         if not 200 <= r.status_code < 300:
-                            raise RobotsUnavailable(f"{url}: HTTP {r.status_code}")
+                            return robots_text(url, r.status_code)
                         chunks, total = [], 0
                         async with contextlib.aclosing(r.aiter_bytes()) as body:
                             async for chunk in body:
@@ -817,7 +815,7 @@ class Crawler:
                                 if total >= ROBOTS_MAX:
                                     break
                         self.counters.inc("fetched_bytes", r.num_bytes_downloaded)
-                        return b"".join(chunks)[:ROBOTS_MAX].decode("utf-8", errors="replace")
+                        return robots_text(url, r.status_code, b"".join(chunks))
                 raise RobotsUnavailable(f"{url}: timeout")
         except httpx.TooManyRedirects:
             return None  # RFC 9309: more than 5 redirects = unavailable (4xx-like): allow

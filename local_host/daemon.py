@@ -40,11 +40,6 @@ log = logging.getLogger("dedupnet.local")
 
 #: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
 MAX_IDLE_POLL = 0.5
-#: How much longer a part-full set may fill while an earlier one is unacknowledged or
-#: this host's crawler has work.
-MAX_LINGER_FACTOR = 4
-#: ... and at most this much longer while the crawler holds work for twice as long.
-MAX_BACKLOG_FACTOR = 8
 #: Seconds over which the crawler's pages per second are measured.
 RATE_WINDOW = 2.0
 
@@ -275,6 +270,11 @@ class LocalDaemon:
                 if entries and not held:
                     since = trio.current_time()
                 held += entries
+                if held and len(held) < s.set_size and self.crawler is None:
+                    # The crawler in front is another process (a Scrapy spider): what it
+                    # holds is what task_pool holds, read now, not a heartbeat ago.
+                    self.task_pool_size = await until_stored(self.store, self.counters,
+                                                             self.pools.task_pool_size_steps)
                 if held and (len(held) >= s.set_size or trio.current_time() >= self._linger_until(since)):
                     if self.on_found is not None:
                         self.on_found(held)
@@ -285,7 +285,8 @@ class LocalDaemon:
                     continue
             # Nothing more for now: sleep until the crawler pushes links, the linger
             # ends, or a poll (backing off while idle: URL_pool may be fed from outside).
-            poll = s.idle_poll if entries else min(2 * poll, MAX_IDLE_POLL)
+            # A host without a crawler of its own is fed only from outside: no back-off.
+            poll = s.idle_poll if entries or self.crawler is None else min(2 * poll, MAX_IDLE_POLL)
             wait = min(poll, self._linger_until(since) - trio.current_time()) if held else poll
             with trio.move_on_after(max(wait, 0.0)):
                 await self._pushed.wait()
@@ -306,21 +307,18 @@ class LocalDaemon:
         return followups
 
     def _linger_until(self, since: float) -> float:
-        """When a part-full set taken at ``since`` goes: after ``set_linger``, unless a set
-        of ours still waits for the center's ack (a busy center holds acks back: Nagle's
-        rule) or our crawler is not idle (pages in progress, or tasks not yet read): then
-        it fills for up to ``MAX_LINGER_FACTOR`` times as long. Latency only costs while
-        crawlers wait for work; until then a fuller set is cheaper for every center (its
-        cost is mostly per set: at 8x4, 10,000 pages, sets of ~26 URLs cost the centers
-        2.1 s of CPU per 1,000 URLs, sets of ~53 cost 0.9 s). A crawler reads every task
-        it can hold at once, so "nothing left to read" alone is not idle: its pages in
-        progress will bring links (counting them took the 3x3 10,000-page run's sets
-        from 109 to 164 URLs on average)."""
-        busy = self.core.unacked or (self.crawler is not None and not self.crawler.idle)
-        factor = MAX_LINGER_FACTOR if busy else 1
-        if self.crawler is not None and self.settings.set_linger > 0:
-            factor = max(factor, min(MAX_BACKLOG_FACTOR, self._backlog() / (2 * self.settings.set_linger)))
-        return since + self.settings.set_linger * factor
+        """When a part-full set taken at ``since`` goes (:func:`hp.set_linger_for`: at once
+        while this host is idle). The crawler has work while it is not idle — a crawler
+        reads every task it can hold at once, so "nothing left to read" alone is not
+        idle: its pages in progress will bring links (counting them took the 3x3
+        10,000-page run's sets from 109 to 164 URLs on average); a crawler in another
+        process (``--no-crawl``) while task_pool holds tasks."""
+        if self.crawler is not None:
+            working, backlog = not self.crawler.idle, self._backlog() if self.settings.set_linger > 0 else 0.0
+        else:
+            working, backlog = bool(self.task_pool_size), 0.0
+        return since + hp.set_linger_for(self.settings.set_linger, unacked=bool(self.core.unacked),
+                                         working=working or backlog > 0, backlog=backlog)
 
     def _backlog(self) -> float:
         """Seconds of work this host's crawler holds: pages in progress over its recent

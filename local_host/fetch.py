@@ -36,6 +36,8 @@ __all__ = [
     "Politeness",
     "RobotsCache",
     "RobotsUnavailable",
+    "ROBOTS_MAX",
+    "robots_text",
     "extract_links",
     "decode_html",
     "in_scope",
@@ -149,6 +151,21 @@ class Politeness:
 # -- robots.txt ----------------------------------------------------------------------
 class RobotsUnavailable(Exception):
     """robots.txt could not be fetched (5xx, timeout, connection error): try later."""
+
+
+ROBOTS_MAX = 512 * 1024  # RFC 9309: parse at least 500 KiB
+
+
+def robots_text(url: str, status: int, body: bytes = b"") -> str | None:
+    """What an answer to a robots.txt request says (RFC 9309), for every crawler in front
+    of a host: its text (the first ``ROBOTS_MAX`` bytes) for a 2xx; None for a 4xx (there
+    is none: everything is allowed); anything else is :class:`RobotsUnavailable` (try
+    later: a site that cannot say what it forbids is not crawled meanwhile)."""
+    if 400 <= status < 500:
+        return None
+    if not 200 <= status < 300:
+        raise RobotsUnavailable(f"{url}: HTTP {status}")
+    return body[:ROBOTS_MAX].decode("utf-8", errors="replace")
 
 
 _URL_ORIGIN = re.compile(r"([a-zA-Z][a-zA-Z0-9+.-]*://[^/?#]*)")

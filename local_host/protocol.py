@@ -35,6 +35,29 @@ log = logging.getLogger("dedupnet.local")
 MAX_RENUMBER = MAX_SEQUENCE // 2
 
 
+#: How much longer than ``set_linger`` a part-full set may fill while an earlier one is
+#: unacknowledged or this host's crawler has work.
+MAX_LINGER_FACTOR = 4
+#: ... and at most this much longer while the crawler holds work for twice as long.
+MAX_BACKLOG_FACTOR = 8
+
+
+def set_linger_for(set_linger: float, *, unacked: bool, working: bool, backlog: float = 0.0) -> float:
+    """Seconds a part-full set may wait to fill (a producer's linger: long under load,
+    none when idle). None when no set of this host awaits the center's ack and its
+    crawler holds no work: nothing would fill the set, and a crawler may be waiting for
+    what it holds. Otherwise ``MAX_LINGER_FACTOR`` lingers (a busy center holds acks
+    back: Nagle's rule; a fuller set costs every center less, its cost being mostly per
+    set), up to half the ``backlog`` (seconds of work the crawler holds, whose pages will
+    bring the links that fill it), at most ``MAX_BACKLOG_FACTOR`` lingers."""
+    if not (unacked or working):
+        return 0.0
+    factor = MAX_LINGER_FACTOR
+    if set_linger > 0:
+        factor = max(factor, min(MAX_BACKLOG_FACTOR, backlog / (2 * set_linger)))
+    return set_linger * factor
+
+
 # -- events -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Found:

@@ -343,23 +343,26 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
         assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
 
 
-def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_has_work():
-    """The walker's linger (local_host/daemon.py _linger_until): set_linger when nothing
-    of ours awaits an ack and the crawler is idle (latency is what it waits for);
-    MAX_LINGER_FACTOR times as long otherwise (a fuller set is cheaper for the centers),
-    also while the crawler has read every task but still has pages in progress."""
+def test_a_part_full_set_goes_at_once_when_the_host_is_idle_and_lingers_while_it_has_work():
+    """The walker's linger (local_host/daemon.py _linger_until, local_host/protocol.py
+    set_linger_for): none when nothing of ours awaits an ack and the crawler holds no
+    work (latency is what it waits for); MAX_LINGER_FACTOR lingers otherwise (a fuller
+    set is cheaper for the centers), also while the crawler has read every task but
+    still has pages in progress, or, in another process, while task_pool holds tasks."""
     from types import SimpleNamespace
 
-    from local_host.daemon import MAX_BACKLOG_FACTOR, MAX_LINGER_FACTOR, LocalDaemon
+    from local_host.daemon import LocalDaemon
+    from local_host.protocol import MAX_BACKLOG_FACTOR, MAX_LINGER_FACTOR
 
-    def linger(unacked, crawler, backlog=0.0):
+    def linger(unacked, crawler, backlog=0.0, task_pool=None):
         fake = SimpleNamespace(settings=SimpleNamespace(set_linger=0.5), core=SimpleNamespace(unacked=unacked),
-                               crawler=crawler, _backlog=lambda: backlog)
+                               crawler=crawler, _backlog=lambda: backlog, task_pool_size=task_pool)
         return LocalDaemon._linger_until(fake, 10.0) - 10.0
 
     idle, fetching = SimpleNamespace(idle=True), SimpleNamespace(idle=False)
-    assert linger({}, idle) == linger({}, None) == 0.5
+    assert linger({}, idle) == linger({}, None) == linger({}, None, task_pool=0) == 0.0
     assert linger({}, fetching) == linger({7: b""}, idle) == linger({7: b""}, None) == 0.5 * MAX_LINGER_FACTOR
+    assert linger({}, None, task_pool=3) == 0.5 * MAX_LINGER_FACTOR  # a Scrapy spider with tasks
     # The crawler's own notion: drained but with pages in progress is not idle.
     from local_host.crawler import Crawler
 
@@ -367,7 +370,7 @@ def test_a_part_full_set_lingers_longer_while_a_set_is_unacked_or_the_crawler_ha
     crawler._drained, crawler.in_progress = True, 3
     assert not crawler.idle and linger({}, crawler) == 0.5 * MAX_LINGER_FACTOR
     crawler.in_progress = 0
-    assert crawler.idle and linger({}, crawler) == 0.5
+    assert crawler.idle and linger({}, crawler) == 0.0
     # A crawler that holds more work: up to half of it (seconds), at most MAX_BACKLOG_FACTOR lingers.
     assert linger({}, fetching, backlog=6.0) == 3.0 and linger({}, idle, backlog=100.0) == 0.5 * MAX_BACKLOG_FACTOR
     assert linger({}, fetching, backlog=1.0) == 0.5 * MAX_LINGER_FACTOR

@@ -367,3 +367,53 @@ def test_what_cannot_be_written_is_kept_and_written_when_redis_is_back(redis_url
         assert _stream(store, "URL_pool") == ["http://a.example/"] and sched._links == []
     finally:
         reachable.close()
+
+
+def test_a_finished_task_counts_against_the_lease_bound_until_it_is_written(redis_url, store):
+    """What a killed spider fetches again is every entry pending for its consumer: the
+    tasks it holds and those finished but not written. Both together stay within
+    DEDUPNET_MAX_LEASED."""
+    sched, spider, stats = _scheduler(redis_url, store.prefix, DEDUPNET_TAKE_BATCH=2, DEDUPNET_MAX_LEASED=2)
+
+    def pending() -> int:
+        return store.redis.xpending(store.key("task_pool"), GROUP)["pending"]
+
+    try:
+        store.stream_add("task_pool", [f"http://a.example/{i}" for i in range(6)])
+        for _ in range(3):
+            assert sched.next_request() is not None and sched.next_request() is not None
+            assert pending() <= 2
+            sched.book.released(set())  # the engine is done with both; no flush has run
+            sched._done += sched.book.finished()
+        assert sched.next_request() is None and pending() == 0
+        assert store.stream_len("task_pool") == 0
+    finally:
+        sched.store.close()
+
+
+def test_new_tasks_wake_the_scheduler_without_waiting_for_a_tick(redis_url, store, monkeypatch):
+    """A watch blocked in Redis on task_pool (XREAD, which takes nothing) hands the
+    reactor a call as soon as an entry is added; the call takes it."""
+    import threading
+    from types import SimpleNamespace
+
+    import dedupnet.scrapy as ds
+
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    woken = threading.Event()
+    monkeypatch.setattr(ds, "reactor", SimpleNamespace(callFromThread=lambda fn: woken.set()))
+    sched._watching = True
+    watcher = threading.Thread(target=sched._watch_tasks, daemon=True)
+    watcher.start()
+    try:
+        time.sleep(0.3)  # the watch is blocked in Redis
+        assert not woken.is_set()
+        store.stream_add("task_pool", ["http://a.example/new"])
+        assert woken.wait(10)
+        sched._new_tasks()  # what the reactor runs
+        assert len(sched) == 1 and stats.get_value("dedupnet/tasks_taken") == 1
+        assert store.redis.xpending(store.key("task_pool"), GROUP)["pending"] == 1
+    finally:
+        sched._watching = False
+        watcher.join(5)
+        sched.store.close()

@@ -22,7 +22,7 @@ from center_host import protocol as cp
 from center_host.daemon import CenterSettings, core_config as center_core_config
 from center_host.pools import WRITES as CENTER_WRITES
 from local_host import protocol as hp
-from local_host.daemon import MAX_LINGER_FACTOR, LocalSettings, core_config as host_core_config
+from local_host.daemon import LocalSettings, core_config as host_core_config
 from local_host.pools import WRITES as HOST_WRITES
 
 from dedupnet.adapters.metrics import Counters
@@ -274,8 +274,8 @@ class HostNode(Node):
             self.walk_at = self.after(0.0, self._walk)
 
     def _linger_until(self) -> float:
-        busy = self.core.unacked or (self.crawler is not None and not self.crawler.idle)
-        return self.since + self.settings.set_linger * (MAX_LINGER_FACTOR if busy else 1)
+        working = self.crawler is not None and not self.crawler.idle
+        return self.since + hp.set_linger_for(self.settings.set_linger, unacked=bool(self.core.unacked), working=working)
 
     def _walk(self) -> None:
         self.walk_at = None

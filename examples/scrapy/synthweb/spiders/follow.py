@@ -1,7 +1,10 @@
 """Follows every link of every HTML page: the crawl dedupnet's own crawler does."""
 
 import scrapy
-from scrapy.http import TextResponse
+
+#: Media types links are followed out of. The response class is no guide: Scrapy makes a
+#: TextResponse of some non-HTML types (application/pdf among them).
+HTML_TYPES = (b"text/html", b"application/xhtml+xml")
 
 
 class FollowSpider(scrapy.Spider):
@@ -14,7 +17,8 @@ class FollowSpider(scrapy.Spider):
         self.start_urls = [u for u in start_urls.split(",") if u]
 
     def parse(self, response):
-        if not isinstance(response, TextResponse):  # a PDF, an image: no links followed
+        ctype = response.headers.get(b"Content-Type", b"").split(b";")[0].strip().lower()
+        if ctype not in HTML_TYPES or not hasattr(response, "xpath"):  # a PDF, an image: no links followed
             return
         yield {"url": response.url, "status": response.status,
                "title": response.css("title::text").get()}
