@@ -427,6 +427,7 @@ class CenterDaemon:
             "routing": self.core.config.routing,
             "waiting_for_networks": {f"net:{n}": k for n, k in sorted(self.core.routed_waiting().items())},
             "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
+            "store_watermark": self.pools.store.watermark,
             **center_detail(self),
         }
 

@@ -422,6 +422,7 @@ class LocalDaemon:
             "center": "%s:%d" % self.settings.center, "connected": self.conn is not None,
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "sets_in_flight": {"unacked": len(self.core.unacked)}, "counters": self.counters.snapshot(),
+            "store_watermark": self.pools.store.watermark,
             "crawler": None if self.crawler is None else {
                 "idle": self.crawler.idle, "in_progress": self.crawler.in_progress, "pages_done": self.crawler.pages_done},
         }
