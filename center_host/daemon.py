@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,6 +42,10 @@ from . import protocol as cp
 from .pools import WRITES, CenterPools
 
 log = logging.getLogger("dedupnet.center")
+
+#: Heartbeat intervals after which a busy member gets a heartbeat all the same: it carries
+#: this center's store watermark.
+MARK_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -147,6 +152,8 @@ class CenterDaemon:
         #: Operator requests waiting for the core's answer (set when it is sent).
         self._answered: dict[cp.Operator, trio.Event] = {}
         self._gauged: set[str] = set()
+        #: Connection -> when our last heartbeat (with our store watermark) went on it.
+        self._mark_sent: dict[Connection, float] = {}
         self._gauged_routed: set[int] = set()
         #: number -> when this center stored the set (trio time): the status page's ages.
         self.set_since: dict[int, float] = {}
@@ -341,9 +348,16 @@ class CenterDaemon:
             stalled, last = max(0.0, now - last - interval), now
             beat = heartbeat(self.settings.ip, store=self.pools.store.watermark)
             for member, conn in list(self.conns.items()):
-                # A control client is never a member.
-                if not isinstance(member, cp.Operator) and now - conn.last_sent >= interval / 2:
+                # A control client is never a member. A busy link still carries our store
+                # watermark now and then, and at once on a new connection (a store that came
+                # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
+                if isinstance(member, cp.Operator):
+                    continue
+                if now - conn.last_sent >= interval / 2 or now - self._mark_sent.get(conn, -math.inf) >= MARK_EVERY * interval:
                     conn.send_urgent(beat)
+                    self._mark_sent[conn] = now
+            for conn in [c for c in self._mark_sent if c not in self.conns.values()]:
+                del self._mark_sent[conn]
             self._gauge_waiting()
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
