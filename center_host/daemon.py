@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,7 +30,9 @@ from dedupnet.adapters.discovery import Responder, center_address, serve_discove
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import Reactor, Timers, check_durable, control_session, heartbeat, until_stored
+from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, heartbeat, keep_watermarks,
+                                      open_watermarks, until_stored)
+from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -39,6 +42,10 @@ from . import protocol as cp
 from .pools import WRITES, CenterPools
 
 log = logging.getLogger("dedupnet.center")
+
+#: Heartbeat intervals after which a busy member gets a heartbeat all the same: it carries
+#: this center's store watermark.
+MARK_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,9 @@ class CenterSettings:
     #: Send an acknowledgement, an answer or a task only once the writes it depends on are
     #: fsynced to Redis' AOF (``WAITAOF``); a Redis that cannot tell is used as it is.
     durable_acks: bool = True
+    #: Assignments kept per host (``task_log:<host>``) to offer again if the host's store
+    #: comes back behind what it acknowledged (dedupnet/adapters/watermark.py); 0: none.
+    rewind_log: int = 256
 
 
 def core_config(settings: CenterSettings) -> cp.CenterConfig:
@@ -125,7 +135,10 @@ class CenterDaemon:
         self.settings = settings
         self.counters = counters or Counters()
         self.core = cp.CenterProtocol(core_config(settings), self.counters)
-        self.pools = CenterPools(store, settings.recrawl)
+        #: The highest store watermark heard from each member (set up by run()).
+        self.marks = Watermarks(self.counters)
+        self.pools = CenterPools(store, settings.recrawl, task_log=settings.rewind_log,
+                                 step_of=lambda host: self.marks.step_of(host))
         self.store = on_trio(store)
         self.conns: dict[cp.Member, Connection] = {}
         self.last_seen: dict[cp.Member, float] = {}
@@ -138,6 +151,8 @@ class CenterDaemon:
         self.peer_listen: dict[int, str] = {}
         #: Operator requests waiting for the core's answer (set when it is sent).
         self._answered: dict[cp.Operator, trio.Event] = {}
+        #: Connection -> when our last heartbeat (with our store watermark) went on it.
+        self._mark_sent: dict[Connection, float] = {}
         #: number -> when this center stored the set (trio time): the status page's ages.
         self.set_since: dict[int, float] = {}
         #: The bound port of ``settings.metrics`` (the HTTP endpoint), once serving.
@@ -180,9 +195,13 @@ class CenterDaemon:
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
+        self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
         await self.reactor.process(await until_stored(self.store, self.counters, self.pools.load))
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             nursery.start_soon(self.reactor.run)
+            nursery.start_soon(keep_watermarks, self.store, self.counters, self.pools.store, self.marks,
+                               self.settings.heartbeat_interval)
             nursery.start_soon(self.timers.run)
             self.port = await nursery.start(self._serve)
             if self.settings.discovery_port is not None:
@@ -292,6 +311,9 @@ class CenterDaemon:
                 if isinstance(message, Heartbeat):
                     if message.tasks is not None and isinstance(member, cp.Host):
                         self.reported_tasks[member.ip] = (message.tasks, trio.current_time())
+                    behind = self.marks.hear(str(member), message.store) if message.store else None
+                    if behind is not None:
+                        self._nursery.start_soon(self._reoffer, member, behind)
                 else:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
@@ -322,11 +344,18 @@ class CenterDaemon:
             await trio.sleep(interval)
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
-            beat = heartbeat(self.settings.ip)
+            beat = heartbeat(self.settings.ip, store=self.pools.store.watermark)
             for member, conn in list(self.conns.items()):
-                # A control client is never a member.
-                if not isinstance(member, cp.Operator) and now - conn.last_sent >= interval / 2:
+                # A control client is never a member. A busy link still carries our store
+                # watermark now and then, and at once on a new connection (a store that came
+                # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
+                if isinstance(member, cp.Operator):
+                    continue
+                if now - conn.last_sent >= interval / 2 or now - self._mark_sent.get(conn, -math.inf) >= MARK_EVERY * interval:
                     conn.send_urgent(beat)
+                    self._mark_sent[conn] = now
+            for conn in [c for c in self._mark_sent if c not in self.conns.values()]:
+                del self._mark_sent[conn]
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
                 seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled
@@ -335,6 +364,24 @@ class CenterDaemon:
                     log.warning("%s missed its heartbeats: silent for %.1f s (heartbeat timeout %g s); it leaves",
                                 member, now - seen, self.settings.heartbeat_timeout)
                     await self.conns[member].aclose()
+
+    async def _reoffer(self, member: cp.Member, behind: Behind) -> None:
+        """A member's store came back behind: a host is assigned again what its log
+        holds (it drops on arrival what its store still has); a peer center is only
+        reported, nothing handed to it is logged here."""
+        if not isinstance(member, cp.Host):
+            self.counters.inc("rewind_unrepaired", member=str(member))
+            log.error("%s: what was routed to it and acknowledged since its step %d may be lost; this center "
+                      "keeps no log of it", member, behind.now[1])
+            return
+        entries, tasks = await until_stored(self.store, self.counters, self.pools.task_log_steps, member.ip)
+        if not log_reaches(entries, self.settings.rewind_log, behind):
+            self.counters.inc("rewind_unrepaired", member=str(member))
+            log.error("%s: the log of its last %d assignments may not reach back to its step %d; tasks "
+                      "assigned before them may be lost", member, len(entries), behind.now[1])
+        log.warning("%s: %d tasks of its last %d assignments offered again", member,
+                    sum(len(u) for u in tasks.values()), len(entries))
+        await self.reactor.put(cp.Reoffer(member.ip, tasks))
 
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
@@ -379,6 +426,7 @@ class CenterDaemon:
             "routing": self.core.config.routing,
             "waiting_for_networks": {f"net:{n}": k for n, k in sorted(self.core.routed_waiting().items())},
             "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
+            "store_watermark": self.pools.store.watermark,
             **center_detail(self),
         }
 

@@ -24,6 +24,7 @@ import orjson
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
+from dedupnet.adapters.watermark import tagged, untag
 from dedupnet.codec.urls import fingerprint_many
 
 from . import protocol as cp
@@ -36,15 +37,22 @@ CONCLUDED_DIGEST = "concluded_digest"
 SEQUENCES = "host_sequences"
 #: host IP -> its status address: the LAN's hosts, until they leave or are reassigned.
 HOSTS = "hosts"
+#: ``task_log:<host>``: the last assignments made to each host (newest first), tagged with
+#: the host's watermark step heard then: re-offered if its store comes back behind.
+TASK_LOG = "task_log"
 
 WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.NoteHost, cp.ForgetHost, cp.SaveTask,
           cp.DropTask)
 
 
 class CenterPools:
-    def __init__(self, store: Store, recrawl: RecrawlPolicy | None = None, clock: Callable[[], float] = time.time):
+    def __init__(self, store: Store, recrawl: RecrawlPolicy | None = None, clock: Callable[[], float] = time.time,
+                 *, task_log: int = 0, step_of: Callable[[str], int] = lambda member: 0):
         self.store = store
         self.admitted = AgedSet(store, ADMITTED, recrawl, clock) if recrawl is not None else None
+        #: Assignments kept per host for a re-offer (0: none), and the host's step heard.
+        self.task_log = task_log
+        self.step_of = step_of
 
     def apply(self, actions: list) -> None:
         """Carry out the store actions among ``actions`` atomically, in order."""
@@ -81,6 +89,11 @@ class CenterPools:
                 batch.add(b"HDEL", key(HOSTS), a.host)
             elif isinstance(a, cp.SaveTask):
                 batch.add(b"HSET", key(TASK_URL), a.key, orjson.dumps(a.urls))
+                number, host = cp.task_parts(a.key)
+                if self.task_log and host:
+                    log_key = key(f"{TASK_LOG}:{host}")
+                    batch.add(b"LPUSH", log_key, tagged(self.step_of(host), orjson.dumps([number, a.urls])))
+                    batch.add(b"LTRIM", log_key, 0, self.task_log - 1)
             elif isinstance(a, cp.DropTask):
                 batch.add(b"HDEL", key(TASK_URL), a.key)
 
@@ -112,6 +125,18 @@ class CenterPools:
             sequences={k.decode(): int(v) for k, v in _pairs(sequences)},
             hosts={k.decode(): v.decode() for k, v in _pairs(hosts)},
         )
+
+    def task_log_steps(self, host: str) -> Steps[tuple[list[bytes], dict[int, tuple[str, ...]]]]:
+        """The log of ``host``'s assignments (its raw entries, newest first, and number ->
+        URLs, merged): what a host whose store came back behind is offered again."""
+        batch = self.store.batch()
+        at = batch.add(b"LRANGE", self.store.key(f"{TASK_LOG}:{host}"), 0, -1)
+        entries = (yield batch)[at]
+        tasks: dict[int, tuple[str, ...]] = {}
+        for entry in reversed(entries):
+            number, urls = orjson.loads(untag(entry)[1])
+            tasks[number] = tuple(dict.fromkeys([*tasks.get(number, ()), *urls]))
+        return entries, tasks
 
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()

@@ -140,6 +140,16 @@ class Reassign:
 
 
 @dataclass(frozen=True)
+class Reoffer:
+    """LAN host ``host`` came back with a store behind what it had acknowledged: the
+    tasks last assigned to it (number -> URLs, from the adapter's log) are its again,
+    stored and sent; what it still holds it drops on arrival (docs/PROTOCOL.md section 7)."""
+
+    host: str
+    tasks: dict[int, tuple[str, ...]]
+
+
+@dataclass(frozen=True)
 class LookupDone:
     """Answers to a :class:`Lookup`, index-aligned with its ``urls``."""
 
@@ -538,6 +548,8 @@ class CenterProtocol:
             return self._resume(event)
         if isinstance(event, Reassign):
             return self._operator_reassign(event)
+        if isinstance(event, Reoffer):
+            return self._reoffer(event)
         raise TypeError(f"not a center event: {event!r}")
 
     def _received(self, sender: Member, message: object) -> list[Action]:
@@ -1341,6 +1353,17 @@ class CenterProtocol:
             self.counters.inc("repeated_answers")
             return []
         return [DropTask(key)]
+
+    def _reoffer(self, event: Reoffer) -> list[Action]:
+        actions: list[Action] = []
+        for number, urls in sorted(event.tasks.items()):
+            key = task_key(number, event.host)
+            self.tasks[key] = list(dict.fromkeys([*self.tasks.get(key, []), *urls]))
+            actions.append(SaveTask(key, tuple(self.tasks[key])))
+            if event.host in self.hosts:
+                actions.append(Send((Host(event.host),), wire.encode(Task(number, tuple(self.tasks[key])))))
+        self.counters.inc("tasks_reoffered", amount=sum(len(u) for u in event.tasks.values()))
+        return actions
 
     # -- restart (durability) ----------------------------------------------------------
     def _resume(self, event: Resume) -> list[Action]:

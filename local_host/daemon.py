@@ -26,7 +26,9 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
-from dedupnet.adapters.runtime import Reactor, check_durable, control_session, heartbeat, until_stored
+from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, heartbeat, keep_watermarks,
+                                      open_watermarks, until_stored)
+from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
 from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
@@ -37,6 +39,9 @@ from .crawler import Crawler, CrawlerSettings
 from .pools import WRITES, HostPools
 
 log = logging.getLogger("dedupnet.local")
+
+#: The member name a host keeps its center's watermark under.
+CENTER = "center"
 
 #: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
 MAX_IDLE_POLL = 0.5
@@ -95,6 +100,9 @@ class LocalSettings:
     durable_acks: bool = True
     #: ``(host, port)`` of the URLFrontier service (local_host/frontier.py); None: off.
     frontier: tuple[str, int] | None = None
+    #: Frames the center acknowledged, kept (``URL_pool:released``) to send again if the
+    #: center's store comes back behind (dedupnet/adapters/watermark.py); 0: none.
+    rewind_log: int = 256
 
 
 def core_config(settings: LocalSettings) -> hp.HostConfig:
@@ -110,7 +118,10 @@ class LocalDaemon:
         self.settings = settings
         self.counters = counters or Counters()
         self.core = hp.HostProtocol(core_config(settings), self.counters)
-        self.pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl)
+        #: The highest store watermark heard from the center (set up by run()).
+        self.marks = Watermarks(self.counters)
+        self.pools = HostPools(store, exact=settings.mode == "exact", recrawl=settings.recrawl,
+                               release_log=settings.rewind_log, center_step=lambda: self.marks.step_of(CENTER))
         self.store = on_trio(store)
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
@@ -145,6 +156,7 @@ class LocalDaemon:
         await until_stored(self.store, self.counters, self.pools.setup)
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
+        self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
         resume, orphans = await until_stored(self.store, self.counters, self.pools.load)
         await self.reactor.process(resume)
         if orphans:
@@ -160,6 +172,8 @@ class LocalDaemon:
                 self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._heartbeats)
+            nursery.start_soon(keep_watermarks, self.store, self.counters, self.pools.store, self.marks,
+                               s.heartbeat_interval)
             nursery.start_soon(self._count_tasks)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if s.frontier is not None:
@@ -232,7 +246,11 @@ class LocalDaemon:
                 message = await conn.receive()
                 if isinstance(message, Ack) and message.number == self._handing_back:
                     self.handed_back.set()
-                elif not isinstance(message, Heartbeat):
+                elif isinstance(message, Heartbeat):
+                    behind = self.marks.hear(CENTER, message.store) if message.store else None
+                    if behind is not None:
+                        await self._reoffer(behind)
+                else:
                     await self.reactor.put(hp.FromCenter(message), conn)
         except ConnectionClosed:
             log.info("connection to the center lost")
@@ -243,8 +261,20 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         while True:
             if self.conn is not None:
-                self.conn.send_urgent(heartbeat(self.settings.ip, self.task_pool_size))
+                self.conn.send_urgent(heartbeat(self.settings.ip, self.task_pool_size, self.pools.store.watermark))
             await trio.sleep(self.settings.heartbeat_interval)
+
+    async def _reoffer(self, behind: Behind) -> None:
+        """The center's store came back behind: the frames it acknowledged lately go to it
+        again (it acknowledges what it still holds as a repeat, and de-duplicates the rest
+        as new sets)."""
+        entries = await until_stored(self.store, self.counters, self.pools.released_steps)
+        if not log_reaches(entries, self.settings.rewind_log, behind):
+            self.counters.inc("rewind_unrepaired", member=CENTER)
+            log.error("the center: the log of the last %d sets it acknowledged may not reach back to its step %d; "
+                      "sets acknowledged before them may be lost", len(entries), behind.now[1])
+        log.warning("the center: %d sets it had acknowledged sent again", len(entries))
+        await self.reactor.put(hp.Reoffer([untag(e)[1] for e in reversed(entries)]))
 
     async def _count_tasks(self) -> None:
         """Read task_pool's size for the heartbeats, apart from them: a slow Redis must
@@ -424,6 +454,7 @@ class LocalDaemon:
             "center": "%s:%d" % self.settings.center, "connected": self.conn is not None,
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "sets_in_flight": {"unacked": len(self.core.unacked)}, "counters": self.counters.snapshot(),
+            "store_watermark": self.pools.store.watermark,
             "crawler": None if self.crawler is None else {
                 "idle": self.crawler.idle, "in_progress": self.crawler.in_progress, "pages_done": self.crawler.pages_done},
         }

@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
+from dedupnet.adapters.watermark import tagged
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
 from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import URLGate, fingerprint_many
@@ -35,6 +36,9 @@ WALKER = "walker"
 UNACKED = f"{URL_POOL}:unacked"
 UNACKED_IDS = f"{URL_POOL}:unacked_ids"
 TASK_FP = f"{TASK_POOL}:fp"
+#: The last frames the center acknowledged (newest first), tagged with the center's
+#: watermark step heard then: sent again if the center's store comes back behind.
+RELEASED = f"{URL_POOL}:released"
 
 #: Raise the sequence counter to at least ARGV[1], then reserve ARGV[2] numbers (INCRBY).
 RAISE_AND_RESERVE = (b"local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
@@ -46,9 +50,13 @@ WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)
 
 class HostPools:
     def __init__(self, store: Store, *, exact: bool, recrawl: RecrawlPolicy | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, release_log: int = 0,
+                 center_step: Callable[[], int] = lambda: 0):
         self.store = store
         self.exact = exact
+        #: Acknowledged frames kept for a re-offer (0: none), and the center's step heard.
+        self.release_log = release_log
+        self.center_step = center_step
         #: ``finish_URL`` under a re-crawl policy; None: the plain fingerprint set.
         self.finished = AgedSet(store, FINISH_URL, recrawl, clock) if recrawl is not None else None
 
@@ -80,10 +88,19 @@ class HostPools:
                 if isinstance(a, hp.Release):
                     batch.add(b"HDEL", key(UNACKED), a.number)
                     batch.add(b"HDEL", key(UNACKED_IDS), a.number)
+                    if self.release_log and a.frame and a.ids:  # a re-offered frame is logged already
+                        batch.add(b"LPUSH", key(RELEASED), tagged(self.center_step(), a.frame))
+                        batch.add(b"LTRIM", key(RELEASED), 0, self.release_log - 1)
             elif isinstance(a, hp.AddTasks) and a.urls:
                 for url in a.urls:
                     batch.add(b"XADD", key(TASK_POOL), b"*", b"u", url)
                 batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
+
+    def released_steps(self) -> Steps[list[bytes]]:
+        """The re-offer log, newest first (raw entries: :func:`untag` gives the frame)."""
+        batch = self.store.batch()
+        at = batch.add(b"LRANGE", self.store.key(RELEASED), 0, -1)
+        return (yield batch)[at]
 
     def lookup(self, action: hp.Lookup) -> hp.LookupDone:
         """§2.2/§2.3 look-up: ``finish_URL`` (and ``task_pool`` in exact mode), plus the

@@ -84,6 +84,15 @@ class LookupDone:
 
 
 @dataclass(frozen=True)
+class Reoffer:
+    """The center came back with a store behind what it had acknowledged: frames it had
+    acknowledged (their bytes, from the adapter's log) go to it again, with their numbers;
+    what it still holds it acknowledges as a repeat (docs/PROTOCOL.md section 7)."""
+
+    frames: list[bytes]
+
+
+@dataclass(frozen=True)
 class Resume:
     """After a restart: frames sent but never acknowledged, number -> (frame bytes, entry ids)."""
 
@@ -117,10 +126,12 @@ class SaveUnacked:
 
 @dataclass(frozen=True)
 class Release:
-    """The center holds ``number`` durably: its URLs leave ``URL_pool``."""
+    """The center holds ``number`` durably: its URLs leave ``URL_pool``. ``frame``: the
+    frame it acknowledged (b"" for a renumbered one), kept in the adapter's re-offer log."""
 
     number: int
     ids: tuple[bytes, ...]
+    frame: bytes = b""
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,8 @@ class HostProtocol:
         if isinstance(event, Resume):
             self.unacked.update(event.unacked)
             return []
+        if isinstance(event, Reoffer):
+            return self._reoffer(event.frames)
         raise TypeError(f"not a host event: {event!r}")
 
     # -- §2.2 --------------------------------------------------------------------------
@@ -230,7 +243,7 @@ class HostProtocol:
             if entry is None:
                 self.counters.inc("repeated_acks")
                 return []
-            return [Release(message.number, tuple(entry[1]))]
+            return [Release(message.number, tuple(entry[1]), entry[0])]
         if isinstance(message, Task):
             token = ("task", message.number)
             urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
@@ -239,6 +252,19 @@ class HostProtocol:
         self.counters.inc("rejected", reason="unexpected-message")
         log.warning("rejected unexpected-message: %s from the center", type(message).__name__)
         return []
+
+    def _reoffer(self, frames: list[bytes]) -> list[Action]:
+        """Acknowledged frames go back to the center as unacknowledged ones, stored first;
+        their URL_pool entries are gone already (no ids)."""
+        actions: list[Action] = []
+        for data in frames:
+            number = wire.decode_one(data).number
+            if number in self.unacked:
+                continue
+            self.unacked[number] = (data, [])
+            actions += [SaveUnacked(number, data, ()), Send(data)]
+        self.counters.inc("sets_reoffered", amount=len(actions) // 2)
+        return actions
 
     def _canonical(self, number: int, url_set: dict[str, int]) -> dict[str, int]:
         """What the center sends is checked as a center checks what a host sends

@@ -21,6 +21,7 @@ from dedupnet.codec import wire
 from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Status
+from dedupnet.adapters.watermark import Watermarks, heard_steps, own_steps, save_heard_steps
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.stores import store_for
 from dedupnet.adapters.transport import Connection
@@ -272,12 +273,31 @@ class Reactor:
             queue[:0] = await self._execute(actions)
 
 
-def heartbeat(ip: str, tasks: int | None = None) -> bytes:
+def heartbeat(ip: str, tasks: int | None = None, store: tuple[str, int] | None = None) -> bytes:
     """A heartbeat as PROTOCOL.md section 4 has it: the sender's wall clock, seconds
     since the Unix epoch, so a peer or an operator reading the wire can compare clocks.
     Liveness never reads it (a message's arrival is what counts), so the daemons' own
-    timing stays on trio's monotonic clock."""
-    return wire.encode(Heartbeat(ip, time.time(), tasks))
+    timing stays on trio's monotonic clock. ``store``: the sender's store watermark."""
+    return wire.encode(Heartbeat(ip, time.time(), tasks, store))
+
+
+async def open_watermarks(astore, counters, store: Store) -> Watermarks:
+    """Read this store's watermark (writing its incarnation into an empty store) and what
+    was heard from the members' stores before a restart."""
+    store.watermark = await until_stored(astore, counters, own_steps, store)
+    heard = await until_stored(astore, counters, heard_steps, store)
+    log.info("store watermark: incarnation %s, durable step %d", *store.watermark)
+    return Watermarks(counters, heard)
+
+
+async def keep_watermarks(astore, counters, store: Store, marks: Watermarks, interval: float) -> None:
+    """Write what was heard back now and then: a record lost in a crash only makes this
+    daemon miss one member's rewind, and a heartbeat must never wait for a write."""
+    while True:
+        await trio.sleep(interval)
+        changed = marks.changed()
+        if changed:
+            await until_stored(astore, counters, save_heard_steps, store, changed)
 
 
 async def stop_on_signals(scope: trio.CancelScope) -> None:

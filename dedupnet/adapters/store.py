@@ -73,6 +73,7 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dedupnet.codec.errors import StoreUnavailable
+from dedupnet.adapters.watermark import WATERMARK
 
 log = logging.getLogger("dedupnet.adapters.store")
 
@@ -373,6 +374,10 @@ class Store:
     durable = False
     #: Durable transactions that waited for their fsync.
     fsync_waits = 0
+    #: This store's watermark ``(incarnation, step)`` (dedupnet/adapters/watermark.py) once
+    #: the daemon has read it: every ``durable`` transaction then raises the step inside
+    #: itself, and this holds the last one known stored. None: no watermark kept.
+    watermark: tuple[str, int] | None = None
 
     def batch(self) -> Batch:
         batch = Batch(self.bucket_bits)
@@ -446,6 +451,9 @@ class Store:
         fill(batch)
         if len(batch) == 1:
             return []
+        step = durable and self.watermark is not None
+        if step:
+            batch.add(b"HINCRBY", self.key(WATERMARK), b"step", 1)
         batch.add(b"EXEC")
         wait = durable and self.durable
         if wait:
@@ -464,6 +472,9 @@ class Store:
                 raise reply
         if wait:
             yield from self._fsynced_steps(synced)
+        if step:
+            results = list(results)
+            self.watermark = (self.watermark[0], int(results.pop()))
         return results
 
     def _fsynced_steps(self, reply: Any) -> Steps[None]:

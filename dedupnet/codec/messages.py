@@ -164,6 +164,10 @@ class Heartbeat:
     time: float
     #: A host's task_pool size when last read (None: not said): what it holds if it goes down.
     tasks: int | None = None
+    #: The sender's store watermark ``(incarnation, step)``: its last step known to be on
+    #: disk. A receiver that heard a higher step of the same store (or another store)
+    #: knows that store came back behind (docs/PROTOCOL.md section 7). None: not said.
+    store: tuple[str, int] | None = None
 
     KIND: ClassVar[Kind] = Kind.HEARTBEAT
 
@@ -171,6 +175,8 @@ class Heartbeat:
         obj: dict[str, Any] = {"IP": self.IP, "time": self.time}
         if self.tasks is not None:
             obj["tasks"] = self.tasks
+        if self.store is not None:
+            obj["store"] = {"id": self.store[0], "step": self.store[1]}
         return obj
 
 
@@ -478,7 +484,11 @@ def _register(obj: dict[str, Any]) -> Register:
 def _heartbeat(obj: dict[str, Any]) -> Heartbeat:
     if "tasks" in obj:
         _strict_int(Kind.HEARTBEAT, obj, "tasks")
-    return Heartbeat(_ip(Kind.HEARTBEAT, obj["IP"]), obj["time"], obj.get("tasks"))
+    store = obj.get("store")
+    if store is not None:
+        _strict_int(Kind.HEARTBEAT, store, "step")
+        store = (store["id"], store["step"])
+    return Heartbeat(_ip(Kind.HEARTBEAT, obj["IP"]), obj["time"], obj.get("tasks"), store)
 
 
 def _ack(obj: dict[str, Any]) -> Ack:

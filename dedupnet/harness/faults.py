@@ -21,6 +21,13 @@ fetched), ``for`` (seconds down, frozen or cut) and ``target``::
 own embedded server instead of the shared one); nobody restarts it but the host daemon,
 so the fault has no duration.
 
+``power-cut`` takes every machine down at once: every daemon runs its own embedded Redis
+with its data on its own loop-mounted ext4, and at the cut each filesystem is shut down
+without flushing its journal, every process is SIGKILLed, and after the duration the
+filesystems are mounted again and every daemon started on its data (root only;
+:mod:`dedupnet.harness.powercut`). Its target is ``redis`` (all of them). Chaos never
+draws it: it needs a run set up for it.
+
 Targets: ``host:<network>.<index>`` (index 0-based: ``host:1.0`` is 127.0.1.10, the
 first host of network 1), ``center:<network>``, ``wan:<a>-<b>`` (the link between two
 networks' centers), ``redis`` (the server the daemons use; in the simulation they share
@@ -38,7 +45,7 @@ __all__ = ["PROCESS_FAULTS", "LINK_FAULTS", "FAULTS", "Fault", "parse_fault", "f
            "chaos_schedule", "DEFAULT_DURATION"]
 
 PROCESS_FAULTS = ("kill-host", "kill-center", "kill-redis", "freeze-host", "freeze-center", "leave-host",
-                  "kill-host-redis")
+                  "kill-host-redis", "power-cut")
 LINK_FAULTS = ("partition", "lossy-wan", "lossy-lan", "duplicate-frames")
 FAULTS = PROCESS_FAULTS + LINK_FAULTS
 
@@ -48,7 +55,7 @@ FAULTS = PROCESS_FAULTS + LINK_FAULTS
 #: faults last to the end of the run (None).
 DEFAULT_DURATION: dict[str, float | None] = {
     "kill-host": 3.0, "kill-center": 3.0, "kill-redis": 2.0,
-    "freeze-host": 7.0, "freeze-center": 7.0, "leave-host": None, "kill-host-redis": None,
+    "freeze-host": 7.0, "freeze-center": 7.0, "leave-host": None, "kill-host-redis": None, "power-cut": 1.0,
     "partition": 20.0, "lossy-wan": None, "lossy-lan": None, "duplicate-frames": None,
 }
 
@@ -56,7 +63,7 @@ DEFAULT_DURATION: dict[str, float | None] = {
 TARGET_ROLES: dict[str, tuple[str, ...]] = {
     "kill-host": ("host",), "freeze-host": ("host",), "leave-host": ("host",), "lossy-lan": ("host",),
     "kill-center": ("center",), "freeze-center": ("center",),
-    "kill-redis": ("redis",), "kill-host-redis": ("host",),
+    "kill-redis": ("redis",), "kill-host-redis": ("host",), "power-cut": ("redis",),
     "partition": ("wan",), "lossy-wan": ("wan",), "duplicate-frames": ("wan", "host"),
 }
 

@@ -18,6 +18,10 @@ deployment, with signals, while the crawl runs:
   gives that host a ``--data-dir`` instead of the shared server); the harness restarts
   nothing: the host daemon must bring its server back and carry on
   (:func:`dedupnet.adapters.runtime.supervise_redis`).
+* ``power-cut``: every daemon runs its own embedded Redis on its own loop-mounted ext4
+  (:mod:`dedupnet.harness.powercut`); every filesystem is shut down without flushing its
+  journal, then every Redis and daemon SIGKILLed, the filesystems unmounted and mounted
+  again, and after the duration every daemon started once more on its data.
 
 Link faults (``partition``, ``lossy-wan``, ...) are the relay's, run by the harness:
 see :func:`dedupnet.harness.simproc.start_link_faults`.
@@ -106,6 +110,8 @@ class FaultRunner:
     out: object = None
     records: list[FaultRecord] = field(default_factory=list)
     active: int = 0
+    #: Each daemon's disk (target -> LoopDisk) when the run has a ``power-cut``.
+    disks: dict[str, object] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._pending = list(self.faults)
@@ -138,7 +144,9 @@ class FaultRunner:
         re-fetches are excused: the pages in flight at the crash; the caller bounds them)."""
         return frozenset(self.daemons[r.target].name for r in self.records
                          if r.kind in ("kill-host", "kill-host-redis") and r.started is not None
-                         and r.target in self.daemons)
+                         and r.target in self.daemons) | frozenset(
+            d.name for r in self.records if r.kind == "power-cut" and r.started is not None
+            for d in self.daemons.values() if d.role == "host")
 
     def _log(self, text: str) -> None:
         if self.out is not None:
@@ -146,7 +154,7 @@ class FaultRunner:
 
     async def _run(self, f: Fault) -> None:
         rec = self._record[id(f)]
-        key = "redis" if f.kind == "kill-redis" else f.target
+        key = "redis" if f.kind in ("kill-redis", "power-cut") else f.target
         lock = self._locks.setdefault(key, trio.Lock())
         try:
             async with lock:
@@ -162,6 +170,8 @@ class FaultRunner:
                 raise ValueError(f"{f.kind} is a link fault, not a process fault")
             if f.kind == "kill-redis":
                 await self._kill_redis(f, rec)
+            elif f.kind == "power-cut":
+                await self._power_cut(f, rec)
             elif f.kind == "kill-host-redis":
                 await self._kill_host_redis(self.daemons[f.target], rec)
             else:
@@ -222,6 +232,34 @@ class FaultRunner:
                 await trio.to_thread.run_sync(self.redis.restart)
         rec.note = "Redis SIGKILLed, restarted on its AOF"
 
+    async def _power_cut(self, f: Fault, rec: FaultRecord) -> None:
+        """Every filesystem stops first (nothing written after this instant reaches a disk),
+        then every process dies; the disks come back with what their journals had committed."""
+        if not self.disks:
+            raise ValueError("power-cut needs every daemon's Redis on its own disk (simulate_processes sets them up)")
+        live = [d for d in self.daemons.values() if not d.gone]
+        for d in live:
+            d.down = True
+            d.new_life()
+        for disk in self.disks.values():
+            disk.cut()
+        for d in live:
+            cpu = d.cpu_used()
+            server = _server_child(d.proc.pid)
+            if server is not None:
+                os.kill(server, signal.SIGKILL)
+            d.proc.kill()
+            await trio.to_thread.run_sync(d.proc.wait)
+            d.cpu_carried, d.cpu_base = cpu, 0.0
+        for disk in self.disks.values():
+            await trio.to_thread.run_sync(_remount, disk)
+        rec.note = f"{len(self.disks)} filesystems shut down without their journal's tail, {len(live)} daemons killed"
+        await trio.sleep(f.duration or 0)
+        for d in sorted(live, key=lambda d: d.role != "center"):  # centers first, as at the start
+            await self.restart(d)
+            d.down = False
+        rec.note += ", all restarted"
+
     async def _kill_host_redis(self, d, rec: FaultRecord, timeout: float = 60.0) -> None:
         """SIGKILL the host's own server; the fault ends when the host runs a new one (or
         has exited, which the run then reports as a daemon failure)."""
@@ -243,6 +281,11 @@ class FaultRunner:
                         if d.alive() else f"Redis pid {old} SIGKILLed; the host exited ({d.proc.returncode})")
         finally:
             d.down = False
+
+
+def _remount(disk) -> None:
+    disk.unmount()
+    disk.mount()
 
 
 def _server_child(pid: int) -> int | None:

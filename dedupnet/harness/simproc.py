@@ -65,6 +65,7 @@ from dedupnet.codec.messages import Heartbeat, Register, Status
 from dedupnet.adapters.metrics import Counters
 from dedupnet.harness.faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_fault, resolve, target_parts
 from dedupnet.adapters.netinfo import source_ip_towards
+from dedupnet.harness.powercut import LoopDisk, unavailable
 from dedupnet.harness.procfaults import FaultRecord, FaultRunner, KillableRedis
 from dedupnet.harness.relay import LinkFaults, host_name, schedule_link_faults, start_link_relays, wan_name
 from dedupnet.harness.report import (
@@ -358,10 +359,16 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
     cli = [sys.executable, "-m", "dedupnet.cli"]
     ports = ports if ports is not None else _center_ports(cfg)
     via = via or {}
+    # A power cut: every daemon keeps its data in its own embedded Redis on its own disk.
+    power = wants_disks(cfg)
+
+    def store_flags(target: str) -> list[str]:
+        return ["--data-dir", str(disk_dir(logdir, target))] if power else ["--redis", redis_url]
+
     centers = []
     for n, port in ports.items():
         argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
-                "--listen", f"{center_ip(n)}:{port}", "--redis", redis_url, "--prefix", f"{prefix}:center{n}",
+                "--listen", f"{center_ip(n)}:{port}", *store_flags(f"center:{n}"), "--prefix", f"{prefix}:center{n}",
                 "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout),
                 "--gather-linger", str(cfg.gather_linger),
                 "--no-discovery"]  # hosts are told their center; a simulation opens no UDP port
@@ -380,7 +387,8 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
                 host, port_m = via.get(wan_name(n, m), (center_ip(m), peer_port)) if n < m else (center_ip(m), peer_port)
                 argv += ["--peer", f"{m},{host}:{port_m},{lan(m)}"]
         centers.append(Daemon(f"center{n}", "center", n, (center_ip(n), port), f"{prefix}:center{n}", argv,
-                              logdir / f"center{n}.log", keyring=keyring))
+                              logdir / f"center{n}.log", keyring=keyring,
+                              data_dir=disk_dir(logdir, f"center:{n}") if power else None))
     hosts = []
     own = {r.target for i, f in enumerate(cfg.faults) if f.kind == "kill-host-redis"
            for r in [resolve(f, cfg.seed, cfg.networks, cfg.hosts, i)]}
@@ -389,7 +397,8 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
             ip = host_ip(n, i)
             port = _free_port(ip)
             center_host, center_port = via.get(host_name(n, i), (center_ip(n), ports[n]))
-            data_dir = logdir / f"redis-{ip}" if f"host:{n}.{i}" in own else None
+            data_dir = (disk_dir(logdir, f"host:{n}.{i}") if power else
+                        logdir / f"redis-{ip}" if f"host:{n}.{i}" in own else None)
             store = ["--redis", redis_url] if data_dir is None else ["--data-dir", str(data_dir)]
             argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n),
                     "--center", f"{center_host}:{center_port}", "--listen", f"{ip}:{port}",
@@ -405,6 +414,42 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
             hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log",
                                 keyring=keyring, data_dir=data_dir))
     return centers, hosts
+
+
+def wants_disks(cfg: SimConfig) -> bool:
+    """A ``power-cut`` run: every daemon's Redis on a disk of its own (dedupnet/harness/powercut.py)."""
+    return any(f.kind == "power-cut" for f in cfg.faults)
+
+
+def disk_dir(logdir: Path, target: str) -> Path:
+    """The data dir of ``target``'s Redis on its own disk (mounted at ``disks/<target>/mnt``)."""
+    return logdir / "disks" / target.replace(":", "-") / "mnt" / "data"
+
+
+def _make_disks(cfg: SimConfig, logdir: Path) -> dict[str, LoopDisk]:
+    """One loop-mounted ext4 per daemon; every one made is removed again if one fails."""
+    reason = unavailable()
+    if reason is not None:
+        raise ValueError(f"power-cut: {reason}")
+    disks: dict[str, LoopDisk] = {}
+    try:
+        for target in [f"center:{n}" for n in range(1, cfg.networks + 1)] + [
+                f"host:{n}.{i}" for n in range(1, cfg.networks + 1) for i in range(cfg.hosts)]:
+            disks[target] = LoopDisk(disk_dir(logdir, target).parent.parent).create()
+    except BaseException:
+        _remove_disks(disks)
+        raise
+    return disks
+
+
+def _remove_disks(disks: dict[str, LoopDisk]) -> list[str]:
+    problems = []
+    for target, disk in disks.items():
+        try:
+            disk.remove()
+        except OSError as e:
+            problems.append(f"the disk of {target} could not be unmounted: {e}")
+    return problems
 
 
 def _env() -> dict:
@@ -630,7 +675,8 @@ def _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed
 
 
 async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out, startup_timeout,
-               killable: KillableRedis | None = None, links: LinkFaults | None = None) -> Report:
+               killable: KillableRedis | None = None, links: LinkFaults | None = None,
+               disks: dict[str, LoopDisk] | None = None) -> Report:
     t_start = time.perf_counter()
     await _start(centers, hosts, logdir, env, startup_timeout)
     if out is not None:
@@ -656,7 +702,7 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
                     if f.kind in PROCESS_FAULTS]
         by_target = {f"center:{c.network}": c for c in centers}
         by_target |= {f"host:{h.network}.{int(h.name.rsplit('.', 1)[1]) - 10}": h for h in hosts}
-        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out)
+        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out, disks=disks or {})
     total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
     if links is not None:
         links.total = total
@@ -704,6 +750,7 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
         redis_url = await trio.to_thread.run_sync(killable.start)
     server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     daemons: list[Daemon] = []
+    disks: dict[str, LoopDisk] = {}
     succeeded = False
     problems: list[str] = []
     try:
@@ -727,13 +774,16 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
             centers, hosts = _plan(cfg, redis_url, prefix, logdir, ports, via, tls_dir, key_file)
             daemons = centers + hosts
             try:
+                if wants_disks(cfg):
+                    disks = await trio.to_thread.run_sync(_make_disks, cfg, logdir)
                 report = await _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdir, env, out,
-                                    startup_timeout, killable, links)
+                                    startup_timeout, killable, links, disks)
             except Exception as e:  # noqa: BLE001 - raised below as itself, not in the nursery's ExceptionGroup
                 error = e
             finally:
                 with trio.CancelScope(shield=True):
                     problems = await _stop(daemons, stop_timeout)
+                    problems += await trio.to_thread.run_sync(_remove_disks, disks)
             nursery.cancel_scope.cancel()
         if error is not None:
             raise error
