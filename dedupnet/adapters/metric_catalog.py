@@ -155,6 +155,13 @@ _ALL = (
        role="center"),
     _c("tasks_reassigned", "Task URLs handed from a gone host to the LAN's other hosts.", role="center"),
     _c("tasks_handed_back", "Task URLs a leaving host handed back to its center.", role="center"),
+    _c("stores_behind", "A member's Redis came back behind what it had reported (a lower step, or "
+                        "another store id): noticed from its heartbeats, by member.", "member"),
+    _c("rewind_unrepaired", "A member's store came back behind and not all it lost can be offered again "
+                            "(no log of it here, or one too short), by member.", "member"),
+    _c("tasks_reoffered", "Task URLs assigned again to a host whose store came back behind.", role="center"),
+    _c("sets_reoffered", "Acknowledged sets a host sent again to a center whose store came back behind.",
+       role="host"),
     _c("sets_sent", "Sets a host sent to its center.", role="host"),
     _c("sets_renumbered", "Sets a host sent again under a new number (the center had the old one).",
        role="host"),
