@@ -30,8 +30,8 @@ from dedupnet.adapters.discovery import Responder, center_address, serve_discove
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, heartbeat, keep_watermarks,
-                                      open_watermarks, until_stored)
+from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, heartbeat, heartbeat_due,
+                                      keep_watermarks, open_watermarks, until_stored)
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
@@ -42,10 +42,6 @@ from . import protocol as cp
 from .pools import WRITES, CenterPools
 
 log = logging.getLogger("dedupnet.center")
-
-#: Heartbeat intervals after which a busy member gets a heartbeat all the same: it carries
-#: this center's store watermark.
-MARK_EVERY = 10
 
 
 @dataclass(frozen=True)
@@ -351,7 +347,7 @@ class CenterDaemon:
                 # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
                 if isinstance(member, cp.Operator):
                     continue
-                if now - conn.last_sent >= interval / 2 or now - self._mark_sent.get(conn, -math.inf) >= MARK_EVERY * interval:
+                if heartbeat_due(conn, self._mark_sent.get(conn, -math.inf), interval):
                     conn.send_urgent(beat)
                     self._mark_sent[conn] = now
             for conn in [c for c in self._mark_sent if c not in self.conns.values()]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import math
 import re
 import socket
 from functools import partial
@@ -748,3 +749,28 @@ async def test_serve_metrics_closes_a_silent_client(autojump_clock):
         status, _, _ = await http(port, b"GET /metr")  # never finishes the head
         assert status == 408 and trio.current_time() - started >= 5.0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_heartbeat_goes_only_on_a_quiet_link_and_now_and_then_on_a_busy_one(autojump_clock):
+    """Any message is a heartbeat at the receiver: a link that carried one within half an
+    interval needs none, but every ``BEAT_EVERY`` intervals one goes all the same (it
+    carries what only a heartbeat says: a store watermark, a host's task count)."""
+    from dedupnet.adapters.runtime import BEAT_EVERY, heartbeat, heartbeat_due
+
+    a, b = socket.socketpair()  # what is written waits unread in b
+    ours = trio.SocketStream(trio.socket.from_stdlib_socket(a))
+    interval, beats = 1.0, []
+    async with Connection(ours, counters=Counters()) as conn:
+        last_beat = -math.inf
+        assert heartbeat_due(conn, last_beat, interval)  # a new link: one at once
+        for tick in range(3 * BEAT_EVERY):
+            conn.send_nowait(heartbeat("127.0.1.10"))  # busy: a message every interval...
+            await trio.sleep(interval / 4)  # ...written a quarter interval before the tick
+            if heartbeat_due(conn, last_beat, interval):
+                beats.append(tick)
+                last_beat = trio.current_time()
+            await trio.sleep(interval * 3 / 4)
+        assert beats == [0, BEAT_EVERY, 2 * BEAT_EVERY]
+        await trio.sleep(interval / 2)  # quiet for half an interval: due again
+        assert heartbeat_due(conn, trio.current_time(), interval)
+    b.close()

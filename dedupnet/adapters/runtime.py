@@ -273,6 +273,19 @@ class Reactor:
             queue[:0] = await self._execute(actions)
 
 
+#: Heartbeat intervals after which a busy link carries a heartbeat all the same: what
+#: only a heartbeat says (the sender's store watermark, a host's task_pool size) stays fresh.
+BEAT_EVERY = 10
+
+
+def heartbeat_due(conn: Connection, last_beat: float, interval: float) -> bool:
+    """Whether a heartbeat should go on ``conn`` now (called once per ``interval``). Any
+    message counts as a heartbeat at the receiver, so a link that carried one in the
+    last half interval needs none: on busy links heartbeats were most of the messages."""
+    now = trio.current_time()
+    return now - conn.last_sent >= interval / 2 or now - last_beat >= BEAT_EVERY * interval
+
+
 def heartbeat(ip: str, tasks: int | None = None, store: tuple[str, int] | None = None) -> bytes:
     """A heartbeat as PROTOCOL.md section 4 has it: the sender's wall clock, seconds
     since the Unix epoch, so a peer or an operator reading the wire can compare clocks.
