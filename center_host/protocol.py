@@ -31,13 +31,12 @@ import orjson
 import xxhash
 
 from dedupnet.codec import wire
-from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
-from dedupnet.codec.numbers import check_network
-from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+from dedupnet.codec.counters import Counters
 from dedupnet.codec.homes import HomeMap
-from dedupnet.codec.numbers import host_id_from_ip, split_number
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.codec.numbers import check_network, host_id_from_ip, split_number
+from dedupnet.codec.pools import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 from dedupnet.codec.urls import canonical_set, set_digest, site_of
 
 log = logging.getLogger("dedupnet.center")

@@ -20,8 +20,8 @@ from typing import Union
 import numpy as np
 
 from dedupnet.codec import wire
+from dedupnet.codec.counters import Counters
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
-from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.numbers import MAX_SEQUENCE, make_number
 from dedupnet.codec.urls import canonical_set, fingerprint_many
 
