@@ -34,7 +34,7 @@ from dedupnet.codec import wire
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.counters import Counters
 from dedupnet.codec.homes import HomeMap
-from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_LOOKUP, FLAG_NEW_SET, Ack, Frame, Task
 from dedupnet.codec.numbers import check_network, host_id_from_ip, split_number
 from dedupnet.codec.pools import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 from dedupnet.codec.urls import canonical_set, set_digest, site_of
@@ -605,7 +605,7 @@ class CenterProtocol:
     # -- §2.3: frames from LAN hosts ----------------------------------------------------
     def _frame_from_host(self, sender: Host, frame: Frame) -> list[Action]:
         self.counters.inc("frames_in", stage="lan", flag=str(frame.flag))
-        if frame.flag == FLAG_REQUEST:
+        if frame.flag == FLAG_NEW_SET:
             if frame.IP != sender.ip:
                 raise Rejected("ip-mismatch", f"flag=1 number {frame.number} from {sender} carries IP {frame.IP}")
             self._check_number(sender, frame.number)
@@ -691,7 +691,7 @@ class CenterProtocol:
                 self.claims[url] = frame.number
         self.counters.inc("urls_in", stage="lan" if isinstance(sender, Host) else "routed", amount=len(frame.URL_set))
         ask = {h for h in self.hosts if str(sender) != h} if self.config.local_lookup == "lan" else set()
-        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_BROADCAST), Stage.LAN, str(sender), ask, digest=digest)
+        rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_LOOKUP), Stage.LAN, str(sender), ask, digest=digest)
         self.sets[frame.number] = rec
         log.info("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
                  frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))
@@ -737,7 +737,7 @@ class CenterProtocol:
                     for a in self._send_routes(m.network)]
         if rec.stage is Stage.CHECK:  # each previous home is asked about its own sites' URLs
             return [Send((m,), wire.encode(Frame(dict.fromkeys(rec.routes[m.network], 0), rec.frame.IP, rec.number,
-                                                 FLAG_BROADCAST)))
+                                                 FLAG_LOOKUP)))
                     for m in to if isinstance(m, Peer) and m.network in rec.routes]
         return [Send(to, wire.encode(rec.frame))] if to else []
 
@@ -787,13 +787,13 @@ class CenterProtocol:
     def _frame_from_peer(self, sender: Peer, frame: Frame) -> list[Action]:
         self.counters.inc("frames_in", stage="dist", flag=str(frame.flag))
         origin = self.config.network_of(frame.IP)
-        if frame.flag == FLAG_REQUEST and self.homes is not None:
+        if frame.flag == FLAG_NEW_SET and self.homes is not None:
             return self._routed_in(sender, frame, origin)
         if frame.flag == FLAG_ANSWER:
             if origin != self.config.network and self.homes is None:
                 raise Rejected("not-our-set", f"flag=3 number {frame.number} from {sender} for IP {frame.IP} of another network")
             return self._answer(sender, frame)
-        if frame.flag != FLAG_BROADCAST:
+        if frame.flag != FLAG_LOOKUP:
             raise Rejected("flag1-from-peer", f"flag={frame.flag} number {frame.number} from {sender}")
         if self.homes is not None:
             return self._checked_here(sender, frame, origin)
@@ -806,7 +806,7 @@ class CenterProtocol:
             self.counters.inc("repeated_frames")
             return []
         ask = set(self.hosts) if self.config.foreign_lookup == "lan" else set()
-        rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_BROADCAST),
+        rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_LOOKUP),
                         Stage.FOREIGN, str(sender), ask)
         self.sets[frame.number] = rec
         self.counters.inc("urls_in", stage="foreign", amount=len(frame.URL_set))
@@ -841,7 +841,7 @@ class CenterProtocol:
         other. Answered at once from the record and the claims (§10's foreign answer),
         and nothing is kept: the number may be, or become, one of this center's sets."""
         self._check_origin(sender, frame, origin)
-        rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_BROADCAST),
+        rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_LOOKUP),
                         Stage.FOREIGN, str(sender), set())
         self.counters.inc("urls_in", stage="check", amount=len(frame.URL_set))
         self._lookups[frame.number] = ("foreign", rec)
@@ -940,7 +940,7 @@ class CenterProtocol:
             return []
         urls = {url: 0 for rec in members for url in rec.routes.get(network, ())}
         head = members[0]
-        return [Send((Peer(network),), wire.encode(Frame(urls, head.frame.IP, head.number, FLAG_REQUEST)))]
+        return [Send((Peer(network),), wire.encode(Frame(urls, head.frame.IP, head.number, FLAG_NEW_SET)))]
 
     def _moved_in(self, rec: SetRecord) -> dict[int, list[str]]:
         """URLs homed here whose site had another home under an earlier map, by that
@@ -994,7 +994,7 @@ class CenterProtocol:
                 # Its home holds it now, for good: found here again, it is dropped at once. Not
                 # when the peer only passes it on (routed to it under an earlier map).
                 if self.homes.home_of(url) == sender.network:
-                    self._held_elsewhere(url, rec.number)
+                    self._note_held_elsewhere(url, rec.number)
             rec.awaiting.discard(str(sender))
             rec.answered.add(str(sender))
             if not rec.awaiting:
@@ -1120,7 +1120,7 @@ class CenterProtocol:
                     continue
                 if own is not None:  # R2: the requesting set has the lower number and wins the URL
                     losers.add(self._lose(url, own))
-                self._held_elsewhere(url, rec.number)
+                self._note_held_elsewhere(url, rec.number)
             actions += [Save(POOL_OF[self.sets[n].stage], n, self.sets[n].dump()) for n in sorted(losers)]
         log.info("set %d of %s: answered, %d of %d URLs seen here", rec.number, rec.origin,
                  sum(answer.values()), len(answer))
@@ -1131,7 +1131,7 @@ class CenterProtocol:
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         return [*actions, reply, Drop(DIST_REDUCE_POOL, rec.number), Conclude(rec.number, not rec.incomplete)]
 
-    def _held_elsewhere(self, url: str, number: int) -> None:
+    def _note_held_elsewhere(self, url: str, number: int) -> None:
         """Remember (newest last) that another network's set ``number`` holds ``url``;
         the oldest entries go beyond ``held_elsewhere_max``. Not under a re-crawl policy:
         that set may still give the URL up because a third network admitted it not long

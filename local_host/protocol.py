@@ -21,7 +21,7 @@ import numpy as np
 
 from dedupnet.codec import wire
 from dedupnet.codec.counters import Counters
-from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_LOOKUP, FLAG_NEW_SET, Ack, Frame, Task, normalize_ip
 from dedupnet.codec.numbers import MAX_SEQUENCE, make_number
 from dedupnet.codec.urls import canonical_set, fingerprint_many
 
@@ -213,7 +213,7 @@ class HostProtocol:
         index = {u: i for i, u in reversed(list(enumerate(urls)))}
         for seq, url_set in zip(done.sequences, result.url_sets):
             number = make_number(self.config.network, self.config.host_id, seq)
-            data = wire.encode(Frame(url_set, self.ip, number, FLAG_REQUEST))
+            data = wire.encode(Frame(url_set, self.ip, number, FLAG_NEW_SET))
             set_ids = tuple(ids[index[u]] for u in url_set)
             self.unacked[number] = (data, list(set_ids))
             self.counters.inc("sets_sent")
@@ -224,7 +224,7 @@ class HostProtocol:
     # -- messages from the center ------------------------------------------------------
     def _from_center(self, message: object) -> list[Action]:
         if isinstance(message, Frame):
-            if message.flag != FLAG_BROADCAST:
+            if message.flag != FLAG_LOOKUP:
                 self.counters.inc("rejected", reason="unexpected-flag")
                 log.warning("rejected unexpected-flag: flag=%d number %d from the center", message.flag, message.number)
                 return []

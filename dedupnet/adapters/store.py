@@ -340,7 +340,7 @@ class Store:
         socket_timeout: float = 30.0,
     ):
         if is_cluster_url(url):
-            raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.stores.open_store")
+            raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.store_choice.store_for")
         if not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
             raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")
         self.url = url
