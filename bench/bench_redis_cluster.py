@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from dedupnet.adapters.embedded import EmbeddedCluster, EmbeddedRedis
 from dedupnet.adapters.store import FINISH_URL
 

@@ -23,7 +23,7 @@ import string
 import time
 
 from dedupnet.codec import wire
-from dedupnet.codec.messages import FLAG_REQUEST, Frame
+from dedupnet.codec.messages import FLAG_NEW_SET, Frame
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 SIZES = (20, 100, 400, 1000)
@@ -93,7 +93,7 @@ def main() -> None:
         print(head)
         for n in SIZES:
             urls = make(n, seed=n)
-            frame = Frame(dict.fromkeys(urls, 0), "127.0.1.10", 4295098378, FLAG_REQUEST)
+            frame = Frame(dict.fromkeys(urls, 0), "127.0.1.10", 4295098378, FLAG_NEW_SET)
             plain = wire.encode(frame)
             small = wire.encode(frame, compress=True)
             assert wire.decode_one(small) == frame == wire.decode_one(plain)
@@ -113,7 +113,7 @@ def main() -> None:
     print("where compression starts to pay (realistic URLs; every body compressed regardless of size)")
     print(f"{'URLs':>5} {'plain body':>10} {'zstd body':>9} {'saved':>6} {'zstd us':>8}")
     for n in (1, 2, 3, 5, 8, 12):
-        frame = Frame(dict.fromkeys(realistic_urls(n, seed=7), 0), "127.0.1.10", 4295098378, FLAG_REQUEST)
+        frame = Frame(dict.fromkeys(realistic_urls(n, seed=7), 0), "127.0.1.10", 4295098378, FLAG_NEW_SET)
         body = wire.encode(frame)[wire.HEADER_SIZE :]
         small = wire._compressor.compress(body)
         cost = per_call(lambda: wire._compressor.compress(body), 2000) * 1e6

@@ -43,7 +43,7 @@ from prometheus_client.core import Metric  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dedupnet.adapters.metrics import Counters  # noqa: E402
+from dedupnet.adapters.metrics import Counters, render_prometheus  # noqa: E402
 from import_cost import line  # noqa: E402
 from tests.test_transport import parse_prometheus, sample_counters  # noqa: E402
 
@@ -153,7 +153,7 @@ def native_sample_counters() -> tuple[str | None, str]:
 def equivalence() -> None:
     print("== equivalence (tests/test_transport.py expectations) ==")
     ours = sample_counters()
-    text = ours.render_prometheus()
+    text = render_prometheus(ours)
     print(f"  ours                       {test_expectations(text)}")
     native, why = native_sample_counters()
     print(f"  library, native objects    {'cannot express the series: ' + why if native is None else test_expectations(native)}")
@@ -190,11 +190,11 @@ def render_times(n: int, repeat: int) -> None:
         ours.inc(name, **labels)
     native = Native(shapes)
     coll = OurCollector(ours)
-    assert samples(ours.render_prometheus()) == samples(native.render().decode()) == samples(coll.render().decode())
+    assert samples(render_prometheus(ours)) == samples(native.render().decode()) == samples(coll.render().decode())
     number = max(10, 20_000 // n)
-    t = best({"ours": ours.render_prometheus, "native": native.render, "collector": coll.render}, number, repeat)
+    t = best({"ours": lambda: render_prometheus(ours), "native": native.render, "collector": coll.render}, number, repeat)
     t_ours, t_native, t_coll = t["ours"], t["native"], t["collector"]
-    size = len(ours.render_prometheus())
+    size = len(render_prometheus(ours))
     print(f"  {n:>5} series ({size:>6,} bytes)   ours {t_ours * 1e6:>8,.0f} µs   library native "
           f"{t_native * 1e6:>8,.0f} µs ({t_native / t_ours:.1f}x)   library over our registry "
           f"{t_coll * 1e6:>8,.0f} µs ({t_coll / t_ours:.1f}x)")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet.adapters.stores import on_trio
+from dedupnet.adapters.store_choice import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.adapters.census import ask_hosts, build_report

@@ -94,7 +94,7 @@ from scrapy.dupefilters import BaseDupeFilter
 from scrapy.exceptions import DontCloseSpider, NotConfigured
 from twisted.internet import reactor, task
 
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from dedupnet.codec.errors import BadURL, DedupnetError
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
 from dedupnet.codec.urls import fingerprint, fingerprint_many, normalize

@@ -70,7 +70,7 @@ import httpx
 import orjson
 import trio
 
-from dedupnet.adapters.stores import on_trio
+from dedupnet.adapters.store_choice import on_trio
 from dedupnet.codec.errors import BadURL
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import AgedSet

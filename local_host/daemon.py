@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet.adapters.stores import on_trio
+from dedupnet.adapters.store_choice import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task

@@ -116,7 +116,7 @@ class HostPools:
             finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
         # task_pool counts as "seen" for exact mode's answers, and in both modes for
         # incoming tasks: a task sent again (its ack was lost) is not queued twice.
-        use_queued = self.exact or action.token[0] == "task"
+        use_queued = self.exact or action.token[0] == hp.OfferedTask.KIND
         queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
         seq_at = None
         if action.floor:

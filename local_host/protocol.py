@@ -8,20 +8,29 @@ Events in, actions out; no sockets, no trio, no Redis. The host
 * takes the tasks the center assigns into ``task_pool``, acknowledging them.
 
 As at the center, the adapter answers a :class:`Lookup` with :class:`LookupDone`
-before feeding any other event.
+before feeding any other event. Each look-up is for one :data:`Pending` thing (a batch
+found, the center's request, a task, a set to number again); its token starts with
+that thing's ``KIND``, which tells the adapter whether ``task_pool`` is asked too.
+
+What arrives from the center, and the method that takes it::
+
+    flag=2 (a look-up)       _from_center -> Lookup -> _answer_request (flag=3 back)
+    flag=1, flag=3           refused (a host sends those, the center does not)
+    Ack                      _from_center (release), or _rejected (renumber or keep)
+    Task                     _from_center -> Lookup -> _take_task
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Union
+from typing import ClassVar, Union
 
 import numpy as np
 
 from dedupnet.codec import wire
-from dedupnet.codec.messages import FLAG_ANSWER, FLAG_BROADCAST, FLAG_REQUEST, Ack, Frame, Task, normalize_ip
-from dedupnet.adapters.metrics import Counters
+from dedupnet.codec.counters import Counters
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_LOOKUP, FLAG_NEW_SET, Ack, Frame, Task, normalize_ip
 from dedupnet.codec.numbers import MAX_SEQUENCE, make_number
 from dedupnet.codec.urls import canonical_set, fingerprint_many
 
@@ -147,6 +156,44 @@ class AddTasks:
 
 
 Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks]
+#: Every event the core takes (:meth:`HostProtocol.handle`).
+Event = Union[Found, FromCenter, Connected, LookupDone, Reoffer, Resume]
+
+
+# -- what a look-up is for (``KIND``: the first part of its token) --------------------
+@dataclass(frozen=True)
+class FoundBatch:
+    """A batch from ``URL_pool``: local de-dup (§2.2)."""
+
+    KIND: ClassVar[str] = "found"
+    entries: list[tuple[bytes, str]]
+
+
+@dataclass(frozen=True)
+class Request:
+    """The center's flag=2 request (§2.3), its URLs checked."""
+
+    KIND: ClassVar[str] = "answer"
+    frame: Frame
+
+
+@dataclass(frozen=True)
+class OfferedTask:
+    """A task from the center, its URLs checked: ``task_pool`` is looked up too."""
+
+    KIND: ClassVar[str] = "task"
+    task: Task
+
+
+@dataclass(frozen=True)
+class Renumbering:
+    """A set the center refused as numbered before: a new number only."""
+
+    KIND: ClassVar[str] = "renumber"
+    number: int
+
+
+Pending = Union[FoundBatch, Request, OfferedTask, Renumbering]
 
 
 @dataclass(frozen=True)
@@ -165,7 +212,7 @@ class HostProtocol:
     config: HostConfig
     counters: Counters = field(default_factory=Counters)
     unacked: dict[int, tuple[bytes, list[bytes]]] = field(default_factory=dict)
-    _pending: dict[tuple[str, int], object] = field(default_factory=dict)
+    _pending: dict[tuple[str, int], Pending] = field(default_factory=dict)
     _batches: int = 0
 
     def __post_init__(self) -> None:
@@ -175,22 +222,23 @@ class HostProtocol:
     def can_take(self) -> bool:
         return len(self.unacked) < self.config.max_unacked
 
-    def handle(self, event: object) -> list[Action]:
-        if isinstance(event, Found):
-            return self._found(event.entries)
-        if isinstance(event, LookupDone):
-            return self._lookup_done(event)
-        if isinstance(event, FromCenter):
-            return self._from_center(event.message)
-        if isinstance(event, Connected):
-            # Gap 7: whatever the center has not acknowledged is sent again (it de-dups by number).
-            self.counters.inc("frames_resent", amount=len(self.unacked))
-            return [Send(data) for data, _ in self.unacked.values()]
-        if isinstance(event, Resume):
-            self.unacked.update(event.unacked)
-            return []
-        if isinstance(event, Reoffer):
-            return self._reoffer(event.frames)
+    def handle(self, event: Event) -> list[Action]:
+        match event:
+            case Found(entries):
+                return self._found(entries)
+            case LookupDone():
+                return self._lookup_done(event)
+            case FromCenter(message):
+                return self._from_center(message)
+            case Connected():
+                # Gap 7: whatever the center has not acknowledged is sent again (it de-dups by number).
+                self.counters.inc("frames_resent", amount=len(self.unacked))
+                return [Send(data) for data, _ in self.unacked.values()]
+            case Resume(unacked):
+                self.unacked.update(unacked)
+                return []
+            case Reoffer(frames):
+                return self._reoffer(frames)
         raise TypeError(f"not a host event: {event!r}")
 
     # -- §2.2 --------------------------------------------------------------------------
@@ -198,8 +246,8 @@ class HostProtocol:
         if not entries:
             return []
         self._batches += 1
-        token = ("found", self._batches)
-        self._pending[token] = entries
+        token = (FoundBatch.KIND, self._batches)
+        self._pending[token] = FoundBatch(entries)
         urls = tuple(u for _, u in entries)
         return [Lookup(token, urls, sets=-(-len(urls) // self.config.set_size))]
 
@@ -213,7 +261,7 @@ class HostProtocol:
         index = {u: i for i, u in reversed(list(enumerate(urls)))}
         for seq, url_set in zip(done.sequences, result.url_sets):
             number = make_number(self.config.network, self.config.host_id, seq)
-            data = wire.encode(Frame(url_set, self.ip, number, FLAG_REQUEST))
+            data = wire.encode(Frame(url_set, self.ip, number, FLAG_NEW_SET))
             set_ids = tuple(ids[index[u]] for u in url_set)
             self.unacked[number] = (data, list(set_ids))
             self.counters.inc("sets_sent")
@@ -224,7 +272,7 @@ class HostProtocol:
     # -- messages from the center ------------------------------------------------------
     def _from_center(self, message: object) -> list[Action]:
         if isinstance(message, Frame):
-            if message.flag != FLAG_BROADCAST:
+            if message.flag != FLAG_LOOKUP:
                 self.counters.inc("rejected", reason="unexpected-flag")
                 log.warning("rejected unexpected-flag: flag=%d number %d from the center", message.flag, message.number)
                 return []
@@ -232,9 +280,9 @@ class HostProtocol:
                 # §2.3: the host made this frame; it does not answer its own request.
                 self.counters.inc("own_requests_dropped")
                 return []
-            token = ("answer", message.number)
+            token = (Request.KIND, message.number)
             urls = self._canonical(message.number, message.URL_set)
-            self._pending[token] = Frame(urls, message.IP, message.number, message.flag)
+            self._pending[token] = Request(Frame(urls, message.IP, message.number, message.flag))
             return [Lookup(token, tuple(urls))]
         if isinstance(message, Ack):
             if message.status == "rejected":
@@ -245,9 +293,9 @@ class HostProtocol:
                 return []
             return [Release(message.number, tuple(entry[1]), entry[0])]
         if isinstance(message, Task):
-            token = ("task", message.number)
+            token = (OfferedTask.KIND, message.number)
             urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
-            self._pending[token] = Task(message.number, urls)
+            self._pending[token] = OfferedTask(Task(message.number, urls))
             return [Lookup(token, urls)]
         self.counters.inc("rejected", reason="unexpected-message")
         log.warning("rejected unexpected-message: %s from the center", type(message).__name__)
@@ -285,8 +333,8 @@ class HostProtocol:
             return []
         if ack.reason == "number-reused" and ack.sequence and ack.sequence <= MAX_RENUMBER:
             self.counters.inc("sets_renumbered")
-            token = ("renumber", ack.number)
-            self._pending[token] = None
+            token = (Renumbering.KIND, ack.number)
+            self._pending[token] = Renumbering(ack.number)
             return [Lookup(token, (), sets=1, floor=ack.sequence)]
         self.counters.inc("sets_rejected", reason=ack.reason or "unknown")
         log.error("set %d refused by the center (%s); kept, and sent again on the next connection",
@@ -306,19 +354,26 @@ class HostProtocol:
         return [SaveUnacked(number, data, tuple(ids)), Release(old, ()), Send(data)]
 
     def _lookup_done(self, done: LookupDone) -> list[Action]:
-        ctx = self._pending.pop(done.token)
-        kind = done.token[0]
-        if kind == "found":
-            return self._reduce(ctx, done)
-        if kind == "renumber":
-            return self._renumber(done.token[1], done)
-        if kind == "answer":
-            # §2.3: seen URLs get value 1, then flag=3 back to the center.
-            answer = {u: int(s) for u, s in zip(ctx.URL_set, done.seen)}
-            self.counters.inc("answers_sent")
-            return [Send(wire.encode(Frame(answer, ctx.IP, ctx.number, FLAG_ANSWER)))]
-        # A task: what this host has seen already is not queued twice.
-        new = tuple(dict.fromkeys(u for u, s in zip(ctx.URLs, done.seen) if not s))
+        match self._pending.pop(done.token):
+            case FoundBatch(entries):
+                return self._reduce(entries, done)
+            case Renumbering(number):
+                return self._renumber(number, done)
+            case Request(frame):
+                return self._answer_request(frame, done)
+            case OfferedTask(task):
+                return self._take_task(task, done)
+        raise TypeError(f"no look-up is pending for {done.token!r}")
+
+    def _answer_request(self, frame: Frame, done: LookupDone) -> list[Action]:
+        """§2.3: seen URLs get value 1, then flag=3 back to the center."""
+        answer = {u: int(s) for u, s in zip(frame.URL_set, done.seen)}
+        self.counters.inc("answers_sent")
+        return [Send(wire.encode(Frame(answer, frame.IP, frame.number, FLAG_ANSWER)))]
+
+    def _take_task(self, task: Task, done: LookupDone) -> list[Action]:
+        """What this host has seen already is not queued twice."""
+        new = tuple(dict.fromkeys(u for u, s in zip(task.URLs, done.seen) if not s))
         self.counters.inc("tasks_received", amount=len(new))
-        return [AddTasks(new), Send(wire.encode(Ack(ctx.number, "stored")))]
+        return [AddTasks(new), Send(wire.encode(Ack(task.number, "stored")))]
 

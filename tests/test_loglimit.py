@@ -12,7 +12,7 @@ from functools import partial
 
 import trio
 
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.metrics import Counters, render_prometheus
 from dedupnet.adapters.ratelimit import LogLimiter
 from dedupnet.adapters.transport import Connection, serve
 
@@ -61,7 +61,7 @@ async def test_two_thousand_aborted_connections_write_a_bounded_number_of_lines(
         # source address left to read and is budgeted as an unknown one.
         assert 1 <= len(lines) <= 20, lines[:30]
         assert len(lines) + counters.get("log_suppressed") == ABORTS
-        assert "dedupnet_log_suppressed_total " in counters.render_prometheus()
+        assert "dedupnet_log_suppressed_total " in render_prometheus(counters)
 
         # Later, the source's next line is written and says how many were not.
         mock_clock.jump(600)

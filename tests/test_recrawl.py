@@ -18,7 +18,7 @@ from dedupnet.adapters.recrawl import SLICES, AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL
 from dedupnet.codec import wire
-from dedupnet.codec.messages import FLAG_BROADCAST, FLAG_REQUEST, Frame, Task
+from dedupnet.codec.messages import FLAG_LOOKUP, FLAG_NEW_SET, Frame, Task
 from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import fingerprint_many
 from dedupnet.harness.report import SimConfig, format_report
@@ -146,7 +146,7 @@ class Center:
         self._seq += 1
         before = len(self.admitted)
         number = make_number(1, int(host.rsplit(".", 1)[1]), self._seq)
-        self.feed(cp.Received(cp.Host(host), Frame(dict.fromkeys(found, 0), host, number, FLAG_REQUEST)))
+        self.feed(cp.Received(cp.Host(host), Frame(dict.fromkeys(found, 0), host, number, FLAG_NEW_SET)))
         return self.admitted[before:]
 
 
@@ -177,7 +177,7 @@ def test_no_early_drop_for_a_url_another_network_held_under_a_recrawl_policy(sto
     center.feed(cp.Joined(cp.Peer(2)))
     u = urls(7)[0]
     theirs = make_number(2, 10, 1)
-    center.feed(cp.Received(cp.Peer(2), Frame({u: 0}, "127.0.2.10", theirs, FLAG_BROADCAST)))
+    center.feed(cp.Received(cp.Peer(2), Frame({u: 0}, "127.0.2.10", theirs, FLAG_LOOKUP)))
     ((_, answer),) = [s for s in center.sent if isinstance(s[1], Frame) and s[1].number == theirs]
     assert answer.URL_set == {u: 0}
     center.offer("127.0.1.10", [u])

@@ -22,7 +22,7 @@ import pytest
 import redis
 import trio
 
-from dedupnet.adapters.stores import on_trio, store_for
+from dedupnet.adapters.store_choice import on_trio, store_for
 from dedupnet.adapters.embedded import EmbeddedCluster
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.adapters.redis_cluster import (

@@ -23,7 +23,7 @@ import trio.testing
 
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Error, Frame, Heartbeat, Kind, Register, Status, Task
-from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, serve_metrics
+from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
 from dedupnet.adapters.metric_catalog import METRICS
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever, serve
 from dedupnet.codec.wire import Decoder, encode
@@ -688,18 +688,18 @@ def test_counters_snapshot_and_prometheus_text():
     assert snap['frames_received{kind="register"}'] == 1
     assert snap["sent_bytes"] == 1234
     assert c.gauges() == {'connections_open{role="host"}': 3, "load": 0.25}
-    metrics = parse_prometheus(c.render_prometheus())
+    metrics = parse_prometheus(render_prometheus(c))
     assert metrics["dedupnet_frames_received_total"] == (
         "counter", {(("kind", "frame"), ("flag", "1")): 5.0, (("kind", "register"),): 1.0})
     assert metrics["dedupnet_bad_input_total"] == ("counter", {(("reason", 'we"ird\\re\nason'),): 1.0})
     assert metrics["dedupnet_sent_bytes_total"] == ("counter", {(): 1234.0})
     assert metrics["dedupnet_connections_open"] == ("gauge", {(("role", "host"),): 3.0})
     assert metrics["dedupnet_load"] == ("gauge", {(): 0.25})
-    assert "x_frames_received_total" in parse_prometheus(c.render_prometheus(prefix="x_"))
-    text = c.render_prometheus()
+    assert "x_frames_received_total" in parse_prometheus(render_prometheus(c, prefix="x_"))
+    text = render_prometheus(c)
     assert f"# HELP dedupnet_sent_bytes_total {METRICS['sent_bytes'].help}\n# TYPE dedupnet_sent_bytes_total counter\n" in text
     assert "# HELP dedupnet_load not declared in dedupnet/adapters/metric_catalog.py\n" in text
-    assert Counters().render_prometheus() == ""
+    assert render_prometheus(Counters()) == ""
     with pytest.raises(ValueError):
         c.inc("bad name")
     with pytest.raises(ValueError):
@@ -730,7 +730,7 @@ async def test_serve_metrics_over_tcp():
         port = await nursery.start(serve_metrics, c, SERVER, 0)
         status, headers, body = await http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n")
         assert status == 200 and headers["content-type"] == CONTENT_TYPE
-        assert body.decode() == c.render_prometheus()
+        assert body.decode() == render_prometheus(c)
         parse_prometheus(body.decode())
         c.inc("sent_bytes", 1)  # each scrape sees the current values
         status, _, body = await http(port, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")

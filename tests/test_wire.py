@@ -20,8 +20,8 @@ from dedupnet.codec import wire
 from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import (
     FLAG_ANSWER,
-    FLAG_BROADCAST,
-    FLAG_REQUEST,
+    FLAG_LOOKUP,
+    FLAG_NEW_SET,
     MAX_NUMBER,
     MAX_URLS,
     Ack,
@@ -70,7 +70,7 @@ urls = st.one_of(
 )
 ips = st.ip_addresses().map(str)  # str() of an ip_address object is the canonical form
 numbers = st.integers(0, MAX_NUMBER)
-flags = st.sampled_from([FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER])
+flags = st.sampled_from([FLAG_NEW_SET, FLAG_LOOKUP, FLAG_ANSWER])
 url_sets = st.dictionaries(urls, st.sampled_from([0, 1]), max_size=25)
 codecs = st.from_regex(r"[a-z0-9][a-z0-9-]{0,15}", fullmatch=True)
 
@@ -568,8 +568,8 @@ def test_encode_limits_and_types():
 
 
 def test_frame_helpers():
-    frame = Frame({"http://a/": 0}, "127.0.1.10", 9, FLAG_REQUEST)
-    broadcast = frame.with_flag(FLAG_BROADCAST)
+    frame = Frame({"http://a/": 0}, "127.0.1.10", 9, FLAG_NEW_SET)
+    broadcast = frame.with_flag(FLAG_LOOKUP)
     assert broadcast == Frame({"http://a/": 0}, "127.0.1.10", 9, 2)
     assert broadcast.URL_set is not frame.URL_set  # the next stage edits its own copy
     assert frame.to_json() == {"URL_set": {"http://a/": 0}, "IP": "127.0.1.10", "number": 9, "flag": 1}
@@ -579,7 +579,7 @@ def test_frame_helpers():
     with pytest.raises(AttributeError):
         frame.flag = 3  # type: ignore[misc]
     assert [int(k) for k in Kind] == list(range(1, 9))
-    assert (FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER) == (1, 2, 3)
+    assert (FLAG_NEW_SET, FLAG_LOOKUP, FLAG_ANSWER) == (1, 2, 3)
 
 
 # --- schemas: well-formed, and the two validators agree ------------------------------------
@@ -621,7 +621,7 @@ def test_limits_match_schemas():
     assert frame["URL_set"]["maxProperties"] == MAX_URLS
     assert frame["URL_set"]["propertyNames"]["maxLength"] == messages.MAX_URL_LENGTH
     assert frame["number"]["maximum"] == MAX_NUMBER
-    assert frame["flag"]["enum"] == [FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER]
+    assert frame["flag"]["enum"] == [FLAG_NEW_SET, FLAG_LOOKUP, FLAG_ANSWER]
     assert messages.SCHEMAS[Kind.TASK]["properties"]["URLs"]["maxItems"] == MAX_URLS
     assert messages._FAST_FRAME is not None  # the frame fast path is active
 

@@ -73,7 +73,7 @@ class AsyncStore:
 
     def __init__(self, store: Store, *, max_threads: int = 4, max_connections: int = 4):
         if getattr(store, "is_cluster", False):
-            raise TypeError("a cluster store is driven by dedupnet.adapters.stores.on_trio")
+            raise TypeError("a cluster store is driven by dedupnet.adapters.store_choice.on_trio")
         self.store = store
         self._limiter = trio.CapacityLimiter(max_threads)
         self._slots = trio.Semaphore(max_connections)

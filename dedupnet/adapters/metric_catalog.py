@@ -1,7 +1,7 @@
 """Every metric a daemon shows on ``/metrics``, declared once: its name as the code
 counts it, its type, the labels it carries and the help text Prometheus shows.
 
-The exposition (:meth:`dedupnet.adapters.metrics.Counters.render_prometheus`) takes the
+The exposition (:func:`dedupnet.adapters.metrics.render_prometheus`) takes the
 ``# HELP`` lines from here, docs/METRICS.md's reference is generated from here
 (``python -m dedupnet.adapters.metric_catalog``), and tests/test_metric_catalog.py
 fails when the code counts a name that is not declared here or the reference has

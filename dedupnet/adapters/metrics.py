@@ -8,57 +8,36 @@ nothing more. Measured (``bench/compare_metrics.py``, docs/DECISIONS.md "Hand-wr
 library"): the library cannot give one metric two label sets, as our call sites do; its
 scrape of a daemon's ~40 series is 4-5× slower and its import 33-46 ms against 4-8.
 
-Naming: a series is ``name`` plus labels, e.g. ``inc("frames_received", kind="frame",
-flag="1")``. :meth:`Counters.snapshot` keys it as ``frames_received{kind="frame",flag="1"}``
-(labels in the order of the first ``inc``; the order of keyword arguments in later calls
-does not matter). :meth:`Counters.render_prometheus` exposes counters the way Prometheus
-expects them, with the prefix and a ``_total`` suffix: ``dedupnet_frames_received_total``,
-each family with the ``# HELP`` text declared for it in dedupnet/adapters/metric_catalog.py.
-
-Counters may be incremented from worker threads (the Redis store runs in
-``trio.to_thread``), so updates take a lock; it is uncontended in the common case.
+The registry itself is :class:`~dedupnet.codec.counters.Counters` (pure, so the sans-I/O
+cores count with it; re-exported here). :func:`render_prometheus` exposes its counters the
+way Prometheus expects them, with the prefix and a ``_total`` suffix:
+``dedupnet_frames_received_total``, each family with the ``# HELP`` text declared for it in
+dedupnet/adapters/metric_catalog.py.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import re
-import threading
 from collections.abc import Awaitable, Callable, Mapping
 
 import trio
 
 from dedupnet.adapters.listen import open_listeners
 from dedupnet.adapters.metric_catalog import METRICS, exposed_name
+from dedupnet.codec.counters import Counters, labels_text
 
-__all__ = ["Counters", "serve_http", "serve_metrics", "CONTENT_TYPE", "Route"]
+__all__ = ["Counters", "render_prometheus", "serve_http", "serve_metrics", "CONTENT_TYPE", "Route"]
 
 log = logging.getLogger("dedupnet.adapters.metrics")
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 """Content type of the Prometheus text exposition format 0.0.4."""
 
-_NAME = re.compile(r"[a-zA-Z_:][a-zA-Z0-9_:]*")
-_LABEL = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*")
-
-_Key = tuple[str, tuple[tuple[str, str], ...]]  # (name, sorted labels): identity of a series
-
-
-def _escape(value: str) -> str:
-    """A label value as the text format wants it: backslash, double quote and newline escaped."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
 
 def _escape_help(text: str) -> str:
     """Help text as the text format wants it: backslash and newline escaped."""
     return text.replace("\\", "\\\\").replace("\n", "\\n")
-
-
-def _labels_text(labels: tuple[tuple[str, str], ...]) -> str:
-    if not labels:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
 
 
 def _number(value: float) -> str:
@@ -73,120 +52,27 @@ def _number(value: float) -> str:
     return repr(float(value))
 
 
-class Counters:
-    """A registry of monotonically increasing counters and of gauges, keyed by name + labels.
+def render_prometheus(counters: Counters, prefix: str = "dedupnet_") -> str:
+    """All series in the Prometheus text exposition format 0.0.4.
 
-    Label values are converted with ``str``; names must be valid Prometheus names (they
-    are constants in the code, so an invalid one is a bug and raises ``ValueError``).
-    Reading a series that was never incremented gives 0.
+    Counters are named ``<prefix><name>_total`` (the Prometheus convention for
+    counters) and gauges ``<prefix><name>``; each metric has its ``# HELP`` (from
+    dedupnet/adapters/metric_catalog.py) and ``# TYPE`` lines before its samples.
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._counters: dict[_Key, int] = {}
-        self._gauges: dict[_Key, float] = {}
-        # Labels in the order first used, for display: a series keeps one spelling.
-        self._display: dict[_Key, tuple[tuple[str, str], ...]] = {}
-
-    # -- keys --
-
-    def _key(self, name: str, labels: Mapping[str, object]) -> _Key:
-        if not _NAME.fullmatch(name):
-            raise ValueError(f"invalid metric name {name!r}")
-        items = tuple((k, str(v)) for k, v in labels.items())
-        for k, _ in items:
-            if not _LABEL.fullmatch(k) or k.startswith("__"):
-                raise ValueError(f"invalid label name {k!r} for metric {name!r}")
-        key = (name, tuple(sorted(items)))
-        if key not in self._display:
-            self._display[key] = items
-        return key
-
-    def _series(self, key: _Key) -> str:
-        return key[0] + _labels_text(self._display[key])
-
-    # -- counters --
-
-    def inc(self, name: str, amount: int = 1, **labels: object) -> None:
-        """Add ``amount`` (>= 0) to the counter ``name`` with ``labels``."""
-        if amount < 0:
-            raise ValueError(f"counter {name!r} can only increase, got amount {amount}")
-        with self._lock:
-            key = self._key(name, labels)
-            self._counters[key] = self._counters.get(key, 0) + amount
-
-    def get(self, name: str, **labels: object) -> int:
-        """The value of one series (0 if never incremented)."""
-        key = (name, tuple(sorted((k, str(v)) for k, v in labels.items())))
-        with self._lock:
-            return self._counters.get(key, 0)
-
-    def total(self, name: str) -> int:
-        """The sum of ``name`` over all its label values."""
-        with self._lock:
-            return sum(v for (n, _), v in self._counters.items() if n == name)
-
-    def snapshot(self) -> dict[str, int]:
-        """Every counter series as ``{'name{label="value",...}': value}`` (JSON-ready)."""
-        with self._lock:
-            return {self._series(key): value for key, value in sorted(self._counters.items())}
-
-    # -- gauges --
-
-    def set_gauge(self, name: str, value: float, **labels: object) -> None:
-        """Set the gauge ``name`` with ``labels`` to ``value`` (a level, not a count)."""
-        with self._lock:
-            key = self._key(name, labels)
-            self._gauges[key] = value
-
-    def replace_gauges(self, names: set[str], series: list[tuple[str, Mapping[str, object], float]]) -> None:
-        """Make ``series`` (``(name, labels, value)``) the only series of the gauges
-        ``names``, in one step: a level read afresh drops the members, stages or pools
-        that are gone instead of leaving their last value behind."""
-        with self._lock:
-            for key in [k for k in self._gauges if k[0] in names]:
-                del self._gauges[key]
-                self._display.pop(key, None)
-            for name, labels, value in series:
-                self._gauges[self._key(name, labels)] = value
-
-    def get_gauge(self, name: str, **labels: object) -> float:
-        """The value of one gauge series (0 if never set)."""
-        key = (name, tuple(sorted((k, str(v)) for k, v in labels.items())))
-        with self._lock:
-            return self._gauges.get(key, 0)
-
-    def gauges(self) -> dict[str, float]:
-        """Every gauge series, keyed like :meth:`snapshot`."""
-        with self._lock:
-            return {self._series(key): value for key, value in sorted(self._gauges.items())}
-
-    # -- exposition --
-
-    def render_prometheus(self, prefix: str = "dedupnet_") -> str:
-        """All series in the Prometheus text exposition format 0.0.4.
-
-        Counters are named ``<prefix><name>_total`` (the Prometheus convention for
-        counters) and gauges ``<prefix><name>``; each metric has its ``# HELP`` (from
-        dedupnet/adapters/metric_catalog.py) and ``# TYPE`` lines before its samples.
-        """
-        with self._lock:
-            counters = sorted(self._counters.items())
-            gauges = sorted(self._gauges.items())
-            display = dict(self._display)
-        lines: list[str] = []
-        for kind, series in (("counter", counters), ("gauge", gauges)):
-            current = None
-            for key, value in series:
-                name = exposed_name(key[0], kind, prefix)
-                if name != current:
-                    declared = METRICS.get(key[0])
-                    text = declared.help if declared is not None else "not declared in dedupnet/adapters/metric_catalog.py"
-                    lines.append(f"# HELP {name} {_escape_help(text)}")
-                    lines.append(f"# TYPE {name} {kind}")
-                    current = name
-                lines.append(f"{name}{_labels_text(display[key])} {_number(value)}")
-        return "\n".join(lines) + "\n" if lines else ""
+    counters_, gauges, display = counters.series()
+    lines: list[str] = []
+    for kind, series in (("counter", counters_), ("gauge", gauges)):
+        current = None
+        for key, value in series:
+            name = exposed_name(key[0], kind, prefix)
+            if name != current:
+                declared = METRICS.get(key[0])
+                text = declared.help if declared is not None else "not declared in dedupnet/adapters/metric_catalog.py"
+                lines.append(f"# HELP {name} {_escape_help(text)}")
+                lines.append(f"# TYPE {name} {kind}")
+                current = name
+            lines.append(f"{name}{labels_text(display[key])} {_number(value)}")
+    return "\n".join(lines) + "\n" if lines else ""
 
 
 # --- the HTTP endpoint: /metrics and the daemon's other routes -----------------------------
@@ -313,7 +199,7 @@ async def serve_http(
     """
 
     async def metrics() -> tuple[str, bytes]:
-        return CONTENT_TYPE, counters.render_prometheus().encode("utf-8")
+        return CONTENT_TYPE, render_prometheus(counters).encode("utf-8")
 
     table = {b"/metrics": metrics, **{path.encode("ascii"): route for path, route in (routes or {}).items()}}
     listeners = await open_listeners(host, port, "--http")

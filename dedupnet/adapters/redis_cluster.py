@@ -488,7 +488,7 @@ def replay_redo(store: "ClusterStore") -> Plan[int]:
 
 class ClusterStore(Store):
     """:class:`~dedupnet.adapters.store.Store` on a Redis Cluster; ``store_for("redis+cluster://...")``
-    (dedupnet/adapters/stores.py) returns one. Keys: see the module docstring."""
+    (dedupnet/adapters/store_choice.py) returns one. Keys: see the module docstring."""
 
     is_cluster = True
 

@@ -23,7 +23,7 @@ from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Status
 from dedupnet.adapters.watermark import Watermarks, heard_steps, own_steps, save_heard_steps
 from dedupnet.adapters.store import Store
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from dedupnet.adapters.transport import Connection
 
 log = logging.getLogger("dedupnet.adapters.runtime")

@@ -34,7 +34,7 @@ import orjson
 import trio
 
 from dedupnet.adapters.levels import Levels
-from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, Route, serve_http
+from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, Route, render_prometheus, serve_http
 
 log = logging.getLogger("dedupnet.adapters.status_page")
 
@@ -285,7 +285,7 @@ async def serve_status(counters: Counters, host: str, port: int, status: Callabl
 
         async def metrics() -> tuple:
             await levels.refresh(nursery)
-            return CONTENT_TYPE, counters.render_prometheus().encode("utf-8")
+            return CONTENT_TYPE, render_prometheus(counters).encode("utf-8")
 
         table = {**routes(view.snapshot), "/metrics": metrics}
         task_status.started(await nursery.start(serve_http, counters, host, port, table))

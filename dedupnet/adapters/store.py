@@ -73,6 +73,9 @@ from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dedupnet.codec.errors import StoreUnavailable
+from dedupnet.codec.pools import (  # noqa: F401 - re-exported: the pools' key names
+    DIST_REDUCE_POOL, FINISH_URL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL,
+)
 from dedupnet.adapters.watermark import WATERMARK
 
 log = logging.getLogger("dedupnet.adapters.store")
@@ -111,14 +114,6 @@ FSYNC_PROBE_MS = 3_000
 #: The key the durability check (and a wait asked again) writes.
 FSYNC_PROBE = "fsync_probe"
 
-# Local host pools (§1.1).
-FINISH_URL = "finish_URL"
-TASK_POOL = "task_pool"
-URL_POOL = "URL_pool"
-# Center host pools (§1.1).
-TASK_URL = "task_URL"
-LOCAL_REDUCE_POOL = "local_reduce_pool"
-DIST_REDUCE_POOL = "dist_reduce_pool"
 
 # Members are written with a fixed number of decimal digits so that numpy can
 # build every member's RESP bulk string in one vectorised step.
@@ -345,7 +340,7 @@ class Store:
         socket_timeout: float = 30.0,
     ):
         if is_cluster_url(url):
-            raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.stores.open_store")
+            raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.store_choice.store_for")
         if not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
             raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")
         self.url = url

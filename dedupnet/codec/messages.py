@@ -42,8 +42,8 @@ import fastjsonschema
 from dedupnet.codec.errors import ProtocolError
 
 __all__ = [
-    "FLAG_REQUEST",
-    "FLAG_BROADCAST",
+    "FLAG_NEW_SET",
+    "FLAG_LOOKUP",
     "FLAG_ANSWER",
     "FLAGS",
     "MAX_URLS",
@@ -69,11 +69,11 @@ __all__ = [
     "normalize_ip",
 ]
 
-# --- the paper's flags -------------------------------------------------------------
-FLAG_REQUEST = 1  # §2.2: a host sends a new URL_set (values all 0) to its center to de-dup.
-FLAG_BROADCAST = 2  # §2.3/§2.4: a center broadcasts a set to LAN hosts / other networks to look up.
+# --- the paper's flags, named by their role: a new set, a look-up, its answer -------
+FLAG_NEW_SET = 1  # §2.2: a host sends a new URL_set (values all 0) to its center to de-dup.
+FLAG_LOOKUP = 2  # §2.3/§2.4: a center broadcasts a set to LAN hosts / other networks to look up.
 FLAG_ANSWER = 3  # §2.3/§2.4: the look-up answer; URLs found in finish_URL carry value 1.
-FLAGS = frozenset((FLAG_REQUEST, FLAG_BROADCAST, FLAG_ANSWER))
+FLAGS = frozenset((FLAG_NEW_SET, FLAG_LOOKUP, FLAG_ANSWER))
 
 # --- limits (mirrored in the schema files; tests check they agree) -------------------
 MAX_URLS = 10_000  # default/ceiling URLs per URL_set (frame) or URLs list (task)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from local_host.daemon import LocalDaemon, LocalSettings
 

@@ -12,7 +12,7 @@ import random
 import time
 from contextlib import nullcontext
 
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from local_host.local_dedup import local_reduce
 from local_host.pools import HostPools
 from local_host.protocol import Forget
@@ -20,7 +20,7 @@ from local_host.protocol import Forget
 from dedupnet.codec import wire
 from dedupnet.service.config import Settings
 from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.codec.messages import FLAG_REQUEST, Frame
+from dedupnet.codec.messages import FLAG_NEW_SET, Frame
 from dedupnet.codec.numbers import host_id_from_ip, make_number, split_number
 from dedupnet.adapters.store import FINISH_URL, URL_POOL, Store
 from dedupnet.codec.urls import URLGate, fingerprint_many
@@ -102,7 +102,7 @@ def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: i
         for seq, url_set in zip(store.next_sequences(len(result.url_sets)), result.url_sets):
             number = make_number(NETWORK, host_id, seq)
             first_number = first_number if first_number is not None else number
-            frames.append(wire.encode(Frame(URL_set=url_set, IP=HOST_IP, number=number, flag=FLAG_REQUEST)))
+            frames.append(wire.encode(Frame(URL_set=url_set, IP=HOST_IP, number=number, flag=FLAG_NEW_SET)))
     elapsed = time.perf_counter() - t0
     sent = [url for f in frames for url in wire.decode_one(f).URL_set]
     in_sets, across_sets = len(sent), len(sent) - len(set(sent))

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 import trio
 import xxhash
 
-from dedupnet.adapters.stores import on_trio, store_for
+from dedupnet.adapters.store_choice import on_trio, store_for
 from local_host import protocol as hp
 from local_host.pools import GROUP, WALKER, HostPools
 

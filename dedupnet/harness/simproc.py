@@ -53,7 +53,7 @@ import trio
 
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import is_cluster_url
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from local_host.pools import HostPools
 
 from dedupnet.codec import wire

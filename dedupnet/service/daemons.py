@@ -33,7 +33,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import RedisDied, open_store, stop_on_signals, supervise_redis
-from dedupnet.adapters.stores import store_for
+from dedupnet.adapters.store_choice import store_for
 from dedupnet.adapters.tls import TLSConfig
 
 log = logging.getLogger("dedupnet.service.daemons")

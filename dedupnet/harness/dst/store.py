@@ -162,7 +162,7 @@ class HostStore:
                 _set_add(self.task_fp, a.urls, j)
 
     def lookup(self, action: hp.Lookup, exact: bool) -> hp.LookupDone:
-        use_queued = exact or action.token[0] == "task"
+        use_queued = exact or action.token[0] == hp.OfferedTask.KIND
         seen = [u in self.finished or (use_queued and u in self.task_fp) for u in action.urls]
         sequences = range(0)
         if action.sets:

@@ -1,0 +1,240 @@
+"""A center's members and its tasks: timers (re-sends, giving up), members joining and
+leaving, admitted URLs handed to the LAN's hosts as tasks (``task_URL`` -> ``task_pool``)
+and moved when a host leaves, and the pick-up after a restart. Part of the center's
+sans-I/O core (:class:`~center_host.protocol.CenterProtocol`)."""
+
+from __future__ import annotations
+
+import logging
+
+from dedupnet.codec import wire
+from dedupnet.codec.messages import Ack, Task
+
+from .events import (Action, CancelTimer, DropTask, ForgetHost, Host, Member, NoteHost, Peer, Reassign, Reoffer,
+                     Resume, SaveTask, Send, SetTimer, member_from_str)
+from .sets import GATHER_TIMER, ROUTED, SetRecord, Stage, owner_of, task_key, task_parts
+
+log = logging.getLogger("dedupnet.center")
+
+
+class Membership:
+    """The timer, membership and task methods of :class:`~center_host.protocol.CenterProtocol`
+    (its state is declared there)."""
+
+    def _timer(self, number: int) -> list[Action]:
+        if number == GATHER_TIMER:
+            return self._send_gathered()
+        rec = self.sets.get(number)
+        if rec is None:
+            return []
+        if self.wait or rec.stage in ROUTED:  # a home's (or previous home's) answer is never given up
+            return self._timer_wait(rec)
+        live = {m for m in rec.awaiting if self._live(m)}  # gap 3: the dead are not waited for
+        rec.incomplete |= live != rec.awaiting
+        rec.awaiting = live
+        if rec.awaiting and rec.attempts <= self.config.max_resends:
+            rec.attempts += 1
+            self.counters.inc("resends", stage=rec.stage.value)
+            log.info("set %d: no answer from %s; re-sending (attempt %d)", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
+            return self._ask(rec)
+        if rec.awaiting:
+            rec.incomplete = True
+            self.counters.inc("concluded_incomplete", stage=rec.stage.value)
+            log.warning("set %d: concluded without %s after %d attempts", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
+            rec.awaiting = set()
+        return self._stage_done(rec)
+
+    def _timer_wait(self, rec: SetRecord) -> list[Action]:
+        """Slow is not dead (``wait``): no answer yet from a member that is alive means
+        ask again later, never conclude without it. Not waited for: a LAN host that has
+        left (the admitted record speaks for what the LAN crawled), a peer network no
+        longer configured. A peer network that is down is waited for."""
+        gone = {m for m in rec.awaiting if not self._waited_for(m)}
+        if gone:
+            rec.awaiting -= gone
+            rec.incomplete = True
+            log.warning("set %d: not waiting for %s (left)", rec.number, ", ".join(sorted(gone)))
+        if not rec.awaiting:
+            return self._stage_done(rec)
+        rec.attempts += 1
+        live = [m for m in rec.awaiting if self._live(m)]
+        if live:
+            self.counters.inc("resends", stage=rec.stage.value)
+            log.info("set %d: no answer yet from %s; asking again (attempt %d)", rec.number, ", ".join(sorted(live)), rec.attempts)
+        return [*self._send_to(rec, live), SetTimer(rec.number, self._resend_delay(rec))]
+
+    def _waited_for(self, member: str) -> bool:
+        m = member_from_str(member)
+        return m.ip in self.hosts if isinstance(m, Host) else m.network in self.config.peers
+
+    def waiting_for(self) -> dict[str, int]:
+        """Sets in flight per member whose answer they still wait for (status, metrics)."""
+        counts: dict[str, int] = {}
+        for rec in self.sets.values():
+            for m in rec.awaiting:
+                counts[m] = counts.get(m, 0) + 1
+        return counts
+
+    def _live(self, member: str) -> bool:
+        m = member_from_str(member)
+        return m.ip in self.hosts if isinstance(m, Host) else m.network in self.peers
+
+    def _joined(self, member: Member, address: str = "") -> list[Action]:
+        # Sets that wait for this member (it reconnected, or a peer network is back) ask it now.
+        who = str(member)
+        again = [rec for rec in self.sets.values() if who in rec.awaiting]
+        if isinstance(member, Peer):
+            self.peers.add(member.network)
+        else:
+            self.hosts.add(member.ip)
+        asks = [a for rec in again for a in self._send_to(rec, (who,))]
+        if isinstance(member, Peer):
+            asks += self._next_routes(member.network)
+        if again:
+            log.info("%s is here: asking it for %d sets that wait for it", who, len(again))
+        if not isinstance(member, Host):
+            return asks
+        if self.known.get(member.ip) != address:
+            self.known[member.ip] = address
+            asks.append(NoteHost(member.ip, address))
+        # A host that comes back is sent again the tasks it has not acknowledged; then
+        # what was admitted while no host was there is handed out (and sent) as usual.
+        resend = [Send((member,), wire.encode(Task(task_parts(k)[0], tuple(urls))))
+                  for k, urls in self.tasks.items() if task_parts(k)[1] == member.ip]
+        return asks + resend + self._reassign("")
+
+    def _left(self, member: Member) -> list[Action]:
+        who = str(member)
+        if isinstance(member, Host):
+            self.hosts.discard(member.ip)
+        else:
+            self.peers.discard(member.network)
+        actions: list[Action] = []
+        if isinstance(member, Peer) and self.wait:
+            waiting = sum(1 for rec in self.sets.values() if who in rec.awaiting)
+            log.warning("%s is down: %d sets wait for it in dist_reduce_pool", who, waiting)
+            return actions
+        for rec in list(self.sets.values()):
+            if who in rec.awaiting and rec.stage not in ROUTED:
+                rec.awaiting.discard(who)
+                rec.incomplete = True
+                if not rec.awaiting:
+                    actions += [CancelTimer(rec.number), *self._stage_done(rec)]
+        if isinstance(member, Host) and not self.wait:
+            # "admit": a host that left is not waited for, its unacknowledged tasks move.
+            # Under "wait" they stay its own and go to it again when it is back
+            # (_joined): a lost connection is not a lost host, and a task whose ack was
+            # lost with the connection may already be in its task_pool, being crawled;
+            # handing it to another host would fetch it twice. Only a graceful leave
+            # (_handed_back) moves a host's tasks.
+            actions += self._reassign(member.ip)
+        return actions
+
+    # -- task_URL -> task_pool (gap 8) -------------------------------------------------
+    def _assign(self, number: int, urls: list[str]) -> list[Action]:
+        if not urls:
+            return []
+        if not self.hosts:
+            # Nobody to crawl them yet: keep them in task_URL for the first host that joins.
+            key = task_key(number, "")
+            self.tasks[key] = self.tasks.get(key, []) + list(urls)
+            return [SaveTask(key, tuple(self.tasks[key]))]
+        per_host: dict[str, list[str]] = {}
+        for url in urls:
+            per_host.setdefault(owner_of(url, self.hosts), []).append(url)
+        actions: list[Action] = []
+        for host, batch in sorted(per_host.items()):
+            key = task_key(number, host)
+            self.tasks[key] = self.tasks.get(key, []) + batch
+            actions += [SaveTask(key, tuple(self.tasks[key])),
+                        Send((Host(host),), wire.encode(Task(number, tuple(self.tasks[key]))))]
+        return actions
+
+    def _reassign(self, gone: str) -> list[Action]:
+        actions: list[Action] = []
+        for key in [k for k in self.tasks if task_parts(k)[1] == gone]:
+            urls = self.tasks.pop(key)
+            actions.append(DropTask(key))
+            actions += self._assign(task_parts(key)[0], urls)
+            if gone:
+                self.counters.inc("tasks_reassigned", amount=len(urls))
+        return actions
+
+    def _handed_back(self, sender: Host, task: Task) -> list[Action]:
+        """A host that leaves for good hands its uncrawled tasks back: it is no longer
+        a member, its tasks go to the others (stored before the ack lets it drop them)."""
+        self.hosts.discard(sender.ip)
+        urls = list(self._canonical_urls(sender, task.number, dict.fromkeys(task.URLs, 0)))
+        actions = self._reassign(sender.ip) + self._assign(task.number, urls) + self._forget(sender.ip)
+        self.counters.inc("tasks_handed_back", amount=len(task.URLs))
+        log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
+        return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]
+
+    def _forget(self, host: str) -> list[Action]:
+        return [ForgetHost(host)] if self.known.pop(host, None) is not None else []
+
+    def _operator_reassign(self, event: Reassign) -> list[Action]:
+        """``dedupnet reassign``: the operator's word that a host is gone, so its work
+        moves as a graceful leave's would (:meth:`_handed_back`). Refused while the host
+        is connected: it may be crawling those tasks. What it had fetched and not yet
+        acknowledged is not known here; its own task_pool, taken out of its Redis by the
+        operator's tool in the same step, arrives as ``urls``."""
+        ip, reply = event.host, (event.reply_to,)
+
+        def refused(reason: str, why: str) -> list[Action]:
+            self.counters.inc("rejected", reason=reason)
+            log.warning("reassign of %s refused: %s", ip, why)
+            return [Send(reply, wire.encode(Ack(event.number, "rejected", reason)))]
+
+        if ip in self.hosts:
+            return refused("host-live", "it is connected")
+        if self.config.network_of(ip) != self.config.network:
+            return refused("host-not-in-lan", f"not in LAN {self.config.lan}")
+        held = sum(len(u) for k, u in self.tasks.items() if task_parts(k)[1] == ip)
+        if ip not in self.known and not held and not event.urls:
+            return refused("unknown-host", "this center has no such host and holds nothing for it")
+        urls = list(self._canonical_urls(Host(ip), event.number, dict.fromkeys(event.urls, 0)))
+        actions = self._reassign(ip) + self._assign(event.number, urls) + self._forget(ip)
+        self.counters.inc("tasks_reassigned", amount=len(urls))
+        where = ", ".join(sorted(self.hosts)) or "no live host yet (kept for the first that joins)"
+        log.warning("operator: host %s is gone; %d tasks of task_URL and %d of its task_pool go to %s",
+                    ip, held, len(urls), where)
+        return actions + [Send(reply, wire.encode(Ack(event.number, "stored")))]
+
+    def _task_acked(self, sender: Host, number: int) -> list[Action]:
+        key = task_key(number, sender.ip)
+        if self.tasks.pop(key, None) is None:
+            self.counters.inc("repeated_answers")
+            return []
+        return [DropTask(key)]
+
+    def _reoffer(self, event: Reoffer) -> list[Action]:
+        actions: list[Action] = []
+        for number, urls in sorted(event.tasks.items()):
+            key = task_key(number, event.host)
+            self.tasks[key] = list(dict.fromkeys([*self.tasks.get(key, []), *urls]))
+            actions.append(SaveTask(key, tuple(self.tasks[key])))
+            if event.host in self.hosts:
+                actions.append(Send((Host(event.host),), wire.encode(Task(number, tuple(self.tasks[key])))))
+        self.counters.inc("tasks_reoffered", amount=sum(len(u) for u in event.tasks.values()))
+        return actions
+
+    # -- restart (durability) ----------------------------------------------------------
+    def _resume(self, event: Resume) -> list[Action]:
+        """Pick up every stored set: it is asked again once its timer fires, and members
+        that have not come back by then are no longer waited for."""
+        actions: list[Action] = []
+        for rec in sorted(map(SetRecord.load, event.sets), key=lambda r: r.number):
+            self.sets[rec.number] = rec
+            if self.exact and rec.stage is not Stage.FOREIGN:
+                for url in rec.frame.URL_set:
+                    self.claims[url] = rec.number
+            if rec.stage is Stage.HOME:
+                actions += self._queue_routes(rec, rec.routes)
+            actions.append(SetTimer(rec.number, self.config.resume_grace))
+        self.tasks.update({k: list(v) for k, v in event.tasks.items()})
+        self.sequences.update(event.sequences)
+        self.known.update(event.hosts)
+        log.info("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
+        return actions
+

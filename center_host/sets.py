@@ -1,0 +1,180 @@
+"""A set's life at a center: its stages, its stored record, the table of the steps that
+take it from one stage to the next, and what the core waits for while a look-up is out.
+
+A set enters stage LAN (an own set: from a LAN host, or a peer's URLs of sites homed
+here) or FOREIGN (another network's set). When a stage is done (every answer in, or
+given up), the core picks the set's next :class:`Step`; :data:`TRANSITIONS` says which
+stage that step leads to (None: the set is concluded and leaves the pools) and which
+method of the core carries it out. ``CenterProtocol._advance`` is the one place a
+set's stage changes, and it follows the table.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Union
+
+import orjson
+import xxhash
+
+from dedupnet.codec.messages import Frame
+from dedupnet.codec.pools import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+from dedupnet.codec.urls import site_of
+
+from .events import Member
+
+#: Sets held back (unacknowledged) per host while the center is full: far above what a
+#: host sends before it waits for acks (its ``max_unacked``), so only a host that does
+#: not wait is refused; it keeps the sets, unacknowledged.
+MAX_HELD_PER_HOST = 1024
+#: Own set numbers remembered after admission, to tell a late answer from an unknown one
+#: (a few minutes of sets at the rates measured; 8 bytes and a dict slot each).
+RECENTLY_CONCLUDED = 4096
+
+
+class Stage(str, enum.Enum):
+    LAN = "lan"  # own set, asking the LAN's hosts (§2.3), held in local_reduce_pool
+    DIST = "dist"  # own set, asking the other networks (§2.4), held in dist_reduce_pool
+    FOREIGN = "foreign"  # another network's set, asking our LAN (§2.4), in dist_reduce_pool
+    HOME = "home"  # own set, its URLs of other networks' sites with their home centers (§11)
+    CHECK = "check"  # own set, its URLs of sites that moved here asked of their previous home (§11)
+
+
+POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOREIGN: DIST_REDUCE_POOL,
+           Stage.HOME: DIST_REDUCE_POOL, Stage.CHECK: DIST_REDUCE_POOL}
+#: Stages that wait for peer networks and are never concluded without them.
+ROUTED = (Stage.HOME, Stage.CHECK)
+#: The timer of R4's gathering (no set has number 0: a host's sequence starts at 1, §7).
+GATHER_TIMER = 0
+
+
+
+class Step(enum.Enum):
+    """What a set does when its stage is done."""
+
+    TO_PEERS = "ask the peer networks (§2.4)"
+    GATHER = "wait to go to the peers with the LAN's other sets (R4)"
+    TO_PREVIOUS_HOMES = "ask the previous homes of sites that moved here (§11)"
+    TO_HOMES = "admit what is homed here, send the rest to its home networks (§11)"
+    ADMIT = "admit what is left, assign it as tasks"
+    LOOK_UP = "look the foreign set up in the admitted record (exact mode)"
+    REPLY = "answer the foreign set's origin"
+
+
+#: stage -> step -> (the stage after it, None: concluded; the core's method that carries it out).
+TRANSITIONS: dict[Stage, dict[Step, tuple[Stage | None, str]]] = {
+    Stage.LAN: {
+        Step.TO_PEERS: (Stage.DIST, "_to_peers"),
+        Step.GATHER: (Stage.LAN, "_gather"),
+        Step.TO_PREVIOUS_HOMES: (Stage.CHECK, "_check_previous"),
+        Step.TO_HOMES: (Stage.HOME, "_to_homes"),
+        Step.ADMIT: (None, "_admit"),
+    },
+    Stage.DIST: {Step.ADMIT: (None, "_admit")},
+    Stage.CHECK: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.ADMIT: (None, "_admit")},
+    Stage.HOME: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.ADMIT: (None, "_admit")},
+    Stage.FOREIGN: {Step.LOOK_UP: (Stage.FOREIGN, "_look_up_foreign"), Step.REPLY: (None, "_reply_foreign")},
+}
+
+# -- a set in flight ------------------------------------------------------------------
+@dataclass
+class SetRecord:
+    """What ``local_reduce_pool``/``dist_reduce_pool`` hold for one ``number``: the
+    stored frame (flag=2, its current URL_set) plus who was asked and who answered."""
+
+    frame: Frame
+    stage: Stage
+    origin: str  # originating host IP (own sets) or "net:N" (foreign sets)
+    awaiting: set[str]
+    answered: set[str] = field(default_factory=set)
+    attempts: int = 1
+    incomplete: bool = False
+    #: R4: the numbers of the LAN's sets gathered into this one (besides its own).
+    gathered: tuple[int, ...] = ()
+    #: The set as it arrived (:func:`~dedupnet.codec.urls.set_digest`; 0: not known).
+    digest: int = 0
+    #: Stage HOME: home network -> its URLs of this set, not yet taken there; stage
+    #: CHECK: previous home network -> the URLs it has not answered for yet.
+    routes: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def number(self) -> int:
+        return self.frame.number
+
+    def dump(self) -> bytes:
+        return orjson.dumps({
+            "frame": self.frame.to_json(), "stage": self.stage.value, "origin": self.origin,
+            "awaiting": sorted(self.awaiting), "answered": sorted(self.answered),
+            "attempts": self.attempts, "incomplete": self.incomplete, "gathered": list(self.gathered),
+            "digest": self.digest, "routes": {str(n): urls for n, urls in self.routes.items()},
+        })
+
+    @classmethod
+    def load(cls, data: bytes) -> "SetRecord":
+        d = orjson.loads(data)
+        f = d["frame"]
+        return cls(Frame(dict(f["URL_set"]), f["IP"], f["number"], f["flag"]), Stage(d["stage"]), d["origin"],
+                   set(d["awaiting"]), set(d["answered"]), d["attempts"], d["incomplete"], tuple(d.get("gathered", ())),
+                   d.get("digest", 0), {int(n): urls for n, urls in d.get("routes", {}).items()})
+
+
+class Rejected(Exception):
+    """Input the protocol does not allow; ``reason`` names it (and labels its counter).
+    ``level``: how loudly it is logged (a late answer is counted all the same, but it is
+    what re-sends and time limits produce, not news for the operator)."""
+
+    def __init__(self, reason: str, message: str, level: int = logging.WARNING):
+        super().__init__(message)
+        self.reason = reason
+        self.level = level
+
+
+def remember(d: dict, key, value, limit: int) -> None:
+    """``d[key] = value`` as its newest entry; the oldest go beyond ``limit`` entries."""
+    d.pop(key, None)
+    d[key] = value
+    while len(d) > limit:
+        del d[next(iter(d))]
+
+
+def task_key(number: int, host: str) -> str:
+    """The ``task_URL`` key of set ``number``'s URLs for ``host`` ("" = no host yet)."""
+    return f"{number}:{host}"
+
+
+def task_parts(key: str) -> tuple[int, str]:
+    number, host = key.split(":", 1)
+    return int(number), host
+
+
+def owner_of(url: str, hosts: Iterable[str]) -> str:
+    """The host whose ``task_pool`` gets ``url``: rendezvous hashing on the URL's site,
+    so one site stays with one host (politeness) and a host that leaves moves only
+    its own sites (paper gap 8, related-systems A)."""
+    site = site_of(url).encode()
+    return max(hosts, key=lambda h: xxhash.xxh3_64_intdigest(site + b"@" + h.encode()))
+
+
+
+# -- what a look-up in the admitted record is for ------------------------------------------
+@dataclass(frozen=True)
+class OwnSetLookup:
+    """A new own set (from a LAN host, or a peer's URLs of sites homed here): its URLs
+    already admitted, claimed or held elsewhere are dropped before it is stored."""
+
+    sender: Member
+    frame: Frame
+
+
+@dataclass(frozen=True)
+class ForeignSetLookup:
+    """Another network's set (or a new home's question about sites that moved): answered
+    from the admitted record and the claims."""
+
+    rec: SetRecord
+
+
+PendingLookup = Union[OwnSetLookup, ForeignSetLookup]
