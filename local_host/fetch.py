@@ -407,7 +407,7 @@ class ClientPool:
 @functools.lru_cache(maxsize=2)
 def _tls_context(trust_env: bool):
     """One TLS context for every client of every crawler in the process: making one loads
-    the CA bundle (~30 ms of CPU), and a one-process simulation starts dozens of crawlers."""
+    the CA bundle, and a one-process simulation starts dozens of crawlers."""
     return httpx.create_ssl_context(trust_env=trust_env)
 
 
