@@ -49,7 +49,7 @@ from tests.test_transport import parse_prometheus, sample_counters  # noqa: E402
 
 PREFIX = "dedupnet_"
 
-# Series shaped like a daemon's (names and label sets from dedupnet/adapters/transport.py and the
+# Series shaped like a daemon's (names and label sets from dedupnet/adapters/transport/ and the
 # cores); the count is reached by widening the label values.
 _SHAPES = [
     ("frames_received", ("kind",)), ("frames_acked", ("kind", "flag")), ("frames_sent", ("kind",)),

@@ -19,14 +19,8 @@ A crawler killed at any point therefore loses no task, and re-fetches only the p
 that were in progress: on start it re-takes its own pending entries first (the same
 ``consumer`` name must be used across restarts — the daemon uses the host's IP).
 
-Depth (for ``max_depth``): task entries carry only ``u``, so the depth of a URL is kept
-in the hash ``<prefix>:depth`` (8-byte URL fingerprint -> depth), written in the same
-transaction that pushes links (the minimum of the known and the new depth, by a small
-Lua script), and read when the task is fetched. A URL without a record is a seed
-(depth 0): seeds are written with 0, and so are URLs pushed by other means
-(``dedupnet push``). Nothing is written when ``max_depth`` is None. The hash is per
-host: a URL the protocol assigns to another host (site hash) arrives there without
-its depth, i.e. as depth 0, unless the hosts share the key (``depth_key``).
+Depth (for ``max_depth``) is kept per URL fingerprint beside the tasks, and written in
+the same transaction as the links (:mod:`local_host.crawl_records`).
 
 Re-crawl (``recrawl_interval``): seeds given to :meth:`Crawler.seed` / :func:`seed_urls`
 are remembered in the set ``<prefix>:seeds``. Every interval the seeds are put straight
@@ -46,27 +40,26 @@ system; their links re-offer the pages behind them, which come back the same way
 time slice, and the transaction that finishes a task also removes its URL from
 ``task_pool:fp`` (queued, not yet crawled).
 
-HTTP: a few ``httpx.AsyncClient`` objects per site (:class:`~local_host.fetch.ClientPool`),
-not one shared client: httpcore's pool work grows with the connections it holds, and
-one pool for every site cost most of the crawler's CPU. Small unwanted bodies (404,
-redirect) are read to the end so their connection is kept alive. ``bench/bench_crawler.py``
-measures pages/s and CPU per page.
+HTTP (:mod:`local_host.fetch`): a few ``httpx.AsyncClient`` objects per site
+(:class:`~local_host.fetch.ClientPool`), not one shared client: httpcore's pool work
+grows with the connections it holds. Small unwanted bodies (404, redirect) are read to
+the end so their connection is kept alive. ``bench/bench_crawler.py`` measures pages/s
+and CPU per page. What the crawler writes besides the task stream (failure records,
+depths, seeds) is :mod:`local_host.crawl_records`.
 """
 
 from __future__ import annotations
 
 import base64
-import contextlib
 import functools
 import logging
 import re
 import time
 import urllib.parse
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import orjson
 import trio
 
@@ -76,62 +69,27 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import until_stored
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
-from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Batch, Store
+from dedupnet.codec.urls import URLGate, normalize, site_of
 
-from .fetch import (ROBOTS_MAX, ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links,
-                    in_scope, robots_text)
-from .tasks import GROUP, fill_discovered, fill_finished, read_tasks
+from .crawl_records import (DEPTH, FAILED, SEEDS, Failure, Outcome, depth_of, fill_done, internal_failure,
+                            requeue_seeds, add_seeds, seed_urls)
+from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError, Politeness, Response, RobotsCache,
+                    RobotsUnavailable, client_factory, fetch_robots, get_page, retry_after)
+from .links import decode_html, extract_links, in_scope
+from .tasks import GROUP, read_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
 log = logging.getLogger("dedupnet.crawler")
 
-#: Hash URL -> JSON ``{reason, status, attempts, final_url, time}`` of permanent failures.
-FAILED = "failed"
-#: Hash 8-byte fingerprint -> depth (only with ``max_depth``).
-DEPTH = "depth"
-#: Set of seed URLs (for re-crawl).
-SEEDS = "seeds"
-RECRAWL_LOCK = "recrawl_lock"
-
-HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
-ACCEPT = "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1"
 PARSE_IN_THREAD = 256 * 1024
-#: An unwanted body (404, redirect, 503, a PDF) declared at most this long is read and
-#: dropped, so the connection goes back to the pool: far cheaper than a new connection.
-DRAIN_MAX = 64 * 1024
 #: Seconds between two looks, while idle, for task entries delivered to this crawler
 #: that it never received (see ``Crawler._take``).
 PENDING_RESCAN = 5.0
 #: Most done tasks written in one transaction (see ``Crawler._commit_loop``).
 COMMIT_GROUP = 256
-#: Requests (so connections) one httpx client carries at once; a site with more on the
-#: wire gets more clients (see :class:`~local_host.fetch.ClientPool`: httpcore's pool
-#: costs O(connections^2) per request, so pools are kept small).
-CONNECTIONS_PER_CLIENT = 4
-#: Clients unused this long (seconds) are closed, with their keep-alive connections.
-CLIENT_IDLE = 30.0
-
-# Keeps the smaller depth of each field. KEYS[1] = depth hash, ARGV[1] = depth,
-# ARGV[2..] = fields. Atomic inside MULTI/EXEC like any command.
-_MIN_DEPTH = b"""
-local d = tonumber(ARGV[1])
-for i = 2, #ARGV do
-  local cur = redis.call('HGET', KEYS[1], ARGV[i])
-  if (not cur) or tonumber(cur) > d then redis.call('HSET', KEYS[1], ARGV[i], d) end
-end
-return 0
-"""
-
-
-@functools.lru_cache(maxsize=2)
-def _tls_context(trust_env: bool):
-    """One TLS context for every client of every crawler in the process: making one loads
-    the CA bundle (~30 ms of CPU), and a one-process simulation starts dozens of crawlers."""
-    return httpx.create_ssl_context(trust_env=trust_env)
-
 
 @dataclass
 class CrawlerSettings:
@@ -192,67 +150,27 @@ class CrawlerSettings:
     progress_interval: float = 10.0
 
 
-@dataclass
-class Failure:
-    reason: str
-    status: int | None = None
 
 
 @dataclass
-class Outcome:
-    """What one task came to. ``chain``: the task URL and every redirect target that was
-    requested (all go into finish_URL); ``links``: normalised links to push."""
+class _Task:
+    """One task on its way through robots.txt, retries and the fetch."""
 
     url: str
-    chain: list[str]
-    depth: int = 0
-    links: list[str] = field(default_factory=list)
-    failure: Failure | None = None
+    depth: int
+    eid: bytes
     attempts: int = 0
-    kind: str = "ok"  # ok | failed | skipped
+    retries: int = 0
 
+    @property
+    def chain(self) -> list[str]:
+        return [self.url]  # a redirect is not followed here: its target goes through de-dup
 
-@dataclass
-class _Response:
-    status: int
-    headers: httpx.Headers
-    body: bytes | None = None
-    too_large: bool = False
-    html: bool = True
-    charset: str | None = None
+    def outcome(self, **what) -> Outcome:
+        return Outcome(self.url, self.chain, self.depth, attempts=self.attempts, **what)
 
-
-class _FetchError(Exception):
-    def __init__(self, kind: str, transient: bool):
-        super().__init__(kind)
-        self.kind = kind
-        self.transient = transient
-
-
-def _seed_fill(store: Store, urls: list[str], batch: Batch) -> None:
-    key = store.key
-    for url in urls:
-        batch.add(b"XADD", key(URL_POOL), b"*", b"u", url)
-    fields = fingerprint_fields(fingerprint_many(urls))
-    batch.add(b"HSET", key(DEPTH), *[x for f in fields for x in (f, b"0")])
-    batch.add(b"SADD", key(SEEDS), *urls)
-
-
-def _seed(store: Store, urls: Iterable[str], gate: URLGate | None = None) -> int:
-    accepted = list(dict.fromkeys((gate or URLGate()).accept(urls)))
-    for i in range(0, len(accepted), 10_000):
-        chunk = accepted[i : i + 10_000]
-        store.transact(functools.partial(_seed_fill, store, chunk))
-    return len(accepted)
-
-
-def seed_urls(pools, urls: Iterable[str], gate: URLGate | None = None) -> int:
-    """Push seeds into ``URL_pool`` like any discovered URL (the protocol de-dups and
-    assigns them), record their depth as 0 and remember them for re-crawl.
-    ``pools`` is a :class:`~local_host.pools.HostPools` (or a :class:`Store`).
-    Returns how many were accepted (normalised, duplicates removed)."""
-    store = pools if isinstance(pools, Store) else pools.store
-    return _seed(store, urls, gate)
+    def failed(self, reason: str, status: int | None = None) -> Outcome:
+        return self.outcome(failure=Failure(reason, status), kind="failed")
 
 
 def _file_name_part(name: str) -> str:
@@ -323,15 +241,16 @@ class Crawler:
     # -- seeds ---------------------------------------------------------------------------
     async def seed(self, urls: Iterable[str]) -> int:
         """Async :func:`seed_urls` on this crawler's store."""
-        return await until_stored(self._writer, self.counters, _seed, self.store, list(urls))
+        return await until_stored(self._writer, self.counters, add_seeds, self.store, list(urls))
 
     # -- running ---------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         s = self.settings
         await until_stored(self._writer, self.counters, self.store.ensure_group, TASK_POOL, GROUP)
         per_client = min(s.per_site_concurrency or s.concurrency, s.concurrency, CONNECTIONS_PER_CLIENT)
-        clients = self._clients = ClientPool(self._client_factory(per_client), per_client=per_client,
-                                             max_clients=s.max_clients)
+        make = client_factory(per_client, user_agent=s.user_agent, timeout=s.timeout,
+                              local_address=s.local_address, trust_env=s.trust_env)
+        clients = self._clients = ClientPool(make, per_client=per_client, max_clients=s.max_clients)
         try:
             if s.store_dir:
                 Path(s.store_dir).mkdir(parents=True, exist_ok=True)
@@ -352,27 +271,6 @@ class Crawler:
             if self._page_file is not None:
                 self._page_file.close()
                 self._page_file = None
-
-    def _client_factory(self, connections: int):
-        """Makes the clients of :class:`ClientPool`, ``connections`` each (the pool never
-        puts more requests on one), all with the process's one TLS context. An idle
-        connection is kept as long as its client (httpx's default, 5 s, made a crawler
-        that comes back to a site every few seconds connect again each time; a
-        connection the server closed meanwhile is seen before it is used)."""
-        s = self.settings
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
-                              keepalive_expiry=CLIENT_IDLE)
-        tls = _tls_context(s.trust_env)
-        timeout = httpx.Timeout(s.timeout)
-        headers = {"User-Agent": s.user_agent}
-
-        def make() -> httpx.AsyncClient:
-            transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, local_address=s.local_address,
-                                                 trust_env=s.trust_env, retries=0)
-            return httpx.AsyncClient(transport=transport, verify=tls, timeout=timeout, follow_redirects=False,
-                                     trust_env=s.trust_env, headers=headers)
-
-        return make
 
     # -- taking tasks ----------------------------------------------------------------------
     def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
@@ -459,7 +357,7 @@ class Crawler:
                 except Exception:
                     log.exception("crawler %s: unexpected error on %s", self.consumer, url)
                     self.counters.inc("fetch_errors", kind="internal")
-                    outcome = _internal_failure(url)
+                    outcome = internal_failure(url)
             if outcome is None:  # given up before its request went out: it stays in task_pool
                 self.counters.inc("tasks_given_up")
                 return
@@ -468,7 +366,7 @@ class Crawler:
             except Exception:
                 log.exception("crawler %s: recording %s failed; dropping its results", self.consumer, url)
                 self.counters.inc("fetch_errors", kind="internal")
-                outcome = _internal_failure(url)
+                outcome = internal_failure(url)
                 await until_stored(self._writer, self.counters, self.store.transact,
                                    functools.partial(self._fill_done, [(eid, outcome)]))
             self.pages_done += 1
@@ -540,35 +438,8 @@ class Crawler:
                     self.on_commit()
 
     def _fill_done(self, items: list[tuple[bytes, Outcome]], batch: Batch) -> None:
-        """Everything done tasks write, queued into one MULTI/EXEC: their URLs (and
-        redirect chains) into finish_URL, their links into URL_pool (with depths),
-        failure records set or cleared, and their task entries acknowledged and deleted."""
-        key = self.store.key
-        fill_discovered(batch, self.store, [link for _, o in items for link in o.links])
-        records: dict[str, bytes | None] = {}  # URL -> failure record, None: clear it (last wins)
-        for _, o in items:
-            if o.links and self.settings.max_depth is not None:
-                batch.add(b"EVAL", _MIN_DEPTH, 1, self.depth_key, o.depth + 1,
-                          *fingerprint_fields(fingerprint_many(o.links)))
-            if o.failure is not None:
-                record = {"reason": o.failure.reason, "status": o.failure.status, "attempts": o.attempts,
-                          "final_url": o.chain[-1] if o.chain else o.url, "time": round(time.time(), 3)}
-                records[o.url] = orjson.dumps(record)
-            else:
-                records[o.url] = None
-        cleared = [url for url, r in records.items() if r is None]
-        if cleared:
-            batch.add(b"HDEL", key(FAILED), *cleared)
-        failed = [x for url, r in records.items() if r is not None for x in (url, r)]
-        if failed:
-            batch.add(b"HSET", key(FAILED), *failed)
-        fill_finished(batch, self.store, [eid for eid, _ in items], [o.url for _, o in items],
-                      [u for _, o in items for u in o.chain], self._finished)
-
-    def _depth_record(self, url: str) -> int:
-        (field_,) = fingerprint_fields(fingerprint_many([url]))
-        value = self.store.command(b"HGET", self.depth_key, field_)
-        return int(value) if value is not None else 0
+        fill_done(batch, self.store, items, max_depth=self.settings.max_depth, depth_key=self.depth_key,
+                  finished=self._finished)
 
     def _backoff(self, retry: int, retry_after: float | None) -> float:
         s = self.settings
@@ -611,81 +482,78 @@ class Crawler:
         await trio.sleep(delay)
 
     async def _crawl(self, raw_url: str, eid: bytes = b"") -> Outcome:
-        s = self.settings
         try:
             url = normalize(raw_url)
         except BadURL as e:
             self.counters.inc("fetch_errors", kind="bad_url")
             return Outcome(raw_url, [], failure=Failure(f"bad_url:{e.reason}"), kind="failed")
         depth = 0
-        if s.max_depth is not None:
-            depth = await until_stored(self._writer, self.counters, self._depth_record, url)
-        chain = [url]
-        current = url
-        attempts = 0
-        retries = 0  # on the current hop
+        if self.settings.max_depth is not None:
+            depth = await until_stored(self._writer, self.counters, depth_of, self.store, self.depth_key, url)
+        task = _Task(url, depth, eid)
+        while (outcome := await self._attempt(task)) is None:
+            pass
+        return outcome
 
-        def failed(reason: str, status: int | None = None) -> Outcome:
-            return Outcome(url, chain, depth, failure=Failure(reason, status), attempts=attempts, kind="failed")
-
-        while True:
-            if s.respect_robots:
-                try:
-                    allowed = await self.robots.allowed(current)
-                except RobotsUnavailable:
-                    self.counters.inc("fetch_errors", kind="robots_unavailable")
-                    if retries < s.max_retries:
-                        retries += 1
-                        self.counters.inc("retries")
-                        await self._retry_later(eid, self._backoff(retries, None))
-                        continue
-                    return failed("robots_unavailable")
-                if not allowed:
-                    self.counters.inc("robots_skipped")
-                    return Outcome(url, chain, depth, failure=Failure("robots"), attempts=attempts, kind="skipped")
-            attempts += 1
+    async def _attempt(self, task: _Task) -> Outcome | None:
+        """One try at a task: robots.txt, then the request. Its outcome, or None to try
+        again (the back-off already waited)."""
+        s = self.settings
+        if s.respect_robots:
             try:
-                resp = await self._fetch(current, eid)
-            except _FetchError as e:
-                self.counters.inc("fetch_errors", kind=e.kind)
-                if e.transient and retries < s.max_retries:
-                    retries += 1
-                    self.counters.inc("retries")
-                    await self._retry_later(eid, self._backoff(retries, None))
-                    continue
-                return failed(e.kind)
-            status = resp.status
-            self.counters.inc("pages_fetched", status=status)
-            if status in s.retry_statuses:
-                self.counters.inc("fetch_errors", kind="http_5xx" if status >= 500 else "http_retry")
-                if retries < s.max_retries:
-                    retries += 1
-                    self.counters.inc("retries")
-                    await self._retry_later(eid, self._backoff(retries, _retry_after(resp.headers)))
-                    continue
-                return failed("http", status)
-            location = resp.headers.get("location")
-            if status in REDIRECT_STATUSES and location:
-                # The target is a discovered URL like any link: it goes through de-dup
-                # (URL_pool), so a page reached both by a redirect and by a link is
-                # fetched once in the whole system. Loops end by themselves: each URL
-                # of the loop is fetched once.
-                self.counters.inc("redirects")
-                try:
-                    target = normalize(urllib.parse.urljoin(current, location.strip()))
-                except (BadURL, ValueError):
-                    self.counters.inc("fetch_errors", kind="bad_redirect")
-                    return failed("bad_redirect", status)
-                if not in_scope(site_of(target), self.allowed):
-                    self.counters.inc("fetch_errors", kind="redirect_out_of_scope")
-                    return failed("redirect_out_of_scope", status)
-                return Outcome(url, chain, depth, links=[target] if target != url else [], attempts=attempts)
-            if 200 <= status < 300:
-                return await self._page(url, chain, depth, attempts, resp)
-            self.counters.inc("fetch_errors", kind="http_4xx" if 400 <= status < 500 else "http_other")
-            return failed("http", status)
+                allowed = await self.robots.allowed(task.url)
+            except RobotsUnavailable:
+                self.counters.inc("fetch_errors", kind="robots_unavailable")
+                return await self._retry(task, "robots_unavailable")
+            if not allowed:
+                self.counters.inc("robots_skipped")
+                return task.outcome(failure=Failure("robots"), kind="skipped")
+        task.attempts += 1
+        try:
+            resp = await self._fetch(task.url, task.eid)
+        except FetchError as e:
+            self.counters.inc("fetch_errors", kind=e.kind)
+            return await self._retry(task, e.kind) if e.transient else task.failed(e.kind)
+        status = resp.status
+        self.counters.inc("pages_fetched", status=status)
+        if status in s.retry_statuses:
+            self.counters.inc("fetch_errors", kind="http_5xx" if status >= 500 else "http_retry")
+            return await self._retry(task, "http", status, retry_after(resp.headers))
+        location = resp.headers.get("location")
+        if status in REDIRECT_STATUSES and location:
+            return self._redirected(task, status, location)
+        if 200 <= status < 300:
+            return await self._page(task.url, task.chain, task.depth, task.attempts, resp)
+        self.counters.inc("fetch_errors", kind="http_4xx" if 400 <= status < 500 else "http_other")
+        return task.failed("http", status)
 
-    async def _page(self, url: str, chain: list[str], depth: int, attempts: int, resp: _Response) -> Outcome:
+    async def _retry(self, task: _Task, reason: str, status: int | None = None,
+                     after: float | None = None) -> Outcome | None:
+        """Wait the back-off and return None (try again), or the failure once the
+        retries of this task are spent."""
+        if task.retries >= self.settings.max_retries:
+            return task.failed(reason, status)
+        task.retries += 1
+        self.counters.inc("retries")
+        await self._retry_later(task.eid, self._backoff(task.retries, after))
+        return None
+
+    def _redirected(self, task: _Task, status: int, location: str) -> Outcome:
+        """The target is a discovered URL like any link: it goes through de-dup
+        (URL_pool), so a page reached both by a redirect and by a link is fetched once
+        in the whole system. Loops end by themselves: each URL of the loop is fetched once."""
+        self.counters.inc("redirects")
+        try:
+            target = normalize(urllib.parse.urljoin(task.url, location.strip()))
+        except (BadURL, ValueError):
+            self.counters.inc("fetch_errors", kind="bad_redirect")
+            return task.failed("bad_redirect", status)
+        if not in_scope(site_of(target), self.allowed):
+            self.counters.inc("fetch_errors", kind="redirect_out_of_scope")
+            return task.failed("redirect_out_of_scope", status)
+        return task.outcome(links=[target] if target != task.url else [])
+
+    async def _page(self, url: str, chain: list[str], depth: int, attempts: int, resp: Response) -> Outcome:
         s = self.settings
         done = Outcome(url, chain, depth, attempts=attempts)
         if resp.too_large:
@@ -734,9 +602,9 @@ class Crawler:
         return done
 
     # -- HTTP ------------------------------------------------------------------------------
-    async def _fetch(self, url: str, eid: bytes = b"") -> _Response:
-        """One GET through the politeness gate; the body is read (up to ``max_body``) only
-        for a 2xx HTML page (or any 2xx with ``store_dir``)."""
+    async def _fetch(self, url: str, eid: bytes = b"") -> Response:
+        """One GET through the politeness gate, once Redis answers (see
+        :meth:`_until_store_answers`); the task counts as on the wire from then on."""
         assert self._clients is not None
         s = self.settings
         site = site_of(url)
@@ -746,81 +614,13 @@ class Crawler:
             if scope is not None and scope.cancel_called:
                 await trio.lowlevel.checkpoint()  # given up (the crawler stops) before anything went out
             self._on_wire.add(eid)
-            with trio.move_on_after(s.page_timeout):
-                try:
-                    async with client.stream("GET", url, headers={"Accept": ACCEPT},
-                                                   extensions={"trace": _on_send(sent)}) as r:
-                        try:
-                            return await self._read_response(r)
-                        finally:
-                            self.counters.inc("fetched_bytes", r.num_bytes_downloaded)
-                except httpx.TimeoutException:
-                    raise _FetchError("timeout", True) from None
-                except httpx.ConnectError:
-                    raise _FetchError("connect", True) from None
-                except (httpx.UnsupportedProtocol, httpx.InvalidURL):
-                    raise _FetchError("bad_url", False) from None
-                except httpx.TransportError:
-                    raise _FetchError("network", True) from None
-                except (httpx.DecodingError, httpx.StreamError):
-                    raise _FetchError("decoding", False) from None
-            raise _FetchError("timeout", True)
-
-    async def _read_response(self, r: httpx.Response) -> _Response:
-        s = self.settings
-        resp = _Response(r.status_code, r.headers)
-        if not 200 <= r.status_code < 300:
-            await _drain(r)
-            return resp
-        mime = r.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-        resp.html = not mime or mime in HTML_TYPES  # no type: try it as HTML
-        if not resp.html and not s.store_dir:
-            await _drain(r)
-            return resp
-        length = r.headers.get("content-length", "")
-        if length.isdigit() and int(length) > s.max_body:
-            resp.too_large = True
-            return resp
-        resp.charset = r.charset_encoding  # parsing Content-Type costs: only for a body kept
-        chunks, total = [], 0
-        async with contextlib.aclosing(r.aiter_bytes()) as body:  # we may stop early
-            async for chunk in body:
-                total += len(chunk)
-                if total > s.max_body:
-                    resp.too_large = True
-                    return resp
-                chunks.append(chunk)
-        resp.body = b"".join(chunks)
-        return resp
+            return await get_page(client, url, sent, self.counters, timeout=s.page_timeout, max_body=s.max_body,
+                                  any_body=bool(s.store_dir))
 
     async def _fetch_robots(self, origin: str) -> str | None:
-        """robots.txt of an origin for :class:`RobotsCache` (through the politeness gate)."""
+        """robots.txt of an origin for :class:`RobotsCache`, with the pages' gate and clients."""
         assert self._clients is not None
-        s = self.settings
-        url = origin + "/robots.txt"
-        site = site_of(url)
-        try:
-            async with self.politeness.slot(site) as sent, self._clients.client(site) as client:
-                with trio.move_on_after(s.page_timeout):
-                    async with client.stream("GET", url, follow_redirects=True,
-                                                   extensions={"trace": _on_send(sent)}) as r:
-                        self.counters.inc("robots_fetched", status=r.status_code)
-                        if not 200 <= r.status_code < 300:
-                            return robots_text(url, r.status_code)
-                        chunks, total = [], 0
-                        async with contextlib.aclosing(r.aiter_bytes()) as body:
-                            async for chunk in body:
-                                chunks.append(chunk)
-                                total += len(chunk)
-                                if total >= ROBOTS_MAX:
-                                    break
-                        self.counters.inc("fetched_bytes", r.num_bytes_downloaded)
-                        return robots_text(url, r.status_code, b"".join(chunks))
-                raise RobotsUnavailable(f"{url}: timeout")
-        except httpx.TooManyRedirects:
-            return None  # RFC 9309: more than 5 redirects = unavailable (4xx-like): allow
-        except httpx.HTTPError as e:
-            raise RobotsUnavailable(f"{url}: {type(e).__name__}") from None
+        return await fetch_robots(origin, self.politeness, self._clients, self.counters, self.settings.page_timeout)
 
     def _robots_rules(self, origin: str, rules) -> None:
         if self.settings.max_crawl_delay <= 0:
@@ -833,7 +633,7 @@ class Crawler:
             self.politeness.set_delay(site_of(origin + "/"), min(float(delay), self.settings.max_crawl_delay))
 
     # -- page store ------------------------------------------------------------------------
-    async def _store_page(self, url: str, resp: _Response, html: str | None) -> None:
+    async def _store_page(self, url: str, resp: Response, html: str | None) -> None:
         if self._page_file is None:
             return
         record: dict = {"url": url, "status": resp.status, "headers": dict(resp.headers),
@@ -854,25 +654,8 @@ class Crawler:
 
     # -- background ------------------------------------------------------------------------
     def _requeue_seeds(self) -> int:
-        """Re-crawl: the seeds straight into task_pool, or with a re-crawl policy into
-        URL_pool (see the module doc), at most once per interval per host (``recrawl_lock``)."""
-        interval_ms = max(1, int(self.settings.recrawl_interval * 1000))
-        if not self.store.command(b"SET", self.store.key(RECRAWL_LOCK), self.consumer, b"NX", b"PX", interval_ms):
-            return 0
-        seeds = self.store.command(b"SMEMBERS", self.store.key(SEEDS))
-        if not seeds:
-            return 0
-
-        pool = self.store.key(URL_POOL if self._finished is not None else TASK_POOL)
-
-        def fill(batch: Batch) -> None:
-            for url in seeds:
-                batch.add(b"XADD", pool, b"*", b"u", url)
-            fields = fingerprint_fields(fingerprint_many([u.decode() for u in seeds]))
-            batch.add(b"HSET", self.depth_key, *[x for f in fields for x in (f, b"0")])
-
-        self.store.transact(fill)
-        return len(seeds)
+        return requeue_seeds(self.store, self.consumer, self.settings.recrawl_interval, self.depth_key,
+                             by_age=self._finished is not None)
 
     async def _recrawl_loop(self) -> None:
         interval = self.settings.recrawl_interval
@@ -902,42 +685,3 @@ class Crawler:
             self.politeness.forget_idle()
             if self._clients is not None:
                 await self._clients.close_idle(CLIENT_IDLE)
-
-
-def _internal_failure(url: str) -> Outcome:
-    """A task that raised: recorded as failed and finished (never fetched in a loop)."""
-    try:
-        url = normalize(url)
-        chain = [url]
-    except BadURL:
-        chain = []
-    return Outcome(url, chain, failure=Failure("internal"), kind="failed")
-
-
-def _on_send(sent):
-    """An httpcore ``trace`` callback calling ``sent()`` when the request headers go out."""
-
-    async def trace(name: str, info: dict) -> None:
-        if name.endswith("send_request_headers.started"):
-            sent()
-
-    return trace
-
-
-async def _drain(r: httpx.Response) -> None:
-    """Read and drop a small body (see ``DRAIN_MAX``); an error only costs the connection."""
-    length = r.headers.get("content-length", "")
-    if length.isdigit() and int(length) <= DRAIN_MAX:
-        try:
-            async for _ in r.aiter_raw():
-                pass
-        except httpx.HTTPError:
-            pass
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    value = headers.get("retry-after", "").strip()
-    if value.isdigit():
-        return float(value)
-    return None
-

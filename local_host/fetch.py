@@ -1,48 +1,67 @@
-"""The crawler's small focused pieces: politeness, robots.txt, link extraction, scope.
+"""Fetching over HTTP, politely: the request slots, the clients, robots.txt, one page.
 
-Nothing here touches Redis; :mod:`local_host.crawler` wires these to the store and to
-httpx.
+Nothing here touches Redis; :mod:`local_host.crawler` wires these to the store.
 
 * :class:`Politeness` — a global bound on concurrent requests plus, per site (host),
   at most ``per_site`` concurrent requests and a minimum delay between the *starts* of
   two requests to it. A request holds its slots only while it is on the wire.
 * :class:`RobotsCache` — one robots.txt fetch per origin (single-flight), parsed with
-  ``protego``, cached with a TTL and an LRU bound.
-* :func:`extract_links` — ``<a href>`` links of an HTML page with ``selectolax``
-  (lexbor), resolved against ``<base href>`` or the page URL, fragments stripped,
-  non-http(s) schemes dropped.
-* :func:`in_scope` — the allowed-domains scope.
+  ``protego``, cached with a TTL and an LRU bound; :func:`fetch_robots` fetches it
+  through the same politeness gate and clients as the pages.
 * :class:`ClientPool` — a few small ``httpx.AsyncClient`` objects per site, the least
-  recently used idle ones closed beyond a bound (why not one client: its docstring).
+  recently used idle ones closed beyond a bound (why not one client: its docstring);
+  :func:`client_factory` makes them.
+* :func:`get_page` — one GET, its body read only when it is wanted, its failures
+  sorted into the ones worth a retry and the others (:class:`FetchError`).
+
+What a page links to is :mod:`local_host.links`.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import functools
 import math
 import re
-import urllib.parse
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
 import trio
 from protego import Protego
-from selectolax.lexbor import LexborHTMLParser
+
+from dedupnet.adapters.metrics import Counters
+from dedupnet.codec.urls import site_of
 
 __all__ = [
     "ClientPool",
+    "FetchError",
     "Politeness",
+    "Response",
     "RobotsCache",
     "RobotsUnavailable",
     "ROBOTS_MAX",
+    "client_factory",
+    "fetch_robots",
+    "get_page",
     "robots_text",
-    "extract_links",
-    "decode_html",
-    "in_scope",
     "origin_of",
+    "retry_after",
 ]
+
+#: Requests (so connections) one httpx client carries at once; a site with more on the
+#: wire gets more clients (see :class:`ClientPool`: httpcore's pool costs
+#: O(connections^2) per request, so pools are kept small).
+CONNECTIONS_PER_CLIENT = 4
+#: Clients unused this long (seconds) are closed, with their keep-alive connections.
+CLIENT_IDLE = 30.0
+HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
+ACCEPT = "text/html,application/xhtml+xml;q=0.9,*/*;q=0.1"
+#: An unwanted body (404, redirect, 503, a PDF) declared at most this long is read and
+#: dropped, so the connection goes back to the pool: far cheaper than a new connection.
+DRAIN_MAX = 64 * 1024
 
 
 # -- politeness ----------------------------------------------------------------------
@@ -251,107 +270,31 @@ class RobotsCache:
         return rules is None or rules.can_fetch(url, self.agent)
 
 
-# -- HTML and links -----------------------------------------------------------------
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_.:-]+)""", re.IGNORECASE)
+async def fetch_robots(origin: str, politeness: Politeness, clients: ClientPool, counters: Counters,
+                       timeout: float) -> str | None:
+    """robots.txt of an origin, for :class:`RobotsCache`: through the politeness gate
+    and the site's clients like any request, redirects followed, within ``timeout``."""
+    url = origin + "/robots.txt"
+    site = site_of(url)
+    try:
+        async with politeness.slot(site) as sent, clients.client(site) as client:
+            with trio.move_on_after(timeout):
+                return await _get_robots(client, url, sent, counters)
+            raise RobotsUnavailable(f"{url}: timeout")
+    except httpx.TooManyRedirects:
+        return None  # RFC 9309: more than 5 redirects = unavailable (4xx-like): allow
+    except httpx.HTTPError as e:
+        raise RobotsUnavailable(f"{url}: {type(e).__name__}") from None
 
 
-def decode_html(body: bytes, charset: str | None) -> str:
-    """The page as text: the header's charset, else a ``<meta charset>`` in the first
-    KiB, else UTF-8; undecodable bytes are replaced (links are mostly ASCII)."""
-    for candidate in (charset, _sniff_charset(body), "utf-8"):
-        if not candidate:
-            continue
-        try:
-            return body.decode(candidate, errors="replace")
-        except LookupError:
-            continue
-    return body.decode("utf-8", errors="replace")  # pragma: no cover
-
-
-def _sniff_charset(body: bytes) -> str | None:
-    m = _META_CHARSET.search(body[:1024])
-    return m.group(1).decode("ascii") if m else None
-
-
-# Removed anywhere in a URL by the WHATWG URL parser (and by browsers).
-_TAB_NEWLINE = re.compile(r"[\t\n\r]")
-_STRIP = " \t\n\r\f"
-
-
-@dataclass
-class Links:
-    """What :func:`extract_links` found: absolute http(s) URLs (fragment-free, in page
-    order, duplicates removed), how many ``<a href>`` there were, and why the others
-    were dropped."""
-
-    urls: list[str]
-    found: int
-    dropped: collections.Counter
-
-
-def extract_links(html: str, page_url: str) -> Links:
-    """``<a href>`` links of a page, resolved against ``<base href>`` (itself resolved
-    against the page URL) if the page has one, else against ``page_url``.
-
-    Dropped (reason in ``dropped``): empty and fragment-only hrefs that name the page
-    itself (``fragment``; with a ``<base href>`` elsewhere they name the base document),
-    schemes other than http/https (``scheme``: javascript:, mailto:, data:, tel: …),
-    unparsable hrefs (``unparsable``). Fragments are stripped from the rest.
-    """
-    tree = LexborHTMLParser(html)
-    base = page_url
-    base_node = tree.css_first("base[href]")
-    if base_node is not None:
-        href = _TAB_NEWLINE.sub("", (base_node.attributes.get("href") or "").strip(_STRIP))
-        if href:
-            try:
-                base = urllib.parse.urljoin(page_url, href)
-            except ValueError:
-                pass
-    dropped: collections.Counter = collections.Counter()
-    seen: dict[str, None] = {}
-    found = 0
-    for node in tree.css("a[href]"):
-        found += 1
-        href = _TAB_NEWLINE.sub("", (node.attributes.get("href") or "").strip(_STRIP))
-        if (not href or href.startswith("#")) and base == page_url:
-            # The page itself (RFC 3986: "" and "#x" resolve to the base); under a
-            # <base href> elsewhere they name that other document, and are kept.
-            dropped["fragment"] += 1
-            continue
-        try:
-            url = urllib.parse.urljoin(base, href)
-        except ValueError:
-            dropped["unparsable"] += 1
-            continue
-        scheme = url.split(":", 1)[0].lower()
-        if scheme not in ("http", "https"):
-            dropped["scheme"] += 1
-            continue
-        url = url.split("#", 1)[0]
-        seen.setdefault(url, None)
-    return Links(list(seen), found, dropped)
-
-
-_IPV4 = re.compile(r"[0-9.]+")
-
-
-def in_scope(host: str, allowed: Collection[str]) -> bool:
-    """Whether ``host`` is one of ``allowed`` or a subdomain of one (empty: all are).
-    Entries are lowercase hosts; a leading dot is ignored (``.example.org`` and
-    ``example.org`` both admit ``example.org`` and ``www.example.org``)."""
-    if not allowed:
-        return True
-    host = host.lower()
-    if host.startswith("[") or _IPV4.fullmatch(host):
-        return host in allowed  # an address has no subdomains
-    while True:
-        if host in allowed:
-            return True
-        dot = host.find(".")
-        if dot < 0:
-            return False
-        host = host[dot + 1 :]
+async def _get_robots(client: httpx.AsyncClient, url: str, sent: Callable[[], None], counters: Counters) -> str | None:
+    async with client.stream("GET", url, follow_redirects=True, extensions={"trace": on_send(sent)}) as r:
+        counters.inc("robots_fetched", status=r.status_code)
+        if not 200 <= r.status_code < 300:
+            return robots_text(url, r.status_code)
+        chunks, _ = await _read_body(r, ROBOTS_MAX - 1)  # the first ROBOTS_MAX bytes are enough
+        counters.inc("fetched_bytes", r.num_bytes_downloaded)
+        return robots_text(url, r.status_code, b"".join(chunks))
 
 
 # -- HTTP clients --------------------------------------------------------------------
@@ -459,3 +402,143 @@ class ClientPool:
                         await entry.client.aclose()
             self._sites.clear()
             self._count = 0
+
+
+@functools.lru_cache(maxsize=2)
+def _tls_context(trust_env: bool):
+    """One TLS context for every client of every crawler in the process: making one loads
+    the CA bundle, and a one-process simulation starts dozens of crawlers."""
+    return httpx.create_ssl_context(trust_env=trust_env)
+
+
+def client_factory(connections: int, *, user_agent: str, timeout: float, local_address: str | None,
+                   trust_env: bool) -> Callable[[], httpx.AsyncClient]:
+    """Makes the clients of :class:`ClientPool`, ``connections`` each (the pool never
+    puts more requests on one), all with the process's one TLS context. An idle
+    connection is kept as long as its client (httpx's default, 5 s, made a crawler
+    that comes back to a site every few seconds connect again each time; a
+    connection the server closed meanwhile is seen before it is used)."""
+    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
+                          keepalive_expiry=CLIENT_IDLE)
+    tls = _tls_context(trust_env)
+    timeouts = httpx.Timeout(timeout)
+    headers = {"User-Agent": user_agent}
+
+    def make() -> httpx.AsyncClient:
+        transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, local_address=local_address,
+                                             trust_env=trust_env, retries=0)
+        return httpx.AsyncClient(transport=transport, verify=tls, timeout=timeouts, follow_redirects=False,
+                                 trust_env=trust_env, headers=headers)
+
+    return make
+
+
+# -- one page ------------------------------------------------------------------------
+@dataclass
+class Response:
+    status: int
+    headers: httpx.Headers
+    body: bytes | None = None
+    too_large: bool = False
+    html: bool = True
+    charset: str | None = None
+
+
+class FetchError(Exception):
+    """A request that got no answer: ``kind`` as counted; ``transient``: worth a retry."""
+
+    def __init__(self, kind: str, transient: bool):
+        super().__init__(kind)
+        self.kind = kind
+        self.transient = transient
+
+
+async def get_page(client: httpx.AsyncClient, url: str, sent: Callable[[], None], counters: Counters, *,
+                   timeout: float, max_body: int, any_body: bool) -> Response:
+    """One GET of ``url`` within ``timeout`` (``sent`` called when it goes on the wire);
+    the body is read (up to ``max_body``) only for a 2xx HTML page, or any 2xx with
+    ``any_body``. Raises :class:`FetchError`."""
+    with trio.move_on_after(timeout):
+        try:
+            async with client.stream("GET", url, headers={"Accept": ACCEPT},
+                                     extensions={"trace": on_send(sent)}) as r:
+                try:
+                    return await _read_response(r, max_body, any_body)
+                finally:
+                    counters.inc("fetched_bytes", r.num_bytes_downloaded)
+        except httpx.TimeoutException:
+            raise FetchError("timeout", True) from None
+        except httpx.ConnectError:
+            raise FetchError("connect", True) from None
+        except (httpx.UnsupportedProtocol, httpx.InvalidURL):
+            raise FetchError("bad_url", False) from None
+        except httpx.TransportError:
+            raise FetchError("network", True) from None
+        except (httpx.DecodingError, httpx.StreamError):
+            raise FetchError("decoding", False) from None
+    raise FetchError("timeout", True)
+
+
+async def _read_response(r: httpx.Response, max_body: int, any_body: bool) -> Response:
+    resp = Response(r.status_code, r.headers)
+    if not 200 <= r.status_code < 300:
+        await _drain(r)
+        return resp
+    mime = r.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    resp.html = not mime or mime in HTML_TYPES  # no type: try it as HTML
+    if not resp.html and not any_body:
+        await _drain(r)
+        return resp
+    length = r.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_body:
+        resp.too_large = True
+        return resp
+    resp.charset = r.charset_encoding  # parsing Content-Type costs: only for a body kept
+    chunks, whole = await _read_body(r, max_body)
+    if not whole:
+        resp.too_large = True
+        return resp
+    resp.body = b"".join(chunks)
+    return resp
+
+
+async def _read_body(r: httpx.Response, limit: int) -> tuple[list[bytes], bool]:
+    """The body's chunks, read until more than ``limit`` bytes came (then the second
+    item is False: the rest is not read)."""
+    chunks, total = [], 0
+    async with contextlib.aclosing(r.aiter_bytes()) as body:  # we may stop early
+        async for chunk in body:
+            chunks.append(chunk)
+            total += len(chunk)
+            if total > limit:
+                return chunks, False
+    return chunks, True
+
+
+def on_send(sent: Callable[[], None]):
+    """An httpcore ``trace`` callback calling ``sent()`` when the request headers go out."""
+
+    async def trace(name: str, info: dict) -> None:
+        if name.endswith("send_request_headers.started"):
+            sent()
+
+    return trace
+
+
+async def _drain(r: httpx.Response) -> None:
+    """Read and drop a small body (see ``DRAIN_MAX``); an error only costs the connection."""
+    length = r.headers.get("content-length", "")
+    if length.isdigit() and int(length) <= DRAIN_MAX:
+        try:
+            async for _ in r.aiter_raw():
+                pass
+        except httpx.HTTPError:
+            pass
+
+
+def retry_after(headers: httpx.Headers) -> float | None:
+    """A ``Retry-After`` in seconds (the date form is not honoured: the back-off applies)."""
+    value = headers.get("retry-after", "").strip()
+    if value.isdigit():
+        return float(value)
+    return None

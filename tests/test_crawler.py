@@ -23,7 +23,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
 from dedupnet.codec.urls import fingerprint_many, normalize
 from local_host.crawler import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSettings, seed_urls
-from local_host.fetch import extract_links, in_scope
+from local_host.links import extract_links, in_scope
 from local_host.pools import HostPools
 
 HOSTS = {"a": "127.88.0.1", "b": "127.88.0.2", "c": "127.88.0.3"}

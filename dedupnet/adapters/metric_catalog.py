@@ -86,7 +86,7 @@ _ALL = (
     _g("pages_in_progress", "Pages this host's crawler is fetching or writing.", role="host"),
     _g("durable_acks", "1 if this daemon's Redis confirms writes on disk before a dependent message goes "
                        "(WAITAOF), 0 if it cannot."),
-    # -- transport (dedupnet/adapters/transport.py, tls.py) --
+    # -- transport (dedupnet/adapters/transport/, tls.py) --
     _c("frames_received", "Messages decoded, by kind (flag only for kind frame).", "kind", "flag"),
     _c("frames_sent", "Messages written, by kind.", "kind"),
     _c("received_bytes", "Bytes read from sockets."),

@@ -32,7 +32,7 @@ the other centers, in both directions, with certificates on both ends:
   certificate, not TLS at all, too slow) is ``handshake_failed{reason="tls"}`` (or
   ``"timeout"``); a certificate for another network is ``"wrong-network"``. Each is
   logged with the reason, costs that connection only, and a dialing center retries with
-  back-off (dedupnet/adapters/transport.py ``connect_forever``).
+  back-off (dedupnet/adapters/transport/client.py ``connect_forever``).
 
 The sans-I/O part (contexts, certificate names, the policy) is plain functions; the
 trio part (handshake under a deadline, the counting stream) is small and lives here

@@ -144,7 +144,7 @@ class World:
         self.discovered.update(urls)
         host.wake()
 
-    # -- connections (dedupnet/adapters/transport.py connect_forever) ---------------------
+    # -- connections (dedupnet/adapters/transport/client.py connect_forever) ---------------------
     def pair_of(self, a: str, b: str):
         return self.net.pair(a, b, wan=a.startswith("c") and b.startswith("c"))
 
