@@ -121,7 +121,7 @@ _D, _ALL = DAEMONS, (CENTER, LOCAL, PUSH, DEMO)
 
 _LIST = (
     # -- identity and where things are ------------------------------------------------
-    _s("network", int, None, "this LAN's network id (1..65535), part of every number", *_D, SIM, metavar="N",
+    _s("network", int, None, "this LAN's network id (1..65535), part of every number", *_D, metavar="N",
        required=(CENTER,),
        role_help={LOCAL: "this LAN's network id (1..65535); required unless --center auto (the center's answer "
                          "gives it)"}),
