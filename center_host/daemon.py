@@ -28,6 +28,7 @@ from dedupnet.codec.auth import keyring_from
 from dedupnet.adapters.census import ask_hosts, build_report
 from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
+from dedupnet.codec.settings import declared
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, heartbeat, heartbeat_due,
@@ -59,42 +60,39 @@ class CenterSettings:
     port: int
     lan: str
     peers: list[PeerAddress] = field(default_factory=list)
-    mode: str = "exact"
-    answer_timeout: float = 2.0
-    max_resends: int = 2
-    partition_policy: str | None = None  # default by mode (CenterConfig)
-    foreign_lookup: str | None = None  # default by mode (CenterConfig)
-    local_lookup: str | None = None  # default by mode (CenterConfig)
-    routing: str | None = None  # default by mode (CenterConfig): "home" in exact mode
+    #: The fields made with ``declared`` carry the operator's setting of that name
+    #: (dedupnet/codec/settings.py: its default and help are there).
+    mode: str = declared("mode")
+    answer_timeout: float = declared("answer_timeout")
+    max_resends: int = declared("max_resends")
+    partition_policy: str | None = declared("partition_policy")  # None: by mode (CenterConfig)
+    foreign_lookup: str | None = declared("foreign_lookup")  # None: by mode (CenterConfig)
+    local_lookup: str | None = declared("local_lookup")  # None: by mode (CenterConfig)
+    routing: str | None = declared("routing")  # None: by mode (CenterConfig): "home" in exact mode
     #: Each network's share of the sites under ``routing = "home"`` (1 if absent).
     weights: dict[int, float] = field(default_factory=dict)
     #: The maps in force before a change of the map (CenterConfig.previous_weights).
     previous_weights: tuple[dict[int, float], ...] = ()
-    #: Exact mode: seconds this LAN's sets gather into one for the peers while one of
-    #: ours is out with them (R4, CenterConfig.gather_linger); 0: each goes alone.
-    gather_linger: float = 0.5
+    gather_linger: float = declared("gather_linger")
     resume_grace: float = 5.0
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 5.0
-    max_frame_size: int = 4 * 1024 * 1024
-    max_urls: int = 10_000
-    compress: bool = True  # offer/accept zstd bodies (negotiated per connection)
+    heartbeat_interval: float = declared("heartbeat_interval")
+    heartbeat_timeout: float = declared("heartbeat_timeout")
+    max_frame_size: int = declared("max_frame_size")
+    max_urls: int = declared("max_urls_per_set")
+    compress: bool = declared("compress")
     #: ``--http`` (old name ``--metrics``): /metrics, the status page and /status.json.
     metrics: tuple[str, int] | None = None
     #: Address to bind (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
-    #: Key files (dedupnet/codec/auth.py): hosts and control clients of this LAN
-    #: must tag every message with the LAN key; peer centers with the peer key. None:
-    #: that role is trusted by its source address alone, as before.
-    lan_key_file: str | None = None
-    peer_key_file: str | None = None
-    #: Seconds between two reads of the key files (rotation without a restart).
-    key_poll_interval: float = 1.0
-    #: Limits against abuse (dedupnet/adapters/transport.py): connections one source address may
-    #: hold; bytes and messages a second read from one connection (throttled above).
-    max_connections_per_source: int | None = 16
-    max_bytes_per_s: float | None = 32 * 1024 * 1024
-    max_messages_per_s: float | None = 20_000
+    #: Key files (dedupnet/codec/auth.py). None: that role is trusted by its source
+    #: address alone.
+    lan_key_file: str | None = declared("lan_key_file")
+    peer_key_file: str | None = declared("peer_key_file")
+    key_poll_interval: float = declared("key_poll_interval")
+    #: Limits against abuse (dedupnet/adapters/transport.py); None: no limit.
+    max_connections_per_source: int | None = declared("max_connections_per_source")
+    max_bytes_per_s: float | None = declared("max_bytes_per_s")
+    max_messages_per_s: float | None = declared("max_messages_per_s")
     #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/adapters/tls.py.
     #: None: plain TCP, trusted by source address only (loopback simulations).
     tls: TLSConfig | None = None
@@ -105,9 +103,7 @@ class CenterSettings:
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): admitted URLs count as seen for their age
     #: only. None: for ever. Every center of the system must have the same policy.
     recrawl: RecrawlPolicy | None = None
-    #: Send an acknowledgement, an answer or a task only once the writes it depends on are
-    #: fsynced to Redis' AOF (``WAITAOF``); a Redis that cannot tell is used as it is.
-    durable_acks: bool = True
+    durable_acks: bool = declared("durable_acks")
     #: Assignments kept per host (``task_log:<host>``) to offer again if the host's store
     #: comes back behind what it acknowledged (dedupnet/adapters/watermark.py); 0: none.
     rewind_log: int = 256

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import os
 import sys
@@ -13,218 +12,41 @@ from typing import NoReturn
 
 from dedupnet import __version__
 from dedupnet.codec.errors import DedupnetError, SettingsError
-from dedupnet.service.config import FOREIGN_LOOKUPS, MODES, PARTITION_POLICIES, ROUTINGS, Settings, load_settings
+from dedupnet.codec.settings import CENTER, DEMO, LOCAL, PUSH, SETTINGS, Setting
+from dedupnet.service.config import load_settings
 
-CENTER, LOCAL, PUSH, DEMO = "center", "local", "push", "demo"  # PUSH: push and finish
-DAEMONS = (CENTER, LOCAL)
-
-
-def flag(*names: str, roles, required=(), **options) -> tuple:
-    """One flag of the Settings: ``roles`` are the subcommands that take it, ``required``
-    those that cannot run without it (it may come from the config file instead, so
-    argparse is not told: the help marks it). ``help`` may be a dict role -> text."""
-    return names, frozenset(roles), frozenset(required), options
+#: The flag every command with settings takes besides the settings' own.
+CONFIG_HELP = ("TOML settings file: key = value, the keys named like the flags (set_size for --set-size); flags "
+               "override it, relative paths in it are relative to its directory")
 
 
-# Every flag that maps to a Settings field of the same name (a TOML file may set any of
-# them). What each role reads is in dedupnet/service/daemons.py: a flag is listed for a
-# role only if that role uses it.
-SETTINGS_FLAGS = [
-    flag("--network", type=int, metavar="N", roles=DAEMONS, required=(CENTER,),
-         help={CENTER: "this LAN's network id (1..65535), part of every number",
-               LOCAL: "this LAN's network id (1..65535); required unless --center auto (the center's answer "
-                      "gives it)"}),
-    flag("--listen", metavar="HOST:PORT", roles=DAEMONS, required=(CENTER,),
-         help={CENTER: "where hosts and peer centers connect (0.0.0.0:PORT: every address)",
-               LOCAL: "where dedupnet status reaches this host (default: its IP, any free port)"}),
-    flag("--center", metavar="HOST:PORT|auto", roles=(LOCAL,), required=(LOCAL,),
-         help="this host's center; auto: find it by a UDP broadcast on the LAN (then --network is optional)"),
-    flag("--config", metavar="FILE", roles=(*DAEMONS, PUSH, DEMO),
-         help="TOML settings file: key = value, the keys named like the flags (set_size for --set-size); "
-              "flags override it, relative paths in it are relative to its directory"),
-    flag("--redis", dest="redis_url", metavar="URL", roles=(*DAEMONS, PUSH, DEMO),
-         help="Redis to use (redis://HOST:PORT/DB, or redis+cluster://HOST:PORT,... for a Redis Cluster); "
-              "without it an embedded server is started"),
-    flag("--prefix", metavar="P", roles=(*DAEMONS, PUSH, DEMO),
-         help={CENTER: "key prefix of the center's pools (default: dedupnet:centerN)",
-               LOCAL: "key prefix of the host's pools (default: dedupnet:host:IP)",
-               PUSH: "key prefix of the host's pools (default: dedupnet:host:IP, from --ip)",
-               DEMO: "key prefix of the demo's pools (removed when it ends)"}),
-    flag("--ip", roles=DAEMONS,
-         help={CENTER: "this center's IP, its identity (default: the --listen address, or the address that "
-                       "reaches the first peer)",
-               LOCAL: "this host's IP, its identity (default: the address that reaches the center)"}),
-    flag("--lan", metavar="CIDR", roles=DAEMONS, help="this LAN (default: the interface's address and netmask)"),
-    flag("--mode", choices=MODES, roles=(*DAEMONS, PUSH, DEMO),
-         help="exact: no URL admitted twice; paper: the paper's look-ups only (every daemon the same)"),
-    flag("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], roles=(*DAEMONS, PUSH, DEMO),
-         help="the least important log lines shown; DEBUG also prints the traceback of a fatal error"),
-    flag("--data-dir", metavar="DIR", roles=DAEMONS,
-         help={CENTER: "where the embedded Redis keeps its append-only file (default: dedupnet-data/centerN)",
-               LOCAL: "where the embedded Redis keeps its append-only file (default: dedupnet-data/host-IP)"}),
-    flag("--http", metavar="HOST:PORT", roles=DAEMONS,
-         help="serve the live status page at http://HOST:PORT/, its JSON at /status.json (docs/STATUS.md) and "
-              "Prometheus metrics at /metrics (default: off)"),
-    flag("--metrics", metavar="HOST:PORT", roles=DAEMONS, help="the old name of --http"),
-    flag("--peer", dest="peers", action="append", metavar="NET,HOST:PORT,CIDR", roles=(CENTER,),
-         help="another network's center and its LAN (repeat per peer)"),
-    # the protocol
-    flag("--set-size", type=int, metavar="N", roles=(LOCAL, DEMO), help="URLs per URL_set"),
-    flag("--set-linger", type=float, metavar="S", roles=(LOCAL,),
-         help="seconds a host waits for a URL_set to fill before sending it part full"),
-    flag("--answer-timeout", type=float, metavar="S", roles=(CENTER,),
-         help="seconds to wait for the answers to a look-up before asking again"),
-    flag("--max-resends", type=int, metavar="N", roles=(CENTER,),
-         help="re-sends to silent members before concluding without them (admit) or slowing down (wait)"),
-    flag("--partition-policy", choices=PARTITION_POLICIES, roles=(CENTER,),
-         help="a silent member or a network that is down: wait (exact mode's default) or admit without it "
-              "after --max-resends (paper mode's default)"),
-    flag("--foreign-lookup", choices=FOREIGN_LOOKUPS, roles=(CENTER,),
-         help="who answers another network's set: center (exact mode's default: its admitted record) or lan "
-              "(every LAN host, the paper's §2.4; paper mode's default)"),
-    flag("--local-lookup", choices=FOREIGN_LOOKUPS, roles=(CENTER,),
-         help="who answers this LAN's own sets: center (exact mode's default: its admitted record, no LAN "
-              "broadcast) or lan (every other LAN host, the paper's §2.3; paper mode's default)"),
-    flag("--routing", choices=ROUTINGS, roles=(CENTER,),
-         help="exact mode: home (default) decides each URL at its site's home network alone; broadcast asks "
-              "every peer network (every center needs the same)"),
-    flag("--weight", dest="weights", action="append", metavar="NET=W", roles=(CENTER,),
-         help="a network's share of the sites under --routing home (default 1; repeat; every center needs "
-              "the same)"),
-    flag("--previous-weights", dest="previous_weights", action="append", metavar="NET=W,...", roles=(CENTER,),
-         help="after a change of the map: the map before it, every network with its weight (repeat for "
-              "older ones); a site that moved is admitted by its new home only once its earlier home has "
-              "said it did not admit the URL (every center needs the same)"),
-    flag("--gather-linger", type=float, metavar="S", roles=(CENTER,),
-         help="exact mode: seconds this LAN's sets gather into one for the peer networks while one of its own "
-              "is out with them (0: each alone)"),
-    flag("--heartbeat-interval", type=float, metavar="S", roles=DAEMONS,
-         help={CENTER: "seconds between two heartbeats to this center's hosts and peer centers",
-               LOCAL: "seconds between two heartbeats to the center"}),
-    flag("--heartbeat-timeout", type=float, metavar="S", roles=DAEMONS,
-         help={CENTER: "seconds of silence after which a host or a peer network counts as gone",
-               LOCAL: "seconds of silence after which the host gives its center up and dials again (the same "
-                      "on the LAN's center and hosts)"}),
-    flag("--stop-grace", type=float, metavar="S", roles=(LOCAL,),
-         help="on SIGTERM: seconds the pages already requested get to finish (then they are handed back and "
-              "fetched again elsewhere)"),
-    flag("--stop-timeout", type=float, metavar="S", roles=(LOCAL,),
-         help="on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take before the host exits "
-              "with what is left in its Redis"),
-    flag("--no-durable-acks", dest="durable_acks", action="store_const", const=False, roles=DAEMONS,
-         help="send acknowledgements, answers and tasks without waiting for their writes to be fsynced to "
-              "Redis' AOF (default: wait, when the Redis has its AOF on)"),
-    flag("--no-compress", dest="compress", action="store_const", const=False, roles=DAEMONS,
-         help="never offer or accept zstd-compressed bodies (default: negotiated per connection)"),
-    flag("--recrawl-after", type=float, metavar="S", roles=(*DAEMONS, PUSH),
-         help="re-crawl by age: a URL counts as crawled for S seconds only, then it is admitted again when "
-              "found again, never twice within S anywhere (default: never again; every daemon the same)"),
-    flag("--recrawl-site", dest="recrawl_sites", action="append", metavar="GLOB=S", roles=(*DAEMONS, PUSH),
-         help="the age of the sites matching GLOB (S seconds or 'never'); the first match wins over "
-              "--recrawl-after (repeat)"),
-    flag("--finish-url-filter", choices=["exact", "bloom"], roles=(LOCAL, PUSH),
-         help="a host's finish_URL: exact, or bloom (less memory; each false positive is a URL never crawled)"),
-    flag("--bloom-capacity", type=int, metavar="N", roles=(LOCAL, PUSH), help="URLs the Bloom filter is sized for"),
-    flag("--bloom-error-rate", type=float, metavar="P", roles=(LOCAL, PUSH),
-         help="the Bloom filter's false-positive rate at its capacity"),
-    # LAN discovery
-    flag("--discovery-port", type=int, metavar="N", roles=DAEMONS,
-         help={CENTER: "UDP port on which this center answers hosts started with --center auto",
-               LOCAL: "UDP port on which --center auto asks for the center"}),
-    flag("--no-discovery", dest="discovery", action="store_const", const=False, roles=(CENTER,),
-         help="do not answer LAN discovery (hosts then need --center HOST:PORT)"),
-    flag("--discovery-address", metavar="IPV4", roles=(LOCAL,),
-         help="with --center auto: send the query here (default: each interface's broadcast address)"),
-    flag("--discovery-timeout", type=float, metavar="S", roles=(LOCAL,),
-         help="with --center auto: give up after this long without an answer"),
-    # security
-    flag("--tls-cert", metavar="PEM", roles=DAEMONS,
-         help={CENTER: "this center's TLS certificate (dedupnet certs makes them); with --tls-key and --tls-ca "
-                       "the center requires TLS of its peers",
-               LOCAL: "this host's own TLS certificate, presented to its center (optional with --lan-tls)"}),
-    flag("--tls-key", metavar="PEM", roles=DAEMONS, help="the private key of --tls-cert"),
-    flag("--tls-ca", metavar="PEM", roles=DAEMONS,
-         help="the deployment's CA certificate: the other side's certificate must be signed by it"),
-    flag("--lan-tls", dest="lan_tls", action="store_const", const=True, roles=DAEMONS,
-         help={CENTER: "require TLS of this LAN's hosts too", LOCAL: "speak TLS to the center (needs --tls-ca)"}),
-    flag("--insecure", action="store_const", const=True, roles=DAEMONS,
-         help="listen beyond loopback without authentication (no LAN key; peer centers without TLS), logged as "
-              "a WARNING every minute; without it such a daemon refuses to start (docs/DEPLOY.md)"),
-    flag("--lan-key-file", metavar="FILE", roles=DAEMONS,
-         help="LAN key file ('KEY_ID HEX_SECRET [send]' lines): every message between a center and its hosts "
-              "carries an HMAC tag (re-read every --key-poll-interval: rotate keys without a restart)"),
-    flag("--peer-key-file", metavar="FILE", roles=(CENTER,),
-         help="key file of the peer centers, as --lan-key-file"),
-    flag("--key-poll-interval", type=float, metavar="S", roles=DAEMONS,
-         help="seconds between two reads of the key files"),
-    flag("--max-connections-per-source", type=int, metavar="N", roles=(CENTER,),
-         help="connections one source address may hold open"),
-    flag("--max-bytes-per-s", type=float, metavar="B", roles=(CENTER,),
-         help="bytes a second read from one connection, above which reading it is throttled"),
-    flag("--max-messages-per-s", type=float, metavar="N", roles=(CENTER,),
-         help="messages a second read from one connection, above which reading it is throttled"),
-    # the crawler
-    flag("--no-crawl", dest="crawl", action="store_const", const=False, roles=(LOCAL,),
-         help="run the protocol only: no crawler (URLs come from dedupnet push or a Scrapy spider)"),
-    flag("--frontier", metavar="[HOST:]PORT", roles=(LOCAL,),
-         help="serve the URLFrontier API (gRPC) here for crawlers in any language, on 127.0.0.1 unless HOST "
-              "says otherwise (needs pip install 'dedupnet[frontier]'; docs/FRONTIER.md)"),
-    flag("--seed", dest="seeds", action="append", metavar="URL", roles=(LOCAL,),
-         help="a seed URL, sent through the protocol like any found link (repeat)"),
-    flag("--seeds-file", metavar="FILE", roles=(LOCAL,), help="seed URLs, one per line"),
-    flag("--concurrency", type=int, metavar="N", roles=(LOCAL,), help="requests at once, all sites together"),
-    flag("--per-site", dest="per_site_concurrency", type=int, metavar="N", roles=(LOCAL,),
-         help="requests at once to one site"),
-    flag("--per-site-delay", type=float, metavar="S", roles=(LOCAL,), help="seconds between two requests to one site"),
-    flag("--max-depth", type=int, metavar="N", roles=(LOCAL,),
-         help="do not follow the links of pages this deep (seeds: 0; default: no limit)"),
-    flag("--allow-domain", dest="allowed_domains", action="append", metavar="DOMAIN", roles=(LOCAL,),
-         help="only follow links to this host and its subdomains (repeat; default: any)"),
-    flag("--ignore-robots", dest="respect_robots", action="store_const", const=False, roles=(LOCAL,),
-         help="fetch what robots.txt forbids (default: robots.txt is honoured)"),
-    flag("--store", dest="store_dir", metavar="DIR", roles=(LOCAL,),
-         help="write fetched pages as JSON lines into DIR (default: not kept)"),
-    flag("--recrawl-interval", type=float, metavar="S", roles=(LOCAL,),
-         help="offer the seeds again this often, through the protocol (with --recrawl-after; default: off)"),
-]
-
-GROUPS = {  # where a flag is listed in --help, by its first name; the rest go under "settings"
-    "crawler": {"--no-crawl", "--frontier", "--seed", "--seeds-file", "--concurrency", "--per-site", "--per-site-delay",
-                "--max-depth", "--allow-domain", "--ignore-robots", "--store", "--recrawl-interval"},
-    "TLS, keys and limits": {"--insecure", "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls", "--lan-key-file",
-                             "--peer-key-file",
-                             "--key-poll-interval", "--max-connections-per-source", "--max-bytes-per-s",
-                             "--max-messages-per-s"},
-}
-
-
-def _default_text(dest: str, options: dict) -> str:
-    """`` (default: X)`` from the Settings field itself, so --help cannot drift from it."""
-    field = Settings.__dataclass_fields__.get(dest)
-    if field is None or options.get("action") == "store_const" or field.default in (None, dataclasses.MISSING):
+def _default_text(setting: Setting) -> str:
+    """`` (default: X)`` from the declaration itself, so --help cannot drift from it."""
+    value = setting.default
+    if setting.type in (bool, list) or value is None:
         return ""
-    value = field.default
     if isinstance(value, float) and value.is_integer() and value >= 1000:
         value = int(value)
     return f" (default: {value})"
 
 
 def add_settings_flags(parser: argparse.ArgumentParser, role: str) -> None:
-    """The Settings flags of one role, grouped, the required ones first and marked."""
-    groups = {"required": parser.add_argument_group(
-        "required (a flag, or the same key in the --config file)")}
-    for names, roles, required, options in SETTINGS_FLAGS:
-        if role not in roles:
-            continue
-        options = dict(options)
-        text = options["help"][role] if isinstance(options["help"], dict) else options["help"]
-        dest = options.get("dest") or names[0].lstrip("-").replace("-", "_")
-        name = "required" if role in required else next((g for g, members in GROUPS.items() if names[0] in members),
-                                                         "settings")
+    """The flags of the settings ``role`` reads (dedupnet/codec/settings.py), grouped,
+    the required ones first and marked."""
+    groups = {"required": parser.add_argument_group("required (a flag, or the same key in the --config file)")}
+
+    def group(name: str):
         if name not in groups:
             groups[name] = parser.add_argument_group(name)
-        options["help"] = text + _default_text(dest, options)
-        groups[name].add_argument(*names, **options)
+        return groups[name]
+
+    group("settings").add_argument("--config", metavar="FILE", help=CONFIG_HELP)
+    for setting in SETTINGS.values():
+        if role not in setting.roles or not setting.option:
+            continue
+        name = "required" if role in setting.required else setting.group
+        group(name).add_argument(setting.option, help=setting.help_for(role) + _default_text(setting),
+                                 **setting.argparse_options())
 
 
 class Parser(argparse.ArgumentParser):
@@ -392,8 +214,7 @@ def _run(args: argparse.Namespace) -> int:
         address, key_files = status_target(args.address, args.config, [args.key_file] if args.key_file else None)
         return run_reassign(address, args.host, key_file=key_files[0] if key_files else None, data_dir=args.data_dir,
                             redis_url=args.redis_url, prefix=args.prefix, leave_task_pool=args.leave_task_pool)
-    fields = set(Settings.__dataclass_fields__)
-    overrides = {k: v for k, v in vars(args).items() if k in fields}
+    overrides = {k: v for k, v in vars(args).items() if k in SETTINGS}
     settings = load_settings(getattr(args, "config", None), **overrides)
     logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if args.command == "demo":

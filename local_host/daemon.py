@@ -27,6 +27,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
+from dedupnet.codec.settings import declared
 from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, heartbeat, heartbeat_due,
                                       keep_watermarks, open_watermarks, until_stored)
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
@@ -58,19 +59,20 @@ class LocalSettings:
     center: tuple[str, int]
     listen_port: int = 0  # status port on ``ip``; 0 picks a free one
     host_id: int | None = None  # default: the host part of ip in lan
-    set_size: int = 1000
-    #: Seconds the walker waits for a set to fill before sending it part full.
-    set_linger: float = 0.5
-    mode: str = "exact"
+    #: The fields made with ``declared`` carry the operator's setting of that name
+    #: (dedupnet/codec/settings.py: its default and help are there).
+    set_size: int = declared("set_size")
+    set_linger: float = declared("set_linger")
+    mode: str = declared("mode")
     max_unacked: int = 64
-    heartbeat_interval: float = 1.0
+    heartbeat_interval: float = declared("heartbeat_interval")
     #: A center silent this long (no heartbeat, no other message) is given up: the
     #: connection is closed and dialled again, and the unacknowledged sets go again.
-    heartbeat_timeout: float = 5.0
+    heartbeat_timeout: float = declared("heartbeat_timeout")
     idle_poll: float = 0.05
-    max_frame_size: int = 4 * 1024 * 1024
-    max_urls: int = 10_000
-    compress: bool = True  # offer zstd bodies to the center (used if it accepts)
+    max_frame_size: int = declared("max_frame_size")
+    max_urls: int = declared("max_urls_per_set")
+    compress: bool = declared("compress")  # offer zstd bodies to the center (used if it accepts)
     metrics: tuple[str, int] | None = None
     #: Address the status port binds (e.g. 0.0.0.0); default ``ip``.
     listen_host: str | None = None
@@ -83,22 +85,19 @@ class LocalSettings:
     send_delay: float = 0.0
     #: The LAN key file (dedupnet/codec/auth.py): every message to and from the
     #: center is tagged; also required of ``dedupnet status`` clients. None: untagged.
-    lan_key_file: str | None = None
-    #: Seconds between two reads of the key file (rotation without a restart).
-    key_poll_interval: float = 1.0
+    lan_key_file: str | None = declared("lan_key_file")
+    key_poll_interval: float = declared("key_poll_interval")
     #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
     #: host's network (dedupnet/adapters/tls.py). None or without lan_tls: plain TCP.
     tls: TLSConfig | None = None
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): finish_URL counts a URL as crawled for its
     #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
     recrawl: RecrawlPolicy | None = None
-    #: Leaving (:meth:`LocalDaemon.leave`): seconds the pages on the wire get to finish.
-    stop_grace: float = 10.0
-    #: ... and seconds the whole leave may take.
-    stop_timeout: float = 60.0
-    #: Send a set or a task's acknowledgement only once the writes it depends on are
-    #: fsynced to Redis' AOF (``WAITAOF``); a Redis that cannot tell is used as it is.
-    durable_acks: bool = True
+    #: Leaving (:meth:`LocalDaemon.leave`): seconds the pages on the wire get to finish,
+    #: and the whole leave may take.
+    stop_grace: float = declared("stop_grace")
+    stop_timeout: float = declared("stop_timeout")
+    durable_acks: bool = declared("durable_acks")
     #: ``(host, port)`` of the URLFrontier service (local_host/frontier.py); None: off.
     frontier: tuple[str, int] | None = None
     #: Frames the center acknowledged, kept (``URL_pool:released``) to send again if the

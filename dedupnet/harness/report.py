@@ -15,6 +15,7 @@ import redis
 
 
 from dedupnet.codec.errors import BadURL
+from dedupnet.codec.settings import SETTINGS
 from dedupnet.harness.cluster import network_of_host
 from dedupnet.harness.faults import LINK_FAULTS, Fault
 from dedupnet.adapters.redis_cluster import merged_info
@@ -43,7 +44,7 @@ class SimConfig:
     timeout: float = 120.0
     set_size: int = 400
     set_linger: float = 0.5
-    gather_linger: float = 0.5  # centers (R4); 0: each host's set goes to the peers alone
+    gather_linger: float = SETTINGS["gather_linger"].default  # centers; 0: each host's set goes to the peers alone
     partition_policy: str | None = None  # the mode's default
     answer_timeout: float = 2.0
     #: Fault injection: every message a host sends waits this long (hosts too busy to
@@ -92,6 +93,13 @@ class SimConfig:
     #: Every daemon's ``durable_acks``: off by default, as the simulation's own server
     #: keeps nothing on disk; on, it runs that server with its AOF on (simcli.py).
     durable_acks: bool = False
+    #: The daemons' other settings marked ``sim`` (dedupnet/codec/settings.py), by name,
+    #: that this config has no field of its own for; absent: the setting's default.
+    settings: dict[str, object] = field(default_factory=dict)
+
+    def setting(self, name: str) -> object:
+        """Setting ``name`` as every daemon of this run gets it."""
+        return getattr(self, name) if hasattr(self, name) else self.settings.get(name, SETTINGS[name].default)
 
 
 @dataclass

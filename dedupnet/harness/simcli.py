@@ -5,12 +5,14 @@ dedupnet/harness/chaos.py; or the topology sweep) a run goes to."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import tempfile
 
 import trio
 
 from center_host.protocol import PARTITION_POLICIES, ROUTINGS
+from dedupnet.codec.settings import CENTER, LOCAL, SETTINGS, SIM
 
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault
 from dedupnet.harness.report import (
@@ -20,28 +22,37 @@ from dedupnet.harness.report import (
 from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
 
 
+def config_from(args) -> SimConfig:
+    """The run's config from ``dedupnet sim``'s flags."""
+    own = dict(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
+               seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
+               max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
+               gather_linger=args.gather_linger,
+               partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
+               send_delay=args.send_delay, faults=tuple(args.faults or ()),
+               finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
+               bloom_error_rate=args.bloom_error_rate,
+               lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
+               recrawl_after=args.recrawl_after, windows=args.windows, routing=args.routing,
+               weights=tuple(args.weights or ()), web_latency=args.web_latency, concurrency=args.concurrency,
+               durable_acks=args.durable_acks)
+    # The flags of add_daemon_settings: into the config's field of that name, else its settings.
+    given = {s.name: getattr(args, s.name) for s in _daemon_settings()
+             if s.name not in own and getattr(args, s.name, None) is not None}
+    fields = {f.name for f in dataclasses.fields(SimConfig)}
+    return SimConfig(**own, **{k: v for k, v in given.items() if k in fields},
+                     settings={k: v for k, v in given.items() if k not in fields})
+
+
 def run(args) -> int:
     """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed),
     or ``--chaos N`` (N random fault schedules, dedupnet/harness/chaos.py)."""
-    import dataclasses
-
     import orjson
 
     if args.sweep:
         return _sweep(args)
 
-    base = SimConfig(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
-                     seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
-                     max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
-                     gather_linger=args.gather_linger,
-                     partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
-                     send_delay=args.send_delay, faults=tuple(args.faults or ()),
-                     finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
-                     bloom_error_rate=args.bloom_error_rate,
-                     lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
-                     recrawl_after=args.recrawl_after, windows=args.windows, routing=args.routing,
-                     weights=tuple(args.weights or ()), web_latency=args.web_latency, concurrency=args.concurrency,
-                     durable_acks=args.durable_acks)
+    base = config_from(args)
     try:
         check_secure(base)
         check_windows(base)
@@ -192,6 +203,22 @@ def _http_arg(text: str) -> tuple[str, int]:
         raise argparse.ArgumentTypeError(str(e)) from None
 
 
+def _daemon_settings():
+    return [s for s in SETTINGS.values() if SIM in s.roles and s.option]
+
+
+def add_daemon_settings(p) -> None:
+    """A flag for every daemon setting marked ``sim`` (dedupnet/codec/settings.py) that
+    ``dedupnet sim`` has no flag of its own for: each daemon of the run gets the value."""
+    known = {a.dest for a in p._actions}
+    for s in _daemon_settings():
+        if s.name not in known:
+            who = " and ".join(name for role, name in ((CENTER, "center"), (LOCAL, "host")) if role in s.roles)
+            default = getattr(SimConfig, s.name, s.default)
+            shown = "" if default is None or s.type in (bool, list) else f" (default {default})"
+            p.add_argument(s.option, help=f"every {who}'s: {s.help}{shown}", **s.argparse_options())
+
+
 def add_arguments(p) -> None:
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
@@ -276,3 +303,4 @@ def add_arguments(p) -> None:
                    help="URLs the hosts' Bloom filters are sized for (default %(default)s)")
     p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P",
                    help="their false-positive rate at capacity (default %(default)s)")
+    add_daemon_settings(p)

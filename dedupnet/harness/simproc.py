@@ -62,6 +62,7 @@ from dedupnet.harness.cluster import center_ip, host_ip, lan
 from dedupnet.adapters.embedded import _free_port, _spawn
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Register, Status
+from dedupnet.codec.settings import CENTER, LOCAL, SETTINGS, SIM
 from dedupnet.adapters.metrics import Counters
 from dedupnet.harness.faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_fault, resolve, target_parts
 from dedupnet.adapters.netinfo import source_ip_towards
@@ -369,16 +370,8 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
     for n, port in ports.items():
         argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
                 "--listen", f"{center_ip(n)}:{port}", *store_flags(f"center:{n}"), "--prefix", f"{prefix}:center{n}",
-                "--mode", cfg.mode, "--log-level", "INFO", "--answer-timeout", str(cfg.answer_timeout),
-                "--gather-linger", str(cfg.gather_linger),
+                "--log-level", "INFO", *run_settings(cfg, CENTER),
                 "--no-discovery"]  # hosts are told their center; a simulation opens no UDP port
-        argv += [] if cfg.durable_acks else ["--no-durable-acks"]
-        if cfg.partition_policy:
-            argv += ["--partition-policy", cfg.partition_policy]
-        if cfg.routing:
-            argv += ["--routing", cfg.routing]
-        for w in cfg.weights:
-            argv += ["--weight", w]
         argv += _tls_flags(cfg, tls_dir, "center", n) + keys
         for m, peer_port in ports.items():
             if m != n:
@@ -402,18 +395,18 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
             store = ["--redis", redis_url] if data_dir is None else ["--data-dir", str(data_dir)]
             argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n),
                     "--center", f"{center_host}:{center_port}", "--listen", f"{ip}:{port}",
-                    *store, "--prefix", f"{prefix}:host:{ip}", "--set-size", str(cfg.set_size),
-                    "--set-linger", str(cfg.set_linger),
-                    "--mode", cfg.mode, "--concurrency", str(cfg.concurrency),
-                    "--per-site", str(cfg.per_site_concurrency), "--per-site-delay", str(cfg.per_site_delay),
-                    "--log-level", "INFO"]
-            if cfg.max_depth is not None:
-                argv += ["--max-depth", str(cfg.max_depth)]
-            argv += [] if cfg.durable_acks else ["--no-durable-acks"]
+                    *store, "--prefix", f"{prefix}:host:{ip}", "--log-level", "INFO", *run_settings(cfg, LOCAL)]
             argv += _tls_flags(cfg, tls_dir, "host", n) + keys
             hosts.append(Daemon(ip, "host", n, (ip, port), f"{prefix}:host:{ip}", argv, logdir / f"host-{ip}.log",
                                 keyring=keyring, data_dir=data_dir))
     return centers, hosts
+
+
+def run_settings(cfg: SimConfig, role: str) -> list[str]:
+    """The flags that give a daemon of ``role`` the run's value of every setting marked
+    ``sim`` (dedupnet/codec/settings.py): a setting declared there reaches the daemons
+    with no edit here."""
+    return [arg for s in SETTINGS.values() if SIM in s.roles and role in s.roles for arg in s.argv(cfg.setting(s.name))]
 
 
 def wants_disks(cfg: SimConfig) -> bool:

@@ -23,7 +23,7 @@ from dedupnet.adapters import bloom
 
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
-from dedupnet.service.config import Settings, endpoint, frontier_endpoint, load_settings
+from dedupnet.service.config import Settings, endpoint, frontier_endpoint, load_settings, values_for
 from dedupnet.service.exposure import check_exposure, check_frontier_exposure, warn_while_running
 from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
@@ -63,13 +63,6 @@ def _data_dir(settings: Settings, default: str) -> str | None:
     return str(path)
 
 
-def _timing(settings: Settings) -> dict:
-    return dict(answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
-                partition_policy=settings.partition_policy, foreign_lookup=settings.foreign_lookup,
-                local_lookup=settings.local_lookup, gather_linger=settings.gather_linger, routing=settings.routing,
-                heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout)
-
-
 def http_endpoint(settings: Settings) -> tuple[str, int] | None:
     """``--http``, or its old name ``--metrics`` (one endpoint serves both: given both,
     they must agree)."""
@@ -92,16 +85,12 @@ def run_center(settings: Settings) -> int:
     ip, lan = center_identity(settings, listen_host, peers)
     warning = check_exposure(settings, "center", (listen_host, port), has_peers=bool(peers))
     center = CenterSettings(
-        network=settings.network, ip=ip, port=port, lan=lan, peers=peers, mode=settings.mode,
-        max_frame_size=settings.max_frame_size, max_urls=settings.max_urls_per_set, listen_host=listen_host,
-        compress=settings.compress, metrics=http_endpoint(settings), **_timing(settings),
-        lan_key_file=settings.lan_key_file, peer_key_file=settings.peer_key_file,
-        key_poll_interval=settings.key_poll_interval, max_connections_per_source=settings.max_connections_per_source,
-        max_bytes_per_s=settings.max_bytes_per_s, max_messages_per_s=settings.max_messages_per_s,
-        tls=_tls(settings, "center"), discovery_port=settings.discovery_port if settings.discovery else None,
+        network=settings.network, ip=ip, port=port, lan=lan, peers=peers, listen_host=listen_host,
+        metrics=http_endpoint(settings), tls=_tls(settings, "center"),
+        discovery_port=settings.discovery_port if settings.discovery else None,
         recrawl=settings.recrawl(), weights=parse_weights(settings.weights),
         previous_weights=tuple(parse_weights(w) for w in settings.previous_weights),
-        durable_acks=settings.durable_acks,
+        **values_for(settings, CenterSettings),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
@@ -147,15 +136,10 @@ def run_local(settings: Settings) -> int:
         warning = "; ".join(w for w in (warning, check_frontier_exposure(settings, frontier)) if w) or None
     local = LocalSettings(
         network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
-        listen_host=listen_host, set_size=settings.set_size, set_linger=settings.set_linger, mode=settings.mode,
-        heartbeat_interval=settings.heartbeat_interval, heartbeat_timeout=settings.heartbeat_timeout,
-        max_frame_size=settings.max_frame_size,
-        max_urls=settings.max_urls_per_set, compress=settings.compress,
-        metrics=http_endpoint(settings), crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
-        lan_key_file=settings.lan_key_file, key_poll_interval=settings.key_poll_interval,
-        tls=_tls(settings, "host"), recrawl=settings.recrawl(), stop_grace=settings.stop_grace,
-        stop_timeout=settings.stop_timeout,
-        durable_acks=settings.durable_acks, frontier=frontier,
+        listen_host=listen_host, metrics=http_endpoint(settings),
+        crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
+        tls=_tls(settings, "host"), recrawl=settings.recrawl(), frontier=frontier,
+        **values_for(settings, LocalSettings),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,

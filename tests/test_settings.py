@@ -1,0 +1,81 @@
+"""Every setting is declared once (dedupnet/codec/settings.py) and everything else is
+derived from it: the TOML checks, the flags and their --help, the daemons' settings
+objects, ``dedupnet sim --processes``' daemon command lines and docs/DEPLOY.md's
+reference. A setting added there shows up everywhere without another edit."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from center_host import protocol as center_core
+from center_host.daemon import CenterSettings, core_config
+from dedupnet.codec.settings import SETTINGS
+from dedupnet.service.config import reference_markdown
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROBE = r'''
+import json, sys
+from pathlib import Path
+import dedupnet.codec.settings as declaration
+declaration.SETTINGS["probe_linger"] = declaration.Setting(
+    "probe_linger", float, 1.5, "seconds a probe lingers before it goes", frozenset({"center", "local", "sim"}),
+    metavar="S")
+from dedupnet.cli import build_parser
+from dedupnet.harness import simcli, simproc
+from dedupnet.service.config import load_settings, reference_markdown
+
+toml = Path(sys.argv[1])
+toml.write_text("probe_linger = 2.5\n")
+parser = build_parser()
+sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)).choices
+cfg = simcli.config_from(parser.parse_args(["sim", "--networks", "1", "--hosts", "1", "--probe-linger", "3.5"]))
+centers, hosts = simproc._plan(cfg, "redis://127.0.0.1:1", "p", toml.parent, ports={1: 7001})
+print(json.dumps({
+    "toml": load_settings(toml).probe_linger,
+    "flag": load_settings(None, probe_linger=parser.parse_args(["local", "--probe-linger", "4"]).probe_linger).probe_linger,
+    "reference": reference_markdown(),
+    "help": {name: sub[name].format_help() for name in ("center", "local", "sim", "push")},
+    "center": centers[0].argv, "host": hosts[0].argv,
+}))
+'''
+
+
+def test_a_setting_declared_once_reaches_the_file_the_flags_the_help_the_reference_and_the_sim(tmp_path):
+    out = subprocess.run([sys.executable, "-c", PROBE, str(tmp_path / "d.toml")], capture_output=True, text=True,
+                         cwd=ROOT, check=True).stdout
+    seen = json.loads(out)
+    assert seen["toml"] == 2.5 and seen["flag"] == 4.0
+    assert "| `probe_linger` | `--probe-linger S` | center, local, sim | `1.5` | seconds a probe lingers" in seen["reference"]
+    for name in ("center", "local", "sim"):
+        assert "--probe-linger S" in seen["help"][name], name
+    assert "seconds a probe lingers before it goes (default: 1.5)" in re.sub(r"\s+", " ", seen["help"]["local"])
+    assert "--probe-linger" not in seen["help"]["push"]
+    for argv in (seen["center"], seen["host"]):
+        i = argv.index("--probe-linger")
+        assert argv[i + 1] == "3.5"
+
+
+def test_the_reference_in_docs_is_generated_from_the_declaration():
+    text = (ROOT / "docs" / "DEPLOY.md").read_text()
+    m = re.search(r"<!-- settings reference: generated.*?-->\n(.*?)<!-- end of the settings reference -->", text, re.S)
+    assert m, "docs/DEPLOY.md lost its settings reference markers"
+    assert m.group(1) == reference_markdown(), (
+        "docs/DEPLOY.md's settings reference is out of date: paste `python -m dedupnet.service.config` between its "
+        "markers")
+
+
+def test_the_declared_choices_are_the_cores_own():
+    assert SETTINGS["partition_policy"].choices == center_core.PARTITION_POLICIES
+    assert SETTINGS["foreign_lookup"].choices == center_core.FOREIGN_LOOKUPS
+    assert SETTINGS["local_lookup"].choices == center_core.LOCAL_LOOKUPS
+    assert SETTINGS["routing"].choices == center_core.ROUTINGS
+
+
+def test_a_center_gathers_for_the_declared_linger_whoever_builds_it():
+    """The core's own default (0: no gathering) is for tests of the core alone; a center
+    daemon, from the command, a file or the in-process cluster, gathers for 0.5 s."""
+    settings = CenterSettings(network=1, ip="127.0.1.1", port=0, lan="127.0.1.0/24")
+    assert core_config(settings).gather_linger == SETTINGS["gather_linger"].default == 0.5
