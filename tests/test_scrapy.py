@@ -168,7 +168,7 @@ def _check(run: dict, *, allow_refetch_by: str | None = None) -> None:
         # and nobody else fetches them.
         dups = {u: by for u, by in dups.items() if set(by) != {allow_refetch_by}}
     assert not lost, f"{len(lost)} lost, e.g. {sorted(lost)[:5]}"
-    if extra:  # seen once in a full suite run (a robots-disallowed page); what the spiders said of robots.txt
+    if extra:  # e.g. a robots-disallowed page, which the scheduler's own gate must never hand out
         robots = {s.ip: [line for line in s.log().splitlines() if "robots" in line or "Error downloading" in line]
                   for s in run["spiders"]}
         raise AssertionError(f"{len(extra)} fetched that a correct crawl does not request, by: "
