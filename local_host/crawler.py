@@ -81,7 +81,7 @@ from dedupnet.codec.urls import URLGate, fingerprint_many, normalize, site_of
 
 from .fetch import (ROBOTS_MAX, ClientPool, Politeness, RobotsCache, RobotsUnavailable, decode_html, extract_links,
                     in_scope, robots_text)
-from .tasks import GROUP, fill_discovered, fill_finished, read_tasks
+from .tasks import GROUP, fill_discovered, finish_tasks, take_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
@@ -378,7 +378,7 @@ class Crawler:
     def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
         """One XREADGROUP (in a worker thread): entries, and the last id read (for paging
         through this consumer's pending entries)."""
-        return read_tasks(self.store, self.consumer, count, start, block_ms)
+        return take_tasks(self.store, self.consumer, count, start, block_ms)
 
     def stop_taking(self) -> None:
         """Take no new task, and give up at once every task whose request has not gone
@@ -562,7 +562,7 @@ class Crawler:
         failed = [x for url, r in records.items() if r is not None for x in (url, r)]
         if failed:
             batch.add(b"HSET", key(FAILED), *failed)
-        fill_finished(batch, self.store, [eid for eid, _ in items], [o.url for _, o in items],
+        finish_tasks(batch, self.store, [eid for eid, _ in items], [o.url for _, o in items],
                       [u for _, o in items for u in o.chain], self._finished)
 
     def _depth_record(self, url: str) -> int:
