@@ -99,14 +99,15 @@ from dedupnet.codec.errors import BadURL, DedupnetError
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
 from dedupnet.codec.urls import fingerprint, fingerprint_many, normalize
 from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
+from dedupnet.adapters.recrawl import AgedSet
 from local_host.fetch import RobotsUnavailable, origin_of
+from local_host.pools import published_recrawl
+from local_host.tasks import GROUP, finish_tasks, take_tasks
 
 __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
 
 log = logging.getLogger("dedupnet.scrapy")
 
-#: Consumer group on task_pool: the same as dedupnet's crawler (local_host/crawler.py).
-GROUP = "crawl"
 #: Request meta key: the task_pool entry id (str) a request is fetched for.
 TASK_META = "dedupnet_task"
 #: Hash 8-byte fingerprint -> JSON {cb, eb, kw, p} of discovered requests with more than a URL.
@@ -335,6 +336,8 @@ class Scheduler:
         self.keep_callbacks = keep_callbacks
         #: With ROBOTSTXT_OBEY: the scheduler's own robots.txt check of each task.
         self.robots = robots
+        #: finish_URL under the host's re-crawl policy (read when the spider opens); None: the plain set.
+        self.finished: AgedSet | None = None
         self.spider = None
         self.book = TaskBook()
         #: Requests fetched here: retries of tasks, tasks read ahead, bypassing requests.
@@ -380,6 +383,12 @@ class Scheduler:
     def open(self, spider):
         self.spider = spider
         self.store.ensure_group(TASK_POOL, GROUP)
+        # Finished tasks are written as the host's own crawler writes them: under its
+        # re-crawl policy, into the aged finish_URL and out of task_pool:fp.
+        policy = published_recrawl(self.store)
+        self.finished = AgedSet(self.store, FINISH_URL, policy) if policy is not None else None
+        if policy is not None:
+            log.info("dedupnet: the host re-crawls: a URL counts as crawled for %s", policy.describe())
         if hasattr(self.df, "open"):
             self.df.open()
         self.crawler.signals.connect(self._spider_idle, signal=signals.spider_idle)
@@ -627,31 +636,19 @@ class Scheduler:
         return len(fresh)
 
     def _read(self, count: int, start: bytes) -> tuple[list[tuple[bytes, str]], bytes | None]:
-        key = self.store.key(TASK_POOL)
-        try:
-            reply = self.store.command(b"XREADGROUP", b"GROUP", GROUP, self.consumer, b"COUNT", count,
-                                       b"STREAMS", key, start)
-        except ResponseError as e:
-            if "NOGROUP" not in str(e):
-                raise
-            self.store.ensure_group(TASK_POOL, GROUP)  # task_pool was deleted: start again
-            return [], None
-        raw = reply[0][1] if reply else []
-        entries, gone, bad = [], [], []
-        for eid, fields in raw:
-            value = dict(zip(fields[0::2], fields[1::2])).get(b"u") if fields else None
-            url = _normal(value.decode("utf-8", "replace")) if value is not None else None
-            if value is None:
-                gone.append(eid)  # deleted under us, or not a task
-            elif url is None:
+        entries, last = take_tasks(self.store, self.consumer, count, start)
+        good, bad = [], []
+        for eid, value in entries:
+            url = _normal(value)
+            if url is None:
                 bad.append(eid)
                 self.stats.inc_value("dedupnet/bad_input/task")
                 log.warning("dedupnet: task %s has a bad URL %r: dropped", eid, value[:200])
             else:
-                entries.append((eid, url))
-        if gone or bad:
-            self.store.stream_done(TASK_POOL, GROUP, gone + bad)
-        return entries, (raw[-1][0] if raw else None)
+                good.append((eid, url))
+        if bad:
+            self.store.stream_done(TASK_POOL, GROUP, bad)
+        return good, last
 
     def _records_of(self, urls: list[str]) -> dict[str, dict]:
         fields = fingerprint_fields(fingerprint_many(urls))
@@ -785,11 +782,8 @@ class Scheduler:
             if records:
                 batch.add(b"HSET", key(REQUESTS), *[x for kv in records.items() for x in kv])
             if done:
-                chains = [u for lease in done for u in lease.chain]
-                batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(chains))
-                eids = [lease.eid for lease in done]
-                batch.add(b"XACK", key(TASK_POOL), GROUP, *eids)
-                batch.add(b"XDEL", key(TASK_POOL), *eids)
+                finish_tasks(batch, self.store, [lease.eid for lease in done], [lease.url for lease in done],
+                             [u for lease in done for u in lease.chain], self.finished)
                 if self.keep_callbacks:
                     batch.add(b"HDEL", key(REQUESTS), *fingerprint_fields(fingerprint_many([d.url for d in done])))
 

@@ -30,7 +30,7 @@ from dedupnet.adapters.store import TASK_POOL, URL_POOL, Batch, Store, fingerpri
 from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import URLGate, fingerprint_many, normalize
 
-from .tasks import fill_discovered, fill_finished
+from .tasks import fill_discovered, finish_tasks
 
 __all__ = ["DEPTH", "FAILED", "SEEDS", "Failure", "Outcome", "depth_of", "fill_done", "internal_failure",
            "requeue_seeds", "add_seeds", "seed_urls"]
@@ -108,7 +108,7 @@ def fill_done(batch: Batch, store: Store, items: list[tuple[bytes, Outcome]], *,
     failed = [x for url, r in records.items() if r is not None for x in (url, r)]
     if failed:
         batch.add(b"HSET", key(FAILED), *failed)
-    fill_finished(batch, store, [eid for eid, _ in items], [o.url for _, o in items],
+    finish_tasks(batch, store, [eid for eid, _ in items], [o.url for _, o in items],
                   [u for _, o in items for u in o.chain], finished)
 
 

@@ -77,7 +77,7 @@ from .crawl_records import (DEPTH, FAILED, SEEDS, Failure, Outcome, depth_of, fi
 from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError, Politeness, Response, RobotsCache,
                     RobotsUnavailable, client_factory, fetch_robots, get_page, retry_after)
 from .links import decode_html, extract_links, in_scope
-from .tasks import GROUP, read_tasks
+from .tasks import GROUP, take_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
@@ -276,7 +276,7 @@ class Crawler:
     def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
         """One XREADGROUP (in a worker thread): entries, and the last id read (for paging
         through this consumer's pending entries)."""
-        return read_tasks(self.store, self.consumer, count, start, block_ms)
+        return take_tasks(self.store, self.consumer, count, start, block_ms)
 
     def stop_taking(self) -> None:
         """Take no new task, and give up at once every task whose request has not gone

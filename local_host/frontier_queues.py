@@ -39,7 +39,7 @@ from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import fingerprint_many, normalize, site_of
 
 from .pools import TASK_FP
-from .tasks import GROUP, fill_discovered, fill_finished
+from .tasks import GROUP, fill_discovered, finish_tasks
 
 log = logging.getLogger("dedupnet.frontier")
 
@@ -285,7 +285,7 @@ class FrontierQueues:
                 self.counters.inc("frontier_known_unleased", len(done) - len(leased))
 
             def fill(batch) -> None:
-                fill_finished(batch, self.store, leased, done, done, self.finished)
+                finish_tasks(batch, self.store, leased, done, done, self.finished)
                 batch.add(b"HDEL", self.store.key(LEASES), *done)
 
             self.store.transact(fill)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import orjson
 from redis.exceptions import ResponseError
 
 from dedupnet.adapters.recrawl import AgedSet
@@ -36,6 +37,26 @@ WALKER = "walker"
 UNACKED = f"{URL_POOL}:unacked"
 UNACKED_IDS = f"{URL_POOL}:unacked_ids"
 TASK_FP = f"{TASK_POOL}:fp"
+#: The host's re-crawl policy as its daemon runs it (JSON; absent: URLs never age), for
+#: crawlers in other processes: how a task is finished depends on it.
+RECRAWL_POLICY = "recrawl_policy"
+
+
+def publish_recrawl(store: Store, policy: RecrawlPolicy | None) -> None:
+    """Say in the host's Redis which re-crawl policy its daemon runs (at every start)."""
+    if policy is None:
+        store.command(b"DEL", store.key(RECRAWL_POLICY))
+    else:
+        store.command(b"SET", store.key(RECRAWL_POLICY), orjson.dumps({"after": policy.after, "sites": policy.sites}))
+
+
+def published_recrawl(store: Store) -> RecrawlPolicy | None:
+    """The re-crawl policy the host's daemon said it runs (None: URLs never age)."""
+    raw = store.command(b"GET", store.key(RECRAWL_POLICY))
+    if not raw:
+        return None
+    value = orjson.loads(raw)
+    return RecrawlPolicy(value["after"], tuple((glob, age) for glob, age in value["sites"]))
 #: The last frames the center acknowledged (newest first), tagged with the center's
 #: watermark step heard then: sent again if the center's store comes back behind.
 RELEASED = f"{URL_POOL}:released"
@@ -62,6 +83,7 @@ class HostPools:
 
     def setup(self) -> None:
         self.store.ensure_group(URL_POOL, GROUP)
+        publish_recrawl(self.store, self.finished.policy if self.finished is not None else None)
 
     # -- the core's actions ------------------------------------------------------------
     # Each protocol-path operation is also a sans-I/O generator (``*_steps``, see

@@ -5,8 +5,13 @@ service) so that they cannot drift apart.
 A task is leased, not popped: reading it with ``XREADGROUP`` in the group ``crawl``
 leaves the entry in the stream, pending for the consumer that read it. It leaves
 ``task_pool`` only in the transaction that records its URL in ``finish_URL``
-(:func:`fill_finished`), with whatever else the crawler writes for the page: a crawler
+(:func:`finish_tasks`), with whatever else the crawler writes for the page: a crawler
 killed at any point loses no task, and fetches again at most what it had in hand.
+
+The same two calls serve the Scrapy scheduler (dedupnet/scrapy.py), which runs in a
+process of its own: it reads the host's re-crawl policy with
+:func:`~local_host.pools.published_recrawl` so that it finishes a task as the host's own
+crawler would.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from .pools import TASK_FP
 GROUP = "crawl"
 
 
-def read_tasks(store: Store, consumer: str, count: int, start: bytes,
+def take_tasks(store: Store, consumer: str, count: int, start: bytes,
                block_ms: int | None = None) -> tuple[list[tuple[bytes, str]], bytes | None]:
     """One ``XREADGROUP`` for ``consumer``: new entries (``start`` ``>``) or its own
     pending ones from ``start`` on. Returns the entries ``(id, url)`` and the last id
@@ -59,7 +64,7 @@ def read_tasks(store: Store, consumer: str, count: int, start: bytes,
     return entries, raw[-1][0]
 
 
-def fill_finished(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequence[str],
+def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequence[str],
                   chains: Sequence[str], finished: AgedSet | None) -> None:
     """Queue what records fetched tasks into a transaction: the URLs fetched for them
     (``chains``: each task URL and the redirects followed from it) into ``finish_URL``,

@@ -138,6 +138,16 @@ class _Proc:
         with open(f"/proc/{self.proc.pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[0]
 
+    def state_once_in(self, wanted: tuple[str, ...]) -> str:
+        """The process's state once it is one of ``wanted``: the kernel shows a signal's
+        effect once the process has taken it, a moment of real time after it was sent
+        (virtual time jumps), longer on a loaded machine. Waits in real time, for up to
+        a bound no scheduler stall reaches, and returns whatever state it ends in."""
+        deadline = time.monotonic() + 60.0
+        while self.state() not in wanted and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.state()
+
 
 async def test_fault_runner_kills_freezes_and_serialises_faults_on_one_target(autojump_clock):
     import trio
@@ -161,16 +171,11 @@ async def test_fault_runner_kills_freezes_and_serialises_faults_on_one_target(au
             runner.start_due(nursery, fetched=40, total=100)  # all three are due now
             assert runner.busy and runner.active == 3
             await trio.sleep(1)
-            # frozen: "T" (stopped). The kernel shows it once the process has taken the
-            # SIGSTOP, a moment of real time after it was sent (virtual time jumps).
-            deadline = time.monotonic() + 2.0
-            while center.state() != "T" and time.monotonic() < deadline:
-                time.sleep(0.01)
-            states.append(center.state())
+            states.append(center.state_once_in(("T",)))  # frozen: stopped
             with trio.fail_after(10**6):  # virtual seconds; the waits for killed processes are real
                 while runner.busy:
                     await trio.sleep(1)
-        assert states == ["T"] and center.state() in ("S", "R")  # continued
+        assert states == ["T"] and center.state_once_in(("S", "R")) in ("S", "R")  # continued
         # The second kill of the same host waited for the first one's restart.
         assert [n for n, _ in restarts] == ["127.0.1.10", "127.0.1.10"] and host.lives == 3
         assert restarts[1][1] - restarts[0][1] >= 5.0

@@ -168,7 +168,7 @@ def _check(run: dict, *, allow_refetch_by: str | None = None) -> None:
         # and nobody else fetches them.
         dups = {u: by for u, by in dups.items() if set(by) != {allow_refetch_by}}
     assert not lost, f"{len(lost)} lost, e.g. {sorted(lost)[:5]}"
-    if extra:  # seen once in a full suite run (a robots-disallowed page); what the spiders said of robots.txt
+    if extra:  # e.g. a robots-disallowed page, which the scheduler's own gate must never hand out
         robots = {s.ip: [line for line in s.log().splitlines() if "robots" in line or "Error downloading" in line]
                   for s in run["spiders"]}
         raise AssertionError(f"{len(extra)} fetched that a correct crawl does not request, by: "
@@ -416,4 +416,41 @@ def test_new_tasks_wake_the_scheduler_without_waiting_for_a_tick(redis_url, stor
     finally:
         sched._watching = False
         watcher.join(5)
+        sched.store.close()
+
+
+def test_a_scrapy_host_under_recrawl_after_re_crawls_like_a_dedupnet_crawler(redis_url, store):
+    """The scheduler finishes a task as the host's own crawler does, under the re-crawl
+    policy the host's daemon publishes in its Redis: into the aged finish_URL and out of
+    task_pool:fp, so that once the URL's age has passed it is admitted and queued again
+    (tests/test_recrawl.py checks the same of dedupnet's crawler)."""
+    from dedupnet.codec.ages import RecrawlPolicy
+    from dedupnet.codec.urls import fingerprint_many
+    from local_host import protocol as hp
+    from local_host.pools import TASK_FP, HostPools
+
+    age = 100.0
+    now = [time.time()]  # the scheduler writes by the wall clock; the look-ups move on from it
+    pools = HostPools(store, exact=True, recrawl=RecrawlPolicy(age), clock=lambda: now[0])
+    pools.setup()  # the daemon's start
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    sched.open(spider)
+    try:
+        u = "http://a.example/again"
+        pools.apply([hp.AddTasks((u,))])
+        request = sched.next_request()
+        assert request is not None and request.url == u
+        sched.book.released(set())
+        sched._done += sched.book.finished()
+        sched._flush()
+
+        def seen(kind: str) -> list[bool]:
+            return pools.lookup(hp.Lookup((kind, 1), (u,))).seen
+
+        assert not store.fp_contains(TASK_FP, fingerprint_many([u]))[0]  # crawled: no longer queued
+        assert seen("found") == [True]  # crawled just now
+        now[0] += age * 1.5
+        assert seen("found") == [False] and seen("task") == [False]  # its age passed: admitted, queued again
+    finally:
+        sched.close("finished")
         sched.store.close()
