@@ -58,10 +58,11 @@ class Membership:
             return self._stage_done(rec)
         rec.attempts += 1
         live = [m for m in rec.awaiting if self._live(m)]
-        if live:
+        sent = self._send_to(rec, live)  # a set whose URLs wait in another's frame to a home sends nothing
+        if sent:
             self.counters.inc("resends", stage=rec.stage.value)
             log.info("set %d: no answer yet from %s; asking again (attempt %d)", rec.number, ", ".join(sorted(live)), rec.attempts)
-        return [*self._send_to(rec, live), SetTimer(rec.number, self._resend_delay(rec))]
+        return [*sent, SetTimer(rec.number, self._resend_delay(rec))]
 
     def _waited_for(self, member: str) -> bool:
         m = member_from_str(member)
