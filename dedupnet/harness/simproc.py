@@ -88,6 +88,16 @@ _LOG_TAIL = 30
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far; 0 if it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on
+    return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: fields 14, 15
+
+
 class DaemonFailed(RuntimeError):
     """A daemon process exited (or never answered) when it should be running."""
 
@@ -134,14 +144,7 @@ class Daemon:
 
     def cpu(self) -> float:
         """CPU seconds (user + system) this life's process has used so far; 0 if gone."""
-        if self.proc is None:
-            return 0.0
-        try:
-            stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
-        except OSError:
-            return 0.0
-        fields = stat[stat.rindex(")") + 2:].split()  # from field 3 (state) on
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK  # utime, stime: fields 14, 15
+        return 0.0 if self.proc is None else cpu_seconds(self.proc.pid)
 
     def mark_cpu(self) -> None:
         """From now on: the run's CPU is counted from here."""
@@ -595,8 +598,9 @@ def _quiet(d: Daemon, st: dict | None) -> bool:
     pools = st.get("pools", {})
     if d.role == "center":
         return not st.get("sets_in_flight") and not pools.get("task_URL")
-    crawler = st.get("crawler") or {}
-    return bool(st.get("connected") and crawler.get("idle") and not crawler.get("in_progress")
+    crawler = st.get("crawler")  # None: --no-crawl, the host's tasks are its other crawlers'
+    idle = crawler is None or (crawler.get("idle") and not crawler.get("in_progress"))
+    return bool(st.get("connected") and idle
                 and not pools.get("URL_pool") and not pools.get("task_pool") and not pools.get("unacked_sets")
                 and not st.get("sets_in_flight", {}).get("unacked"))
 

@@ -1,0 +1,129 @@
+"""A crawl of the synthetic web by real daemons in several networks, one host each,
+crawled either by dedupnet's own crawler or by a URLFrontier client per host
+(``examples/urlfrontier/crawl.py``: stubs from the stock .proto, httpx, nothing of
+dedupnet), so that the two can be checked and timed on the same web.
+
+In ``frontier`` mode every host runs ``--no-crawl --frontier IP:PORT`` and its client
+is the only thing that touches it: the seeds go in as ``PutURLs`` discovered items,
+and each client fetches from its host's IP, so the web's own request log says who
+fetched what. The run ends when every daemon is quiescent (nothing in any pool, no set
+in flight: a URL leased to a client is still in its host's ``task_pool``).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import trio
+
+from dedupnet.adapters.embedded import _free_port, _spawn
+from dedupnet.adapters.store import Store
+from dedupnet.harness import simproc
+from dedupnet.harness.report import SimConfig, assign_seeds
+from dedupnet.harness.web import Reach, SyntheticWeb, WebSpec
+
+__all__ = ["CLIENT", "Crawl", "crawl"]
+
+CLIENT = Path(__file__).resolve().parents[2] / "examples" / "urlfrontier" / "crawl.py"
+#: Status polls in a row that must find every daemon quiescent.
+QUIET_POLLS = 3
+
+
+@dataclass
+class Crawl:
+    """What a run left: the web (its counts and request log), the ground truth from the
+    seeds, the seconds from the first page request to the last, and the CPU seconds of
+    the daemons and of the clients (0 without them) over the run."""
+
+    web: SyntheticWeb
+    reach: Reach
+    seconds: float
+    daemon_cpu: float
+    client_cpu: float
+    client_lines: list[str] = field(default_factory=list)
+
+    @property
+    def pages(self) -> int:
+        return sum(self.web.answer_counts.values())
+
+    @property
+    def lost(self) -> set[str]:
+        return self.reach.fetched - set(self.web.answer_counts)
+
+    @property
+    def extra(self) -> set[str]:
+        return set(self.web.answer_counts) - self.reach.fetched
+
+
+async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, frontier: bool,
+                workers: int = 16, timeout: float = 120.0) -> Crawl:
+    """Crawl the web of ``cfg`` (``cfg.hosts`` hosts per network) from ``cfg.seeds``
+    seeds to quiescence; the daemons' keys are removed afterwards. DaemonFailed or
+    TimeoutError (with the logs' place) if it does not get there."""
+    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
+    env = simproc._env()
+    clients: dict[str, subprocess.Popen] = {}
+    async with trio.open_nursery() as nursery:
+        await nursery.start(web.serve)
+        seeds = web.seeds(cfg.seeds)
+        reach = web.reachable_detail(seeds)
+        centers, hosts = simproc._plan(cfg, redis_url, prefix, logdir)
+        services = {}
+        for h in hosts:
+            if frontier:
+                services[h.name] = f"{h.name}:{_free_port(h.name)}"
+                h.argv += ["--no-crawl", "--frontier", services[h.name]]
+        daemons = centers + hosts
+        try:
+            await simproc._start(centers, hosts, logdir, env, 60)
+            plan = assign_seeds([h.name for h in hosts], seeds)
+            for d in daemons:
+                d.mark_cpu()
+            if frontier:
+                for h in hosts:
+                    argv = [sys.executable, str(CLIENT), "--frontier", services[h.name], "--bind", h.name,
+                            "--workers", str(workers)] + [a for u in plan[h.name] for a in ("--seed", u)]
+                    with open(logdir / f"client-{h.name}.log", "ab") as log:
+                        clients[h.name] = _spawn(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                                 stderr=subprocess.STDOUT, cwd=logdir, env=env)
+            else:
+                for ip, urls in plan.items():
+                    await trio.to_thread.run_sync(simproc._push, redis_url, f"{prefix}:host:{ip}", urls)
+            quiet = 0
+            with trio.move_on_after(timeout) as scope:
+                while quiet < QUIET_POLLS:
+                    await trio.sleep(0.2)
+                    for name, proc in clients.items():
+                        if proc.poll() is not None:
+                            raise simproc.DaemonFailed(f"the client of {name} exited: {logdir}/client-{name}.log")
+                    st = await simproc._poll_all(daemons)
+                    # Not quiescent before the first page: the seeds may still be on their way in.
+                    quiet = quiet + 1 if web.answer_counts and all(
+                        simproc._quiet(d, st.get(d.name)) for d in daemons) else 0
+            if scope.cancelled_caught:
+                raise TimeoutError(f"not quiescent after {timeout:.0f} s; {len(web.answer_counts)} of "
+                                   f"{len(reach.fetched)} URLs fetched; logs in {logdir}")
+            daemon_cpu = sum(d.cpu_used() for d in daemons)
+            client_cpu = {name: simproc.cpu_seconds(p.pid) for name, p in clients.items()}
+        finally:
+            for proc in clients.values():
+                proc.terminate()
+            for proc in clients.values():
+                try:
+                    proc.wait(timeout=15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            await simproc._stop(daemons, 15)
+            keys = Store(redis_url, prefix)
+            keys.delete_prefix()
+            keys.close()
+            nursery.cancel_scope.cancel()
+    times = [t for t, _site, target, _client in web.request_log if target != "/robots.txt"]
+    lines = [(logdir / f"client-{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
+             for name in clients]
+    return Crawl(web, reach, max(times) - min(times) if times else 0.0, daemon_cpu,
+                 sum(client_cpu.values()), [x for part in lines for x in part])
