@@ -192,3 +192,14 @@ def test_status_without_the_key_says_so_in_a_sentence(tmp_path, keyed_center):
     line = only_line(out, "dedupnet status")
     assert "needs the LAN key" in line and "--key-file" in line and "--config" in line
     assert "Error(" not in line and "reason=" not in line
+
+
+def test_status_cluster_tries_each_key_file_until_one_is_taken(tmp_path, keyed_center):
+    """One key file per LAN, the daemon's not the first: the answer made with a key this
+    side does not hold is not the end of the survey, the next key is tried."""
+    config, address = keyed_center
+    (tmp_path / "other.keys").write_text("1 " + "cd" * 32 + " send\n")
+    out = run("status", "--cluster", address, "--key-file", "other.keys", "--key-file", str(config.parent / "lan1.keys"),
+              cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "verdict: complete" in out.stdout and f"center {address}" in out.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 from center_host import protocol as center_core
 from center_host.daemon import CenterSettings, core_config
 from dedupnet.codec.settings import SETTINGS
-from dedupnet.service.config import reference_markdown
+from dedupnet.service.config import load_settings, reference_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -79,3 +79,23 @@ def test_a_center_gathers_for_the_declared_linger_whoever_builds_it():
     daemon, from the command, a file or the in-process cluster, gathers for 0.5 s."""
     settings = CenterSettings(network=1, ip="127.0.1.1", port=0, lan="127.0.1.0/24")
     assert core_config(settings).gather_linger == SETTINGS["gather_linger"].default == 0.5
+
+
+def test_every_path_in_a_config_file_resolves_against_that_file(tmp_path, monkeypatch):
+    """Every path setting, given relative in a file, names the place beside the file
+    whatever the current directory; the same path given as a flag stays relative to the
+    current directory. The guide's list of path settings is the declared one."""
+    paths = sorted(name for name, s in SETTINGS.items() if s.path)
+    assert {"tls_cert", "lan_key_file", "data_dir", "seeds_file"} <= set(paths)
+    conf = tmp_path / "etc" / "dedupnet"
+    conf.mkdir(parents=True)
+    (conf / "dedupnet.toml").write_text("".join(f'{name} = "sub/{name}"\n' for name in paths))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    from_file = load_settings("../etc/dedupnet/dedupnet.toml")
+    assert {name: getattr(from_file, name) for name in paths} == {name: str(conf / "sub" / name) for name in paths}
+    from_flags = load_settings("../etc/dedupnet/dedupnet.toml", **{name: f"flag/{name}" for name in paths})
+    assert {name: getattr(from_flags, name) for name in paths} == {name: f"flag/{name}" for name in paths}
+    sentence = re.search(r"A relative path in the file \(([^)]*)\)", (ROOT / "docs" / "DEPLOY.md").read_text())
+    assert sorted(re.findall(r"`(\w+)`", sentence.group(1))) == paths

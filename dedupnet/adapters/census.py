@@ -26,7 +26,7 @@ import trio
 
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import source_ip_towards
-from dedupnet.adapters.transport import connect
+from dedupnet.adapters.transport import ConnectionClosed, connect
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.messages import Error, Heartbeat, Register, Status
@@ -90,6 +90,8 @@ async def ask(address: tuple[str, int], keyrings: list[Keyring | None], timeout:
                 raise
             last = e
         except (trio.BrokenResourceError, trio.ClosedResourceError) as e:  # a key it refused, said by closing
+            last = e
+        except ConnectionClosed as e:  # its answer tagged with a key of its own, not this one
             last = e
     raise last if isinstance(last, StatusRefused) else StatusRefused(f"it closed the connection: {last}")
 
