@@ -420,9 +420,9 @@ class Scheduler:
     def close(self, reason: str):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        # The watch may be blocked in Redis for up to WATCH_BLOCK: not waited for (closing
+        # would take that long); what it hands the reactor from now on is ignored.
         self._watching = False
-        if self._watcher is not None:
-            self._watcher.join(WATCH_BLOCK + 1.0)
         self._release()
         try:
             self._flush()
@@ -759,6 +759,8 @@ class Scheduler:
                 reactor.callFromThread(self._new_tasks)
 
     def _new_tasks(self) -> None:
+        if not self._watching:
+            return  # closed (or closing): no new lease
         try:
             self._release()
             if not self._queue and self._room() and self._take():
