@@ -67,9 +67,13 @@ stat ``dedupnet/bad_input/<reason>``. Redis errors are retried by the store; if 
 stays away, what was to be written is kept in memory and written at the next tick,
 never dropped.
 
-The spider does not close when it runs out of tasks (more may come from the
-protocol, as with scrapy-redis): ``DEDUPNET_MAX_IDLE`` seconds (0, the default: never)
-of nothing to do close it.
+The spider does not close when it runs out of tasks: more may come from the protocol
+while any host of the system still has pages to fetch. Given a center
+(``DEDUPNET_CENTER``), the scheduler asks it, each time it has nothing to do, whether
+the whole crawl is complete (:mod:`dedupnet.scrapy_census`, the verdict of ``dedupnet
+status --cluster``) and closes the spider when it is. Without an answer (no center
+given, none reachable), ``DEDUPNET_MAX_IDLE`` seconds (0, the default: never) of
+nothing to do close it.
 
 All Redis calls are made from the Twisted reactor's thread, synchronously, in batches:
 one round trip per batch of tasks taken and per flush, not per request.
@@ -98,6 +102,7 @@ from dedupnet.adapters.store_choice import store_for
 from dedupnet.codec.errors import BadURL, DedupnetError
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
 from dedupnet.codec.urls import fingerprint, fingerprint_many, normalize
+from dedupnet.scrapy_census import NOT_STARTED, CrawlCensus
 from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
 from dedupnet.adapters.recrawl import AgedSet
 from local_host.fetch import RobotsUnavailable, origin_of
@@ -321,7 +326,8 @@ class Scheduler:
 
     def __init__(self, crawler, store: Store, dupefilter, *, consumer: str, take_batch: int,
                  max_leased: int, flush_interval: float, push_batch: int, max_idle: float,
-                 seed_start_requests: bool, keep_callbacks: bool, robots: RobotsGate | None = None):
+                 seed_start_requests: bool, keep_callbacks: bool, robots: RobotsGate | None = None,
+                 census: CrawlCensus | None = None):
         self.crawler = crawler
         self.stats = crawler.stats
         self.store = store
@@ -336,6 +342,15 @@ class Scheduler:
         self.keep_callbacks = keep_callbacks
         #: With ROBOTSTXT_OBEY: the scheduler's own robots.txt check of each task.
         self.robots = robots
+        #: With DEDUPNET_CENTER: asks whether the whole crawl is complete.
+        self.census = census
+        #: An ask is under way (in its thread).
+        self._asking = False
+        #: The last ask had an answer: idle time alone does not close the spider.
+        self._verdict_known = False
+        #: When the ask that found the crawl complete started (it counts only if
+        #: nothing happened here since).
+        self._complete_at: float | None = None
         #: finish_URL under the host's re-crawl policy (read when the spider opens); None: the plain set.
         self.finished: AgedSet | None = None
         self.spider = None
@@ -377,6 +392,7 @@ class Scheduler:
             keep_callbacks=s.getbool("DEDUPNET_KEEP_CALLBACKS", True),
             robots=RobotsGate(s.get("ROBOTSTXT_USER_AGENT") or s.get("USER_AGENT") or "Scrapy")
             if s.getbool("ROBOTSTXT_OBEY") else None,
+            census=_census(s),
         )
 
     # -- Scrapy's scheduler interface --------------------------------------------------------
@@ -404,9 +420,9 @@ class Scheduler:
     def close(self, reason: str):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
+        # The watch may be blocked in Redis for up to WATCH_BLOCK: not waited for (closing
+        # would take that long); what it hands the reactor from now on is ignored.
         self._watching = False
-        if self._watcher is not None:
-            self._watcher.join(WATCH_BLOCK + 1.0)
         self._release()
         try:
             self._flush()
@@ -720,6 +736,7 @@ class Scheduler:
             self._try_flush()
             if not self._queue and self._room() and self._take():
                 self._wake_engine()
+            self._ask_census()
         except Exception:  # never let the LoopingCall die
             log.exception("dedupnet: scheduler tick failed")
 
@@ -742,6 +759,8 @@ class Scheduler:
                 reactor.callFromThread(self._new_tasks)
 
     def _new_tasks(self) -> None:
+        if not self._watching:
+            return  # closed (or closing): no new lease
         try:
             self._release()
             if not self._queue and self._room() and self._take():
@@ -792,14 +811,58 @@ class Scheduler:
         if done:
             self.stats.inc_value("dedupnet/tasks_done", len(done))
 
+    # -- closing ---------------------------------------------------------------------------------
+    def _idle_here(self) -> bool:
+        """Nothing queued, leased, waiting for robots.txt or unwritten in this spider."""
+        return not (self._queue or self.book.leases or self._links or self._done
+                    or (self.robots is not None and len(self.robots)))
+
+    def _ask_census(self) -> None:
+        """While idle here, one ask at a time, in a thread: it blocks for a while."""
+        if self.census is None or self._asking or not self._idle_here():
+            return
+        self._asking = True
+        started = time.monotonic()
+
+        def run() -> None:
+            try:
+                verdict = self.census.verdict()
+            except Exception:
+                log.exception("dedupnet: asking whether the crawl is complete failed")
+                verdict = None
+            reactor.callFromThread(self._census_answered, verdict, started)
+
+        threading.Thread(target=run, name="dedupnet-census", daemon=True).start()
+
+    def _census_answered(self, verdict: str | None, started: float) -> None:
+        self._asking = False
+        # A crawl that admitted nothing yet (or whose centers restarted) says nothing
+        # about idle time: DEDUPNET_MAX_IDLE still applies to it.
+        self._verdict_known = verdict not in (None, NOT_STARTED)
+        if verdict == "complete" and self._active_at <= started and self._idle_here():
+            self._complete_at = started
+            self._wake_engine()  # the engine finds itself idle and asks _spider_idle
+
     def _spider_idle(self, spider) -> None:
-        """Stay open for tasks the protocol may still send, unless idle ``max_idle`` s."""
+        """Stay open for tasks the protocol may still send, unless the crawl is complete
+        cluster-wide, or (with no verdict to be had) idle ``max_idle`` s."""
         self._release()
         self._try_flush()
         busy = self.book.leases or self._links or self._done
-        if busy or not self.max_idle or time.monotonic() - self._active_at < self.max_idle:
+        if not busy and self._complete_at is not None and self._complete_at >= self._active_at:
+            log.info("dedupnet: the crawl is complete in every network (the center at %s says): closing",
+                     self.census.where)
+            return
+        if busy or self._verdict_known or not self.max_idle or time.monotonic() - self._active_at < self.max_idle:
             raise DontCloseSpider
         log.info("dedupnet: nothing to do for %.0f s (DEDUPNET_MAX_IDLE): closing", self.max_idle)
+
+
+def _census(settings) -> CrawlCensus | None:
+    try:
+        return CrawlCensus.from_settings(settings)
+    except ValueError as e:
+        raise NotConfigured(f"dedupnet.scrapy: {e}") from None
 
 
 def _load(path: str):

@@ -25,7 +25,12 @@ DUPEFILTER_CLASS = "dedupnet.scrapy.DupeFilter"
 # The host daemon's key prefix: its --prefix, or its --ip (prefix dedupnet:host:<ip>).
 # DEDUPNET_PREFIX = "dedupnet:host:127.0.1.10"
 # DEDUPNET_HOST_IP = "127.0.1.10"
-# Close after this many seconds with nothing to do (0: stay open for new tasks).
+# Close when the whole crawl is complete: a center's --listen address (and, with LAN
+# keys, every network's key file), asked as `dedupnet status --cluster` asks it.
+# DEDUPNET_CENTER = "127.0.1.1:7700"
+# DEDUPNET_KEY_FILES = ["lan-1.key", "lan-2.key"]
+# Without a center (or while none answers): close after this many seconds with nothing
+# to do (0: stay open for new tasks).
 DEDUPNET_MAX_IDLE = 0
 
 # -- ordinary Scrapy settings ---------------------------------------------------------------
