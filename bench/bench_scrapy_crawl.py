@@ -54,10 +54,10 @@ import trio
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.harness import simproc
 from dedupnet.harness.report import SimConfig
+from dedupnet.harness.scrapyhost import EXAMPLE
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 ROOT = Path(__file__).resolve().parent.parent
-EXAMPLE = ROOT / "examples" / "scrapy"
 COMMON = ("-s", "CONCURRENT_REQUESTS=32", "-s", "DOWNLOAD_DELAY=0", "-s", "LOG_LEVEL=INFO",
           "-s", "TELNETCONSOLE_ENABLED=0")
 

@@ -13,8 +13,6 @@ from __future__ import annotations
 import collections
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -29,46 +27,12 @@ from scrapy import Request  # noqa: E402
 from dedupnet.harness import simproc  # noqa: E402
 from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
+from dedupnet.harness.scrapyhost import Spider  # noqa: E402
 from dedupnet.adapters.store import Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "scrapy"
 SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
 CRAWLER_HOST = "127.0.1.11"
-
-
-class Spider:
-    """One ``scrapy crawl follow`` process of the example project on a host's keys."""
-
-    def __init__(self, ip: str, redis_url: str, prefix: str, logdir: Path, extra: tuple[str, ...] = ()):
-        self.ip = ip
-        self.log_path = logdir / f"scrapy-{ip}.log"
-        self.argv = [sys.executable, "-m", "scrapy", "crawl", "follow",
-                     "-s", f"DEDUPNET_REDIS_URL={redis_url}", "-s", f"DEDUPNET_PREFIX={prefix}",
-                     "-s", f"DEDUPNET_CONSUMER={ip}", "-s", f"DOWNLOAD_BIND_ADDRESS={ip}",
-                     "-s", "LOG_LEVEL=INFO", "-s", "DEDUPNET_FLUSH_INTERVAL=0.1", *extra]
-        self.proc: subprocess.Popen | None = None
-
-    def start(self, env: dict) -> None:
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(self.argv, cwd=EXAMPLE, env=env, stdin=subprocess.DEVNULL,
-                                         stdout=log, stderr=subprocess.STDOUT)
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def stop(self, sig=signal.SIGTERM, timeout: float = 20.0) -> None:
-        if not self.alive():
-            return
-        self.proc.send_signal(sig)
-        try:
-            self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5)
 
 
 def _scrapy_host_quiet(st: dict | None) -> bool:
@@ -107,7 +71,7 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
             for s in spiders:
                 s.start(env)
             with trio.move_on_after(30):
-                while not all("is the crawler of" in s.log() for s in spiders):
+                while not all(s.ready() for s in spiders):
                     for s in spiders:
                         assert s.alive(), f"spider on {s.ip} exited:\n{s.log()[-3000:]}"
                     await trio.sleep(0.1)

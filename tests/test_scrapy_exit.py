@@ -23,7 +23,8 @@ from dedupnet.harness import simproc  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.adapters.store import Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
-from tests.test_scrapy import SCRAPY_HOSTS, Spider  # noqa: E402
+from dedupnet.harness.scrapyhost import Spider  # noqa: E402
+from tests.test_scrapy import SCRAPY_HOSTS  # noqa: E402
 
 #: Far above what the close on the verdict takes, far below the crawl without it
 #: (which never closes: the spiders run with no idle limit that could end them first).
@@ -70,7 +71,7 @@ async def test_a_spider_closes_on_the_cluster_verdict_and_not_while_another_host
             nursery.start_soon(watch)
             first.start(env)
             with trio.move_on_after(30):
-                while "is the crawler of" not in first.log():
+                while not first.ready():
                     await trio.sleep(0.1)
             for ip, urls in assign_seeds(list(by_ip), seeds).items():
                 await trio.to_thread.run_sync(simproc._push, redis_url, by_ip[ip].prefix, urls)

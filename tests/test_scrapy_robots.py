@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 import trio
@@ -18,9 +17,8 @@ pytest.importorskip("scrapy")
 
 from dedupnet.adapters.store import Store  # noqa: E402
 from dedupnet.harness import simproc  # noqa: E402
+from dedupnet.harness.scrapyhost import EXAMPLE  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
-
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "scrapy"
 
 
 def _urls(web: SyntheticWeb) -> tuple[list[str], list[str]]:

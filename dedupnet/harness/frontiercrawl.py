@@ -1,12 +1,16 @@
 """A crawl of the synthetic web by real daemons in several networks, one host each,
-crawled either by dedupnet's own crawler or by a URLFrontier client per host
-(``examples/urlfrontier/crawl.py``: stubs from the stock .proto, httpx, nothing of
-dedupnet), so that the two can be checked and timed on the same web.
+crawled by dedupnet's own crawler (``crawler``), by a URLFrontier client per host
+(``frontier``: ``examples/urlfrontier/crawl.py``, stubs from the stock .proto, httpx,
+nothing of dedupnet) or by a Scrapy spider per host (``scrapy``: the example project's
+``follow`` spider on dedupnet's scheduler), so that they can be checked and timed on
+the same web.
 
 In ``frontier`` mode every host runs ``--no-crawl --frontier IP:PORT`` and its client
 is the only thing that touches it: the seeds go in as ``PutURLs`` discovered items,
 and each client fetches from its host's IP, so the web's own request log says who
-fetched what. The run ends when every daemon is quiescent (nothing in any pool, no set
+fetched what. In ``scrapy`` mode every host runs ``--no-crawl`` and its spider, bound
+to the host's IP, takes the host's tasks; the seeds go into the hosts' pools once every
+spider has taken up its host. The run ends when every daemon is quiescent (nothing in any pool, no set
 in flight: a URL leased to a client is still in its host's ``task_pool``).
 """
 
@@ -23,20 +27,24 @@ from dedupnet.adapters.embedded import _free_port, _spawn
 from dedupnet.adapters.store import Store
 from dedupnet.harness import simproc
 from dedupnet.harness.report import SimConfig, assign_seeds
+from dedupnet.harness.scrapyhost import Spider
 from dedupnet.harness.web import Reach, SyntheticWeb, WebSpec
 
-__all__ = ["CLIENT", "Crawl", "crawl"]
+__all__ = ["CLIENT", "PATHS", "Crawl", "crawl"]
 
 CLIENT = Path(__file__).resolve().parents[2] / "examples" / "urlfrontier" / "crawl.py"
 #: Status polls in a row that must find every daemon quiescent.
 QUIET_POLLS = 3
+#: The crawlers a run can have on its hosts.
+PATHS = ("crawler", "frontier", "scrapy")
 
 
 @dataclass
 class Crawl:
     """What a run left: the web (its counts and request log), the ground truth from the
     seeds, the seconds from the first page request to the last, and the CPU seconds of
-    the daemons and of the clients (0 without them) over the run."""
+    the daemons and of the clients (URLFrontier clients or spiders, from their launch;
+    0 without them) over the run."""
 
     web: SyntheticWeb
     reach: Reach
@@ -58,14 +66,20 @@ class Crawl:
         return set(self.web.answer_counts) - self.reach.fetched
 
 
-async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, frontier: bool,
+async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, path: str,
                 workers: int = 16, timeout: float = 120.0) -> Crawl:
     """Crawl the web of ``cfg`` (``cfg.hosts`` hosts per network) from ``cfg.seeds``
-    seeds to quiescence; the daemons' keys are removed afterwards. DaemonFailed or
-    TimeoutError (with the logs' place) if it does not get there."""
+    seeds to quiescence with the crawlers of ``path`` (one of PATHS; ``workers``:
+    requests in flight per client or spider); the daemons' keys are removed afterwards.
+    DaemonFailed or TimeoutError (with the logs' place) if it does not get there."""
+    if path not in PATHS:
+        raise ValueError(f"path must be one of {PATHS}, not {path!r}")
+    frontier = path == "frontier"
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
     env = simproc._env()
     clients: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Path] = {}
+    spiders: list[Spider] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)
         seeds = web.seeds(cfg.seeds)
@@ -76,6 +90,12 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, fr
             if frontier:
                 services[h.name] = f"{h.name}:{_free_port(h.name)}"
                 h.argv += ["--no-crawl", "--frontier", services[h.name]]
+            elif path == "scrapy":
+                h.argv.append("--no-crawl")
+                # Politeness off, as for the other crawlers: no per-site bound below the total.
+                spiders.append(Spider(h.name, redis_url, h.prefix, logdir, (
+                    "-s", f"CONCURRENT_REQUESTS={workers}", "-s", f"CONCURRENT_REQUESTS_PER_DOMAIN={workers}",
+                    "-s", "DOWNLOAD_DELAY=0")))
         daemons = centers + hosts
         try:
             await simproc._start(centers, hosts, logdir, env, 60)
@@ -86,10 +106,22 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, fr
                 for h in hosts:
                     argv = [sys.executable, str(CLIENT), "--frontier", services[h.name], "--bind", h.name,
                             "--workers", str(workers)] + [a for u in plan[h.name] for a in ("--seed", u)]
-                    with open(logdir / f"client-{h.name}.log", "ab") as log:
+                    logs[h.name] = logdir / f"client-{h.name}.log"
+                    with open(logs[h.name], "ab") as log:
                         clients[h.name] = _spawn(argv, stdin=subprocess.DEVNULL, stdout=log,
                                                  stderr=subprocess.STDOUT, cwd=logdir, env=env)
             else:
+                for s in spiders:
+                    s.start(env)
+                    clients[s.ip], logs[s.ip] = s.proc, s.log_path
+                with trio.move_on_after(60) as scope:
+                    while not all(s.ready() for s in spiders):
+                        await trio.sleep(0.1)
+                        for s in spiders:
+                            if not s.alive():
+                                raise simproc.DaemonFailed(f"the spider of {s.ip} exited: {s.log_path}")
+                if scope.cancelled_caught:
+                    raise TimeoutError(f"a spider did not take up its host in 60 s; logs in {logdir}")
                 for ip, urls in plan.items():
                     await trio.to_thread.run_sync(simproc._push, redis_url, f"{prefix}:host:{ip}", urls)
             quiet = 0
@@ -98,7 +130,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, fr
                     await trio.sleep(0.2)
                     for name, proc in clients.items():
                         if proc.poll() is not None:
-                            raise simproc.DaemonFailed(f"the client of {name} exited: {logdir}/client-{name}.log")
+                            raise simproc.DaemonFailed(f"the crawler of {name} exited: {logs[name]}")
                     st = await simproc._poll_all(daemons)
                     # Not quiescent before the first page: the seeds may still be on their way in.
                     quiet = quiet + 1 if web.answer_counts and all(
@@ -109,8 +141,11 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, fr
             daemon_cpu = sum(d.cpu_used() for d in daemons)
             client_cpu = {name: simproc.cpu_seconds(p.pid) for name, p in clients.items()}
         finally:
+            for s in spiders:
+                s.stop()
             for proc in clients.values():
-                proc.terminate()
+                if proc.poll() is None:
+                    proc.terminate()
             for proc in clients.values():
                 try:
                     proc.wait(timeout=15)
@@ -123,7 +158,8 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, fr
             keys.close()
             nursery.cancel_scope.cancel()
     times = [t for t, _site, target, _client in web.request_log if target != "/robots.txt"]
-    lines = [(logdir / f"client-{name}.log").read_text(errors="replace").strip().splitlines()[-1:]
-             for name in clients]
+    # A URLFrontier client's last line says what it did; a spider's log is Scrapy's.
+    lines = [logs[name].read_text(errors="replace").strip().splitlines()[-1:] for name in clients
+             if path == "frontier"]
     return Crawl(web, reach, max(times) - min(times) if times else 0.0, daemon_cpu,
                  sum(client_cpu.values()), [x for part in lines for x in part])
