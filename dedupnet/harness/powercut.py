@@ -8,7 +8,9 @@ mounted again, as after a machine that lost power. What ``fsync`` put on disk su
 lost, each filesystem at its own point. Needs root, ``losetup``/``mount`` and
 ``mkfs.ext4``; :func:`unavailable` says why not where they are missing.
 
-Every disk is mounted with ``-o loop``, so unmounting it detaches its loop device too:
+Every mount gets a loop device of its own (``losetup --find``), detached again when it is
+unmounted: ``mount -o loop`` would reuse a device still attached to the image, and with
+it the filesystem that was shut down, whose every file then answers EIO.
 :meth:`LoopDisk.remove` (unmount, delete the image) leaves nothing behind.
 """
 
@@ -33,10 +35,11 @@ EXT4_GOING_FLAGS_NOLOGFLUSH = 0x2
 DISK_MB = 64
 
 
-def _run(*argv: str) -> None:
+def _run(*argv: str) -> str:
     done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True)
     if done.returncode != 0:
         raise OSError(f"{' '.join(argv)}: exit {done.returncode}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout.strip()
 
 
 class LoopDisk:
@@ -48,6 +51,7 @@ class LoopDisk:
         self.mountpoint = self.root / "mnt"
         self.size_mb = size_mb
         self.mounted = False
+        self.device: str | None = None
         self.cuts = 0
 
     def create(self) -> "LoopDisk":
@@ -59,8 +63,13 @@ class LoopDisk:
         return self
 
     def mount(self) -> None:
-        _run("mount", "-o", "loop", str(self.image), str(self.mountpoint))
-        self.mounted = True
+        device = _run("losetup", "--find", "--show", str(self.image))
+        try:
+            _run("mount", device, str(self.mountpoint))
+        except OSError:
+            _run("losetup", "--detach", device)
+            raise
+        self.device, self.mounted = device, True
 
     def cut(self) -> None:
         """The power goes: the filesystem stops, its journal's uncommitted tail is dropped."""
@@ -86,6 +95,9 @@ class LoopDisk:
                     raise
                 time.sleep(0.1)
         self.mounted = False
+        device, self.device = self.device, None
+        if device is not None:
+            _run("losetup", "--detach", device)
 
     def remove(self) -> None:
         try:

@@ -91,6 +91,11 @@ class FaultRecord:
     started: float | None = None  # seconds since the crawl began
     ended: float | None = None
     note: str = ""
+    #: ``power-cut``: the pages the hosts' crawlers had in progress (leased, not yet recorded
+    #: as done) just before the cut, from their status; None if one did not answer. A
+    #: re-fetch after the cut can only be one of these, which is how a run's duplicates are
+    #: bounded.
+    in_flight: int | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -238,6 +243,7 @@ class FaultRunner:
         if not self.disks:
             raise ValueError("power-cut needs every daemon's Redis on its own disk (simulate_processes sets them up)")
         live = [d for d in self.daemons.values() if not d.gone]
+        rec.in_flight = await _in_progress([d for d in live if d.role == "host"])
         for d in live:
             d.down = True
             d.new_life()
@@ -253,7 +259,8 @@ class FaultRunner:
             d.cpu_carried, d.cpu_base = cpu, 0.0
         for disk in self.disks.values():
             await trio.to_thread.run_sync(_remount, disk)
-        rec.note = f"{len(self.disks)} filesystems shut down without their journal's tail, {len(live)} daemons killed"
+        rec.note = (f"{len(self.disks)} filesystems shut down without their journal's tail, {len(live)} daemons "
+                    f"killed, {'?' if rec.in_flight is None else rec.in_flight} pages in flight")
         await trio.sleep(f.duration or 0)
         for d in sorted(live, key=lambda d: d.role != "center"):  # centers first, as at the start
             await self.restart(d)
@@ -281,6 +288,22 @@ class FaultRunner:
                         if d.alive() else f"Redis pid {old} SIGKILLed; the host exited ({d.proc.returncode})")
         finally:
             d.down = False
+
+
+async def _in_progress(hosts: list, timeout: float = 1.0) -> int | None:
+    """The pages the hosts' crawlers have in progress, asked of all at once so that the
+    answer is one instant's; None if one does not answer (its figure is unknown)."""
+    replies: list[dict | None] = []
+
+    async def ask(d) -> None:
+        replies.append(await d.poll_status(timeout))
+
+    async with trio.open_nursery() as nursery:
+        for d in hosts:
+            nursery.start_soon(ask, d)
+    if any(r is None for r in replies):
+        return None
+    return sum((r.get("crawler") or {}).get("in_progress", 0) for r in replies)
 
 
 def _remount(disk) -> None:
