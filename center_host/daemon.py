@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,7 +30,7 @@ from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.codec.settings import declared
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, heartbeat, heartbeat_due,
+from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, beat, heartbeat,
                                       keep_watermarks, open_watermarks, until_stored)
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches
 from dedupnet.adapters.store import Store
@@ -143,8 +142,6 @@ class CenterDaemon:
         self.peer_listen: dict[int, str] = {}
         #: Operator requests waiting for the core's answer (set when it is sent).
         self._answered: dict[cp.Operator, trio.Event] = {}
-        #: Connection -> when our last heartbeat (with our store watermark) went on it.
-        self._mark_sent: dict[Connection, float] = {}
         #: number -> when this center stored the set (trio time): the status page's ages.
         self.set_since: dict[int, float] = {}
         #: The bound port of ``settings.metrics`` (the HTTP endpoint), once serving.
@@ -336,18 +333,14 @@ class CenterDaemon:
             await trio.sleep(interval)
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
-            beat = heartbeat(self.settings.ip, store=self.pools.store.watermark)
+            ours = heartbeat(self.settings.ip, store=self.pools.store.watermark)
             for member, conn in list(self.conns.items()):
                 # A control client is never a member. A busy link still carries our store
                 # watermark now and then, and at once on a new connection (a store that came
                 # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
                 if isinstance(member, cp.Operator):
                     continue
-                if heartbeat_due(conn, self._mark_sent.get(conn, -math.inf), interval):
-                    conn.send_urgent(beat)
-                    self._mark_sent[conn] = now
-            for conn in [c for c in self._mark_sent if c not in self.conns.values()]:
-                del self._mark_sent[conn]
+                beat(conn, ours, interval)
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
                 seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled

@@ -13,7 +13,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -28,7 +27,7 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
-from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, heartbeat, heartbeat_due,
+from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, beat, heartbeat,
                                       keep_watermarks, open_watermarks, until_stored)
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
 from dedupnet.adapters.store import URL_POOL, Store
@@ -261,13 +260,10 @@ class LocalDaemon:
     async def _heartbeats(self) -> None:
         """Ours to the center when the link has been quiet (any message is a heartbeat to
         it) and now and then all the same, with our task_pool size and store watermark."""
-        conn, last_beat = None, -math.inf
         while True:
-            if self.conn is not conn:
-                conn, last_beat = self.conn, -math.inf  # a new connection hears one at once
-            if conn is not None and heartbeat_due(conn, last_beat, self.settings.heartbeat_interval):
-                conn.send_urgent(heartbeat(self.settings.ip, self.task_pool_size, self.pools.store.watermark))
-                last_beat = trio.current_time()
+            if self.conn is not None:
+                beat(self.conn, heartbeat(self.settings.ip, self.task_pool_size, self.pools.store.watermark),
+                     self.settings.heartbeat_interval)
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _reoffer(self, behind: Behind) -> None:

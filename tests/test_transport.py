@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
-import math
 import re
 import socket
 from functools import partial
@@ -755,22 +754,20 @@ async def test_a_heartbeat_goes_only_on_a_quiet_link_and_now_and_then_on_a_busy_
     """Any message is a heartbeat at the receiver: a link that carried one within half an
     interval needs none, but every ``BEAT_EVERY`` intervals one goes all the same (it
     carries what only a heartbeat says: a store watermark, a host's task count)."""
-    from dedupnet.adapters.runtime import BEAT_EVERY, heartbeat, heartbeat_due
+    from dedupnet.adapters.runtime import BEAT_EVERY, beat, heartbeat
 
     a, b = socket.socketpair()  # what is written waits unread in b
     ours = trio.SocketStream(trio.socket.from_stdlib_socket(a))
     interval, beats = 1.0, []
     async with Connection(ours, counters=Counters()) as conn:
-        last_beat = -math.inf
-        assert heartbeat_due(conn, last_beat, interval)  # a new link: one at once
         for tick in range(3 * BEAT_EVERY):
             conn.send_nowait(heartbeat("127.0.1.10"))  # busy: a message every interval...
             await trio.sleep(interval / 4)  # ...written a quarter interval before the tick
-            if heartbeat_due(conn, last_beat, interval):
+            if beat(conn, heartbeat("127.0.1.10"), interval):  # tick 0: a new link hears one at once
                 beats.append(tick)
-                last_beat = trio.current_time()
             await trio.sleep(interval * 3 / 4)
         assert beats == [0, BEAT_EVERY, 2 * BEAT_EVERY]
-        await trio.sleep(interval / 2)  # quiet for half an interval: due again
-        assert heartbeat_due(conn, trio.current_time(), interval)
+        await trio.sleep(interval / 2)  # quiet for half an interval: due again, however fresh our last beat
+        conn.last_beat = trio.current_time()
+        assert beat(conn, heartbeat("127.0.1.10"), interval)
     b.close()

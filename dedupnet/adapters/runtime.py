@@ -278,12 +278,17 @@ class Reactor:
 BEAT_EVERY = 10
 
 
-def heartbeat_due(conn: Connection, last_beat: float, interval: float) -> bool:
-    """Whether a heartbeat should go on ``conn`` now (called once per ``interval``). Any
-    message counts as a heartbeat at the receiver, so a link that carried one in the
-    last half interval needs none: on busy links heartbeats were most of the messages."""
+def beat(conn: Connection, data: bytes, interval: float) -> bool:
+    """Send heartbeat ``data`` on ``conn`` if one is due (called once per ``interval``);
+    True if it went. Any message counts as a heartbeat at the receiver, so a link that
+    carried one in the last half interval needs none (on busy links heartbeats were most
+    of the messages), except every ``BEAT_EVERY`` intervals."""
     now = trio.current_time()
-    return now - conn.last_sent >= interval / 2 or now - last_beat >= BEAT_EVERY * interval
+    if now - conn.last_sent < interval / 2 and now - conn.last_beat < BEAT_EVERY * interval:
+        return False
+    conn.send_urgent(data)
+    conn.last_beat = now
+    return True
 
 
 def heartbeat(ip: str, tasks: int | None = None, store: tuple[str, int] | None = None) -> bytes:

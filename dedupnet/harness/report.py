@@ -42,16 +42,17 @@ class SimConfig:
     seed: int = 1
     scenario: str = "default"
     timeout: float = 120.0
-    set_size: int = 400
-    set_linger: float = 0.5
+    set_size: int = 400  # smaller than the daemons' default: a small crawl still fills several sets
+    set_linger: float = SETTINGS["set_linger"].default
     gather_linger: float = SETTINGS["gather_linger"].default  # centers; 0: each host's set goes to the peers alone
     partition_policy: str | None = None  # the mode's default
-    answer_timeout: float = 2.0
+    answer_timeout: float = SETTINGS["answer_timeout"].default
     #: Fault injection: every message a host sends waits this long (hosts too busy to
     #: answer in time). 0 in a normal run.
     send_delay: float = 0.0
     #: Faults injected during the run (dedupnet/harness/faults.py): process faults need
-    #: ``--processes`` (dedupnet/harness/simproc.py); link faults go through the relay.
+    #: ``--processes`` (dedupnet/harness/simproc.py); link faults (dedupnet/harness/relay.py)
+    #: run in-process.
     faults: tuple[Fault, ...] = ()
     seeds: int = 6
     max_depth: int | None = None
@@ -60,8 +61,6 @@ class SimConfig:
     per_site_concurrency: int = 4
     concurrency: int = 16
     progress_every: float = 1.0
-    #: Faults to inject; link faults (dedupnet/harness/relay.py) run in-process.
-    faults: tuple[Fault, ...] = ()
     #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/adapters/bloom.py): every false
     #: positive of the filter is a URL never crawled, counted in ``lost URLs``.
     finish_url_filter: str = "exact"

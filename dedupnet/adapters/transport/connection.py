@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import math
 import struct
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -212,6 +213,8 @@ class Connection:
         #: trio time the last message went out whole (or the connection was made): a
         #: link that carries messages needs no heartbeat, any message is one.
         self.last_sent = now
+        #: trio time our last heartbeat went on it (runtime.beat): a new link hears one at once.
+        self.last_beat = -math.inf
         self._idle_scope: trio.CancelScope | None = None  # the writer waiting for data
         self._closing = False  # no more sends accepted (flushing or closed)
         self._closed = False  # socket closed

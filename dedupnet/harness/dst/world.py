@@ -12,7 +12,8 @@ from local_host.daemon import LocalSettings
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Ack, Frame, Register, Task
 from dedupnet.harness.cluster import center_ip, host_ip, lan
-from dedupnet.harness.report import assign_seeds
+from dedupnet.codec.settings import SETTINGS
+from dedupnet.harness.report import SimConfig, assign_seeds
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 from . import faults as fl
@@ -22,9 +23,9 @@ from .net import Network
 from .nodes import CenterNode, HostNode, Node, kind_of
 from .store import Journal
 
-#: The daemons' heartbeat settings (CenterSettings' defaults): a member silent this long leaves.
-HEARTBEAT = CenterSettings.__dataclass_fields__["heartbeat_interval"].default
-HEARTBEAT_TIMEOUT = CenterSettings.__dataclass_fields__["heartbeat_timeout"].default
+#: The daemons' heartbeat settings (the declared defaults): a member silent this long leaves.
+HEARTBEAT = SETTINGS["heartbeat_interval"].default
+HEARTBEAT_TIMEOUT = SETTINGS["heartbeat_timeout"].default
 
 
 @dataclass
@@ -41,10 +42,10 @@ class DstConfig:
     #: An explicit schedule (replaces the drawn one).
     schedule: tuple[fl.Fault, ...] | None = None
     seeds: int = 6
-    set_size: int = 400
-    set_linger: float = 0.5
-    gather_linger: float = 0.5
-    answer_timeout: float = 2.0
+    set_size: int = SimConfig.set_size
+    set_linger: float = SETTINGS["set_linger"].default
+    gather_linger: float = SETTINGS["gather_linger"].default
+    answer_timeout: float = SETTINGS["answer_timeout"].default
     partition_policy: str | None = None
     #: Virtual seconds without progress (a page answered, a URL admitted), after the last
     #: fault ended, that make a run that is not quiescent a stall.
