@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -148,29 +150,40 @@ def run_local(settings: Settings) -> int:
         return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server, warning)
 
 
+#: Seconds a daemon whose Redis died for good has to unwind before it exits anyway: a
+#: store call blocked in a worker thread (on a port that accepts and never answers) cannot
+#: be cancelled, and must not keep the process alive and stuck.
+EXIT_GRACE = 5.0
+
+
 def _run(main, daemon, server: EmbeddedRedis | None, warning: str | None = None) -> int:
     """Run ``main(daemon)`` with its embedded Redis supervised (:func:`supervise_redis`)
     and, with ``warning`` (``--insecure``), that warning repeated while it runs: 0 when
     a signal stopped it, 1 (after one line saying why) when its Redis died for good."""
-    died: list[BaseException] = []
+    died: list[RedisDied] = []
+
+    async def supervise(cancel_scope: trio.CancelScope) -> None:
+        try:
+            await supervise_redis(server, daemon.counters)
+        except RedisDied as exc:
+            died.append(exc)
+            log.critical("exiting: %s", exc)
+            exit_anyway = threading.Timer(EXIT_GRACE, os._exit, (1,))
+            exit_anyway.daemon = True
+            exit_anyway.start()
+            cancel_scope.cancel()
 
     async def supervised() -> None:
         async with trio.open_nursery() as nursery:
             if server is not None:
-                nursery.start_soon(supervise_redis, server, daemon.counters)
+                nursery.start_soon(supervise, nursery.cancel_scope)
             if warning:
                 nursery.start_soon(warn_while_running, warning)
             await main(daemon)
             nursery.cancel_scope.cancel()
 
-    try:
-        trio.run(supervised)
-    except* RedisDied as group:
-        died += group.exceptions
-    if died:
-        log.critical("exiting: %s", died[0])
-        return 1
-    return 0
+    trio.run(supervised)
+    return 1 if died else 0
 
 
 def discover_center(settings: Settings, counters: Counters) -> Answer | None:
