@@ -261,15 +261,15 @@ class FrontierQueues:
         return done | queued
 
     def _lookup(self, urls: list[str]) -> tuple[np.ndarray, np.ndarray]:
-        """Which URLs are in finish_URL, and which in task_pool:fp (queued here, ever or,
-        under a re-crawl policy, not crawled yet)."""
+        """Which URLs are in finish_URL, and which in task_pool:fp (queued here, not
+        crawled yet)."""
         batch = self.store.batch()
         fps = fingerprint_many(urls)
+        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps)  # first: see HostPools.lookup_steps
         if self.finished is not None:
             done = self.finished.contains(batch, urls, fps)
         else:
             done = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
-        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps)
         results = self.store.execute(batch)
         return done.flags(results), queued.flags(results)
 

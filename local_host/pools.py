@@ -6,13 +6,13 @@ crawled already, or carried by a frame the center acknowledged (gap 7). Frames s
 and not yet acknowledged are kept in ``URL_pool:unacked`` (number -> frame bytes) and
 ``URL_pool:unacked_ids`` (number -> the entry ids it carries), to be sent again after
 a restart. ``task_pool`` is a stream the crawler consumes; ``task_pool:fp`` the
-fingerprints of every URL ever queued there, which exact mode answers "seen" from.
+fingerprints of the URLs queued there and not yet crawled (a crawled one is in
+``finish_URL`` instead): exact mode answers "seen" from both.
 
 With a re-crawl policy (``recrawl_after``, dedupnet/adapters/recrawl.py) ``finish_URL`` is an
-:class:`~dedupnet.adapters.recrawl.AgedSet` (a URL counts as crawled for its age only) and
-``task_pool:fp`` holds the URLs queued and *not yet crawled* (the crawler removes a URL
-in the transaction that finishes it): a URL admitted again after its age must be queued
-again, while a task sent again because its ack was lost is still recognised, by either.
+:class:`~dedupnet.adapters.recrawl.AgedSet` (a URL counts as crawled for its age only):
+a URL admitted again after its age is queued again, while a task sent again because its
+ack was lost is still recognised, by either set.
 """
 
 from __future__ import annotations
@@ -132,14 +132,16 @@ class HostPools:
     def lookup_steps(self, action: hp.Lookup) -> Steps[hp.LookupDone]:
         batch = self.store.batch()
         fps = fingerprint_many(action.urls)
+        # task_pool counts as "seen" for exact mode's answers, and in both modes for
+        # incoming tasks: a task sent again (its ack was lost) is not queued twice. Read
+        # before finish_URL: a task finished between the two reads moves from the one to
+        # the other (local_host/tasks.py), and is seen in one of them.
+        use_queued = self.exact or action.token[0] == hp.OfferedTask.KIND
+        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
         if self.finished is not None:
             finished = self.finished.contains(batch, action.urls, fps)
         else:
             finished = batch.fingerprints(b"SMISMEMBER", self.store.key(FINISH_URL), fps)
-        # task_pool counts as "seen" for exact mode's answers, and in both modes for
-        # incoming tasks: a task sent again (its ack was lost) is not queued twice.
-        use_queued = self.exact or action.token[0] == hp.OfferedTask.KIND
-        queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
         seq_at = None
         if action.floor:
             seq_at = batch.add(b"EVAL", RAISE_AND_RESERVE, 1, self.store.key("number_seq"), action.floor - 1, action.sets)

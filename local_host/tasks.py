@@ -68,16 +68,23 @@ def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequen
                   chains: Sequence[str], finished: AgedSet | None) -> None:
     """Queue what records fetched tasks into a transaction: the URLs fetched for them
     (``chains``: each task URL and the redirects followed from it) into ``finish_URL``,
-    and the task entries acknowledged and deleted. Under a re-crawl policy
-    (``finished``: the aged ``finish_URL``) the task URLs also leave ``task_pool:fp``,
-    so that a later admission of them is queued again."""
+    the task URLs out of ``task_pool:fp`` and the task entries acknowledged and deleted.
+
+    A fingerprint is kept once per host: ``task_pool:fp`` holds what is queued and not
+    yet crawled, ``finish_URL`` what is crawled, and the move from one to the other is
+    one transaction, so "seen here" (either set, read ``task_pool:fp`` first) never
+    misses a URL. Under a re-crawl policy (``finished``: the aged ``finish_URL``) this
+    is also what lets a later admission of a URL be queued again."""
     key = store.key
     if chains and finished is not None:
         finished.add(batch, list(chains))
     elif chains:
         batch.fingerprints(b"SADD", key(FINISH_URL), fingerprint_many(list(chains)))
-    if finished is not None and urls:
-        batch.fingerprints(b"SREM", key(TASK_FP), fingerprint_many(list(urls)))
+    # A task whose URL did not reach finish_URL (a failure with no fetch recorded) stays
+    # in task_pool:fp, seen, as before; under a re-crawl policy it may be admitted again.
+    gone = list(urls) if finished is not None else list(set(urls) & set(chains))
+    if gone:
+        batch.fingerprints(b"SREM", key(TASK_FP), fingerprint_many(gone))
     if eids:
         batch.add(b"XACK", key(TASK_POOL), GROUP, *eids)
         batch.add(b"XDEL", key(TASK_POOL), *eids)

@@ -28,7 +28,7 @@ from dedupnet.harness import simproc  # noqa: E402
 from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
-from dedupnet.adapters.store import Store  # noqa: E402
+from dedupnet.adapters.store import FINISH_URL, Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
 SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
@@ -415,6 +415,35 @@ def test_a_scrapy_host_under_recrawl_after_re_crawls_like_a_dedupnet_crawler(red
         assert seen("found") == [True]  # crawled just now
         now[0] += age * 1.5
         assert seen("found") == [False] and seen("task") == [False]  # its age passed: admitted, queued again
+    finally:
+        sched.close("finished")
+        sched.store.close()
+
+
+def test_a_finished_task_keeps_one_fingerprint_and_stays_seen(redis_url, store):
+    """A fingerprint is stored once per host: a crawled task moves from task_pool:fp to
+    finish_URL in the transaction that finishes it, and is still seen (as a task sent
+    again and as a link found) afterwards."""
+    from dedupnet.codec.urls import fingerprint_many
+    from local_host import protocol as hp
+    from local_host.pools import TASK_FP, HostPools
+
+    pools = HostPools(store, exact=True)
+    pools.setup()
+    sched, spider, stats = _scheduler(redis_url, store.prefix)
+    sched.open(spider)
+    try:
+        u = "http://a.example/once"
+        pools.apply([hp.AddTasks((u,))])
+        assert store.fp_contains(TASK_FP, fingerprint_many([u]))[0]  # queued
+        request = sched.next_request()
+        assert request is not None and request.url == u
+        sched.book.released(set())
+        sched._done += sched.book.finished()
+        sched._flush()
+        assert store.fp_count(TASK_FP) == 0 and store.fp_count(FINISH_URL) == 1
+        for kind in ("found", hp.OfferedTask.KIND):
+            assert pools.lookup(hp.Lookup((kind, 1), (u,))).seen == [True]
     finally:
         sched.close("finished")
         sched.store.close()
