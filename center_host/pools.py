@@ -23,14 +23,12 @@ import orjson
 
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
+from dedupnet.adapters.store import ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
 from dedupnet.adapters.watermark import tagged, untag
 from dedupnet.codec.urls import fingerprint_many
 
 from . import protocol as cp
 
-ADMITTED = "admitted"
-CONCLUDED = "concluded"
 #: number -> digest of the set it concluded (own sets): tells a reused number from a repeat.
 CONCLUDED_DIGEST = "concluded_digest"
 #: host IP -> the highest sequence of its sets stored here.

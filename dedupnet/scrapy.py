@@ -259,7 +259,7 @@ def _redis_settings(settings) -> tuple[str, str, int]:
     if not prefix:
         raise NotConfigured("dedupnet.scrapy needs DEDUPNET_PREFIX (the host daemon's --prefix) "
                             "or DEDUPNET_HOST_IP (its --ip, for the default prefix)")
-    return url, prefix, settings.getint("DEDUPNET_BUCKET_BITS", 10)
+    return url, prefix, settings.getint("DEDUPNET_BUCKET_BITS", 0)
 
 
 def _build(objcls, crawler):

@@ -157,3 +157,30 @@ def test_fp_members_name_what_redis_holds(store):
     stored = {(b, m) for b, m in store.fp_members(fps)
               if m in store.redis.smembers(f"{store.key(FINISH_URL)}:{b}")}
     assert len(stored) == 20
+
+
+def test_a_store_records_its_buckets_and_every_process_reads_them_from_it(redis_url, prefix):
+    """A new store starts with few buckets (each key costs its bytes however little it
+    holds); a store written before the record keeps its old 1,024; a second process on a
+    store reads the layout the first recorded, whatever it was configured with."""
+    from dedupnet.adapters.store import LEGACY_BUCKET_BITS, NEW_STORE_BUCKET_BITS
+
+    fps = random_fps(300)
+    new = Store(redis_url, f"{prefix}:new")
+    old = Store(redis_url, f"{prefix}:old", bucket_bits=LEGACY_BUCKET_BITS)
+    try:
+        assert new.bucket_bits == NEW_STORE_BUCKET_BITS < LEGACY_BUCKET_BITS
+        assert new.fp_add(FINISH_URL, fps) == 300
+        other = Store(redis_url, f"{prefix}:new", bucket_bits=12)  # configured otherwise: the store wins
+        assert other.bucket_bits == NEW_STORE_BUCKET_BITS and other.fp_contains(FINISH_URL, fps).all()
+        other.close()
+
+        old.fp_add(FINISH_URL, fps)
+        old.redis.delete(old.key("fp_bucket_bits"))  # as a store written before the record
+        upgraded = Store(redis_url, f"{prefix}:old")
+        assert upgraded.bucket_bits == LEGACY_BUCKET_BITS and upgraded.fp_contains(FINISH_URL, fps).all()
+        upgraded.close()
+    finally:
+        for s in (new, old):
+            s.delete_prefix()
+            s.close()

@@ -30,7 +30,7 @@ log = logging.getLogger("dedupnet.adapters.runtime")
 
 
 @contextlib.contextmanager
-def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 10,
+def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 0,
                durable_acks: bool = False) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
     """A store on ``redis_url``, or on an embedded server (persistent when it has a
     ``data_dir``), and that server (None with ``redis_url``): the daemon runs

@@ -34,6 +34,7 @@ import orjson
 import trio
 
 from dedupnet.adapters.levels import Levels
+from dedupnet.adapters.store import glob_escape
 from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, Route, render_prometheus, serve_http
 
 log = logging.getLogger("dedupnet.adapters.status_page")
@@ -120,7 +121,6 @@ def recent_errors() -> RecentErrors:
 
 # -- Redis memory per key family -----------------------------------------------------------
 _NUMERIC = re.compile(r"^\d+$")
-_GLOB = re.compile(r"([\\*?\[\]])")
 
 
 def key_family(rest: str) -> str:
@@ -137,7 +137,7 @@ def key_memory(server: Any, prefix: str, *, cluster: bool = False) -> dict[str, 
     SCAN, keyed by the name after ``<prefix>:``. On a Redis Cluster a daemon's own keys
     carry their prefix as a hash tag (``{<prefix>}:pool``, or ``{<prefix>:center1}:pool``
     for a run's prefix): those are found too, their braces dropped."""
-    escaped = _GLOB.sub(r"\\\1", prefix)
+    escaped = glob_escape(prefix)
     patterns = [f"{escaped}:*"] + ([f"{{{escaped}:*", f"{{{escaped}}}:*"] if cluster else [])
     keys = sorted({k.decode() for pattern in patterns for k in server.scan_iter(match=pattern, count=1000)})
     sizes: dict[str, int] = {}

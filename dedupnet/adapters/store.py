@@ -59,6 +59,7 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
+import re
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -74,7 +75,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.codec.pools import (  # noqa: F401 - re-exported: the pools' key names
-    DIST_REDUCE_POOL, FINISH_URL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL,
+    ADMITTED, CONCLUDED, DIST_REDUCE_POOL, FINISH_URL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL,
 )
 from dedupnet.adapters.watermark import WATERMARK
 
@@ -123,6 +124,17 @@ _MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
 #: With fewer bucket bits a member (64 - bits bits + the offset) needs more than 17 digits.
 MIN_BUCKET_BITS = 8
 MAX_BUCKET_BITS = 24
+#: ``bucket_bits`` unset: a new store starts with this many, one written before a store
+#: recorded its layout has :data:`LEGACY_BUCKET_BITS`. Each bucket key costs ~80 bytes
+#: whatever it holds, so on a small crawl the buckets, not the fingerprints, were most
+#: of a set; a bigger bucket only makes an insert move more of its intset.
+NEW_STORE_BUCKET_BITS = MIN_BUCKET_BITS
+LEGACY_BUCKET_BITS = 10
+#: The store's record of its buckets (``<prefix>:fp_bucket_bits``): every process of a
+#: host (daemon, crawler, Scrapy spider) reads the layout from it, not from its settings.
+BUCKET_BITS = "fp_bucket_bits"
+#: The fingerprint sets a store may hold, looked for when it has no record yet.
+FP_SETS = (FINISH_URL, f"{TASK_POOL}:fp", ADMITTED, CONCLUDED)
 
 
 def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnectionError) -> list:
@@ -335,17 +347,20 @@ class Store:
         url: str,
         prefix: str,
         *,
-        bucket_bits: int = 10,
+        bucket_bits: int | None = None,
         retry: RetryPolicy = RetryPolicy(),
         socket_timeout: float = 30.0,
     ):
         if is_cluster_url(url):
             raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.store_choice.store_for")
-        if not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
+        if bucket_bits and not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
             raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")
         self.url = url
         self.prefix = prefix
-        self.bucket_bits = bucket_bits
+        #: What was asked for (None or 0: the store's record, else the default for its age);
+        #: :attr:`bucket_bits` is what the store holds, read from it on first use.
+        self.requested_bits = bucket_bits or None
+        self._bits: int | None = None
         self.retry = retry
         self.socket_timeout = socket_timeout
         self.redis = redis.Redis.from_url(
@@ -353,6 +368,37 @@ class Store:
         )
         self.round_trips = 0
         self.reconnects = 0
+
+    @property
+    def bucket_bits(self) -> int:
+        if self._bits is None:
+            self._bits = self._with_retry(self._adopt_bucket_bits)
+        return self._bits
+
+    @bucket_bits.setter
+    def bucket_bits(self, bits: int) -> None:
+        self._bits = bits
+
+    def _adopt_bucket_bits(self) -> int:
+        """The store's recorded bucket bits, recorded first if it has none: the bits asked
+        for, else :data:`NEW_STORE_BUCKET_BITS` for a store without fingerprint sets and
+        :data:`LEGACY_BUCKET_BITS` for one written before the record (its old default).
+        ``SET NX``: processes opening one store at once agree on the first one's."""
+        key = self.key(BUCKET_BITS)
+        recorded = self.redis.get(key)
+        if recorded is None:
+            bits = self.requested_bits
+            if bits is None:
+                held = any(next(self.redis.scan_iter(match=f"{glob_escape(self.fp_key(name))}:*", count=1000), None)
+                           for name in FP_SETS)
+                bits = LEGACY_BUCKET_BITS if held else NEW_STORE_BUCKET_BITS
+            self.redis.set(key, bits, nx=True)
+            recorded = self.redis.get(key)
+        bits = int(recorded)
+        if self.requested_bits is not None and bits != self.requested_bits:
+            log.warning("Redis at %s, %s: its fingerprint sets have %d bucket bits; bucket_bits = %d is not used",
+                        self.url, self.prefix, bits, self.requested_bits)
+        return bits
 
     def key(self, pool: str) -> str:
         return f"{self.prefix}:{pool}"
@@ -641,6 +687,14 @@ class Store:
         for keys in _chunked(self.redis.scan_iter(match=f"{self.prefix}:*", count=1000), 1000):
             removed += self.redis.unlink(*keys)
         return removed
+
+
+_GLOB = re.compile(r"([\\*?\[\]])")
+
+
+def glob_escape(text: str) -> str:
+    """``text`` as a literal in a SCAN ``MATCH`` pattern."""
+    return _GLOB.sub(r"\\\1", text)
 
 
 def _chunked(it: Iterable[T], n: int) -> Iterator[list[T]]:

@@ -12,14 +12,18 @@ from typing import Any
 
 from dedupnet.adapters.aio import AsyncStore
 from dedupnet.adapters.redis_cluster import AsyncClusterStore, ClusterStore
-from dedupnet.adapters.store import Store, is_cluster_url
+from dedupnet.adapters.store import LEGACY_BUCKET_BITS, Store, is_cluster_url
 
 __all__ = ["store_for", "on_trio"]
 
 
 def store_for(url: str, prefix: str, **options: Any) -> Store:
-    """The store of ``url`` under ``prefix`` (``Store``'s keyword options)."""
-    return (ClusterStore if is_cluster_url(url) else Store)(url, prefix, **options)
+    """The store of ``url`` under ``prefix`` (``Store``'s keyword options). A cluster's
+    buckets are spread over its masters by name: it keeps the layout it always had."""
+    if is_cluster_url(url):
+        options["bucket_bits"] = options.get("bucket_bits") or LEGACY_BUCKET_BITS
+        return ClusterStore(url, prefix, **options)
+    return Store(url, prefix, **options)
 
 
 def on_trio(store: Store, **options: Any) -> AsyncStore:

@@ -10,3 +10,6 @@ URL_POOL = "URL_pool"
 TASK_URL = "task_URL"
 LOCAL_REDUCE_POOL = "local_reduce_pool"
 DIST_REDUCE_POOL = "dist_reduce_pool"
+#: A center's fingerprint sets: the URLs it admitted, the numbers it concluded.
+ADMITTED = "admitted"
+CONCLUDED = "concluded"

@@ -160,7 +160,8 @@ _LIST = (
     _s("peers", list, None, "another network's center and its LAN (repeat per peer)", CENTER, flag="--peer",
        metavar="NET,HOST:PORT,CIDR", items='"NETWORK,HOST:PORT,CIDR" strings, e.g. ["2,10.2.0.1:7700,10.2.0.0/24"]'),
     # -- the store --------------------------------------------------------------------
-    _s("bucket_bits", int, 10, "fingerprint sets are split into 2**bucket_bits Redis sets (8..24)", *_ALL, flag=""),
+    _s("bucket_bits", int, 0, "fingerprint sets are split into 2**bucket_bits Redis sets (8..24) in a new store "
+       "(0: 8, or 10 in a store written before stores recorded it; a store keeps what it recorded)", *_ALL, flag=""),
     _s("finish_url_filter", str, "exact", "a host's finish_URL: exact, or bloom (less memory; each false positive "
        "is a URL never crawled)", LOCAL, PUSH, choices=("exact", "bloom")),
     _s("bloom_capacity", int, 10_000_000, "URLs the Bloom filter is sized for", LOCAL, PUSH, metavar="N"),

@@ -61,8 +61,8 @@ class _Checked:
                 ipaddress.IPv4Address(self.discovery_address)
             except ValueError:
                 raise ValueError(f"discovery_address must be an IPv4 address, not {self.discovery_address!r}") from None
-        if not 8 <= self.bucket_bits <= 24:
-            raise ValueError("bucket_bits must be within 8..24")
+        if self.bucket_bits and not 8 <= self.bucket_bits <= 24:
+            raise ValueError("bucket_bits must be 0 (the store's) or within 8..24")
         if self.set_size > self.max_urls_per_set:
             raise ValueError("set_size cannot exceed max_urls_per_set")
         from dedupnet.adapters.bloom import spec_from
