@@ -19,7 +19,8 @@ import time
 import numpy as np
 
 from dedupnet.adapters.store_choice import store_for
-from dedupnet.adapters.embedded import EmbeddedCluster, EmbeddedRedis
+from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.embedded_cluster import EmbeddedCluster
 from dedupnet.adapters.store import FINISH_URL
 
 

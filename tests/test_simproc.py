@@ -65,9 +65,9 @@ async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(re
         spawned.append(proc)
         return proc
 
-    real_spawn = simproc._spawn
+    real_spawn = simproc.spawn
     monkeypatch.setattr(simproc, "SyntheticWeb", RecordingWeb)
-    monkeypatch.setattr(simproc, "_spawn", spawn)
+    monkeypatch.setattr(simproc, "spawn", spawn)
     me = os.getpid()
     children_before = _children(me)
     servers_before = server_processes(lambda ppid, cwd, cmdline: ppid == me)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import trio
 
-from dedupnet.adapters.embedded import _free_port, _spawn
+from dedupnet.adapters.children import free_port, spawn
 from dedupnet.adapters.store import Store
 from dedupnet.harness import simproc
 from dedupnet.harness.report import SimConfig, assign_seeds
@@ -88,7 +88,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
         services = {}
         for h in hosts:
             if frontier:
-                services[h.name] = f"{h.name}:{_free_port(h.name)}"
+                services[h.name] = f"{h.name}:{free_port(h.name)}"
                 h.argv += ["--no-crawl", "--frontier", services[h.name]]
             elif path == "scrapy":
                 h.argv.append("--no-crawl")
@@ -108,7 +108,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
                             "--workers", str(workers)] + [a for u in plan[h.name] for a in ("--seed", u)]
                     logs[h.name] = logdir / f"client-{h.name}.log"
                     with open(logs[h.name], "ab") as log:
-                        clients[h.name] = _spawn(argv, stdin=subprocess.DEVNULL, stdout=log,
+                        clients[h.name] = spawn(argv, stdin=subprocess.DEVNULL, stdout=log,
                                                  stderr=subprocess.STDOUT, cwd=logdir, env=env)
             else:
                 for s in spiders:

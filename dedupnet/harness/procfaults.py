@@ -43,7 +43,8 @@ from typing import Awaitable, Callable
 
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis, _free_port
+from dedupnet.adapters.children import free_port
+from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.harness.faults import PROCESS_FAULTS, Fault, format_fault
 
 __all__ = ["FaultRunner", "KillableRedis", "FaultRecord"]
@@ -56,7 +57,7 @@ class KillableRedis:
     daemons' clients look for it."""
 
     def __init__(self, data_dir: Path):
-        self.server = EmbeddedRedis(persistent=True, data_dir=data_dir, port=_free_port("127.0.0.1"))
+        self.server = EmbeddedRedis(persistent=True, data_dir=data_dir, port=free_port("127.0.0.1"))
         self.kills = 0
 
     def start(self) -> str:

@@ -79,7 +79,7 @@ def run(args) -> int:
     modes = MODES if args.compare else (args.mode,)
     reports = []
     if args.redis_cluster:
-        from dedupnet.adapters.embedded import EmbeddedCluster
+        from dedupnet.adapters.embedded_cluster import EmbeddedCluster
 
         server_cm = EmbeddedCluster(args.redis_cluster)
     else:

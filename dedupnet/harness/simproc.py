@@ -59,7 +59,7 @@ from local_host.pools import HostPools
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring, keyring_from, new_key_line, write_key_file
 from dedupnet.harness.cluster import center_ip, host_ip, lan
-from dedupnet.adapters.embedded import _free_port, _spawn
+from dedupnet.adapters.children import free_port, spawn
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Register, Status
 from dedupnet.codec.settings import CENTER, LOCAL, SETTINGS, SIM
@@ -158,8 +158,8 @@ class Daemon:
         with open(self.log_path, "ab") as log:
             log.write(f"$ {' '.join(self.argv)}\n".encode())
             log.flush()
-            # _spawn: PR_SET_PDEATHSIG, so a daemon dies with the harness even if it is killed outright.
-            self.proc = _spawn(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            # spawn: PR_SET_PDEATHSIG, so a daemon dies with the harness even if it is killed outright.
+            self.proc = spawn(self.argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                cwd=cwd, env=env)
 
     def alive(self) -> bool:
@@ -335,7 +335,7 @@ def _link_records(cfg: SimConfig, links: LinkFaults, trio_t0: float, end: float)
 def _center_ports(cfg: SimConfig) -> dict[int, int]:
     """A port free now for each center (it binds it a moment later; a lost race shows as
     a daemon exiting at start, reported with its log)."""
-    return {n: _free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
+    return {n: free_port(center_ip(n)) for n in range(1, cfg.networks + 1)}
 
 
 def _tls_flags(cfg: SimConfig, tls_dir: Path | None, role: str, network: int) -> list[str]:
@@ -391,7 +391,7 @@ def _plan(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, ports: dict
     for n in range(1, cfg.networks + 1):
         for i in range(cfg.hosts):
             ip = host_ip(n, i)
-            port = _free_port(ip)
+            port = free_port(ip)
             center_host, center_port = via.get(host_name(n, i), (center_ip(n), ports[n]))
             data_dir = (disk_dir(logdir, f"host:{n}.{i}") if power else
                         logdir / f"redis-{ip}" if f"host:{n}.{i}" in own else None)
