@@ -42,7 +42,7 @@ on trio sockets (``dedupnet.adapters.aio.AsyncStore.drive``, no worker thread). 
 ``Store("redis+cluster://host:port", ...)`` returns a
 :class:`~dedupnet.adapters.redis_cluster.ClusterStore`: the same API on a Redis Cluster, keys
 hash-tagged by prefix, buckets spread over the masters, a batch one round trip per node
-(dedupnet/adapters/redis_cluster.py). A store's ``finish_URL`` may be a Bloom filter
+(dedupnet/adapters/redis_cluster/). A store's ``finish_URL`` may be a Bloom filter
 (``finish_filter``, dedupnet/adapters/bloom.py): :meth:`Batch.fingerprints` on its key is then
 turned into ``BITFIELD`` commands, so callers do not change.
 
@@ -143,7 +143,7 @@ def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnect
 
 def is_cluster_url(url: str | None) -> bool:
     """``redis+cluster://`` (or ``rediss+cluster://``): a Redis Cluster, see
-    dedupnet/adapters/redis_cluster.py."""
+    dedupnet/adapters/redis_cluster/."""
     return isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
 
 
@@ -245,9 +245,13 @@ class Batch:
         if self.bloom is not None and key == self.bloom.key:
             return self.bloom.queue(self, command, fps)
         fps = np.asarray(fps, dtype=np.uint64)
-        first = self._replies
         if len(fps) == 0:
-            return FingerprintReplies(first, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+            return FingerprintReplies(self._replies, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        return self._bucket_commands(command, key, fps)
+
+    def _bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
+        """``command`` for each bucket of ``fps`` (not empty), laid out for one server."""
+        first = self._replies
         buckets, order, starts, ends, view = self._records(fps)
         heads = _bucket_heads(command, key)
         append = self._chunks.append
@@ -341,6 +345,13 @@ class Store:
     ):
         if is_cluster_url(url):
             raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.store_choice.store_for")
+        self._settle(url, prefix, bucket_bits, retry, socket_timeout)
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, protocol=2
+        )
+
+    def _settle(self, url: str, prefix: str, bucket_bits: int, retry: RetryPolicy, socket_timeout: float) -> None:
+        """What every store keeps of its arguments (a cluster's too), checked."""
         if not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
             raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")
         self.url = url
@@ -348,9 +359,6 @@ class Store:
         self.bucket_bits = bucket_bits
         self.retry = retry
         self.socket_timeout = socket_timeout
-        self.redis = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, protocol=2
-        )
         self.round_trips = 0
         self.reconnects = 0
 
