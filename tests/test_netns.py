@@ -43,7 +43,7 @@ import trio
 
 from dedupnet.service.daemons import fetch_status
 from dedupnet.adapters.children import spawn
-from dedupnet.harness.simproc import _quiet
+from dedupnet.harness.procdaemons import is_quiet
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 from . import netns
@@ -175,7 +175,7 @@ class Daemon:
 
 def quiet(d: Daemon) -> bool:
     """The --processes simulation's rule, on the status this test polled."""
-    return _quiet(d, d.status)
+    return is_quiet(d, d.status)
 
 
 async def poll_all(lab: Lab, daemons: list[Daemon]) -> None:

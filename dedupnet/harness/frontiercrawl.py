@@ -25,7 +25,7 @@ import trio
 
 from dedupnet.adapters.children import free_port, spawn
 from dedupnet.adapters.store import Store
-from dedupnet.harness import simproc
+from dedupnet.harness import procdaemons, procplan, simproc
 from dedupnet.harness.report import SimConfig, assign_seeds
 from dedupnet.harness.scrapyhost import Spider
 from dedupnet.harness.web import Reach, SyntheticWeb, WebSpec
@@ -76,7 +76,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
         raise ValueError(f"path must be one of {PATHS}, not {path!r}")
     frontier = path == "frontier"
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
-    env = simproc._env()
+    env = procplan.daemon_env()
     clients: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
     spiders: list[Spider] = []
@@ -84,7 +84,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
         await nursery.start(web.serve)
         seeds = web.seeds(cfg.seeds)
         reach = web.reachable_detail(seeds)
-        centers, hosts = simproc._plan(cfg, redis_url, prefix, logdir)
+        centers, hosts = procplan.plan_daemons(cfg, redis_url, prefix, logdir)
         services = {}
         for h in hosts:
             if frontier:
@@ -98,7 +98,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
                     "-s", "DOWNLOAD_DELAY=0")))
         daemons = centers + hosts
         try:
-            await simproc._start(centers, hosts, logdir, env, 60)
+            await procdaemons.start_all(centers, hosts, logdir, env, 60)
             plan = assign_seeds([h.name for h in hosts], seeds)
             for d in daemons:
                 d.mark_cpu()
@@ -119,7 +119,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
                         await trio.sleep(0.1)
                         for s in spiders:
                             if not s.alive():
-                                raise simproc.DaemonFailed(f"the spider of {s.ip} exited: {s.log_path}")
+                                raise procdaemons.DaemonFailed(f"the spider of {s.ip} exited: {s.log_path}")
                 if scope.cancelled_caught:
                     raise TimeoutError(f"a spider did not take up its host in 60 s; logs in {logdir}")
                 for ip, urls in plan.items():
@@ -130,16 +130,16 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
                     await trio.sleep(0.2)
                     for name, proc in clients.items():
                         if proc.poll() is not None:
-                            raise simproc.DaemonFailed(f"the crawler of {name} exited: {logs[name]}")
-                    st = await simproc._poll_all(daemons)
+                            raise procdaemons.DaemonFailed(f"the crawler of {name} exited: {logs[name]}")
+                    st = await procdaemons.poll_all(daemons)
                     # Not quiescent before the first page: the seeds may still be on their way in.
                     quiet = quiet + 1 if web.answer_counts and all(
-                        simproc._quiet(d, st.get(d.name)) for d in daemons) else 0
+                        procdaemons.is_quiet(d, st.get(d.name)) for d in daemons) else 0
             if scope.cancelled_caught:
                 raise TimeoutError(f"not quiescent after {timeout:.0f} s; {len(web.answer_counts)} of "
                                    f"{len(reach.fetched)} URLs fetched; logs in {logdir}")
             daemon_cpu = sum(d.cpu_used() for d in daemons)
-            client_cpu = {name: simproc.cpu_seconds(p.pid) for name, p in clients.items()}
+            client_cpu = {name: procdaemons.cpu_seconds(p.pid) for name, p in clients.items()}
         finally:
             for s in spiders:
                 s.stop()
@@ -152,7 +152,7 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            await simproc._stop(daemons, 15)
+            await procdaemons.stop_all(daemons, 15)
             keys = Store(redis_url, prefix)
             keys.delete_prefix()
             keys.close()

@@ -109,7 +109,7 @@ class FaultRunner:
     a daemon is down or frozen)."""
 
     faults: list[Fault]
-    daemons: dict[str, object]  # target -> simproc.Daemon ("host:1.0", "center:1")
+    daemons: dict[str, object]  # target -> procdaemons.Daemon ("host:1.0", "center:1")
     restart: Callable[[object], Awaitable[None]]  # start a killed daemon again, wait for its status port
     redis: KillableRedis | None
     t0: float

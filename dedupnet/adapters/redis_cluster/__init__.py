@@ -41,7 +41,9 @@ script), which they are. Within a daemon the reactor awaits each event's writes 
 the next look-up, so the daemon itself never sees half an event.
 """
 
-from dedupnet.adapters.redis_cluster.plan import REDO, Pause, Plan, Refresh, Wave, execute_plan, replay_redo, run_commands
+from dedupnet.adapters.redis_cluster.plan import (
+    REDO, Pause, Plan, Refresh, Wave, execute_plan, replay_redo, run_commands,
+)
 from dedupnet.adapters.redis_cluster.slots import (
     SLOTS,
     Addr,
