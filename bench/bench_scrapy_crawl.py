@@ -52,7 +52,7 @@ import redis
 import trio
 
 from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.harness import simproc
+from dedupnet.harness import procdaemons, procplan
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.scrapyhost import EXAMPLE
 from dedupnet.harness.web import SyntheticWeb, WebSpec
@@ -74,12 +74,12 @@ def redis_bytes(url: str) -> tuple[int, int]:
 
 async def one_run(side: str, args, logdir: Path) -> dict:
     web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=0)
-    env = simproc._env()
+    env = procplan.daemon_env()
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "bench"), env["PYTHONPATH"]])
     with EmbeddedRedis() as url, tempfile.TemporaryDirectory(dir=logdir) as tmp:
         tmp = Path(tmp)
         _, base = redis_bytes(url)
-        daemons: list[simproc.Daemon] = []
+        daemons: list[procdaemons.Daemon] = []
         procs: list[subprocess.Popen] = []
         async with trio.open_nursery() as nursery:
             await nursery.start(web.serve)
@@ -88,11 +88,11 @@ async def one_run(side: str, args, logdir: Path) -> dict:
             if side == "dedupnet":
                 cfg = SimConfig(networks=args.networks, hosts=args.spiders // args.networks, pages=args.pages,
                                 sites=args.sites, seed=args.seed)
-                centers, hosts = simproc._plan(cfg, url, "bench", tmp)
+                centers, hosts = procplan.plan_daemons(cfg, url, "bench", tmp)
                 for h in hosts:
                     h.argv.append("--no-crawl")
                 daemons = centers + hosts
-                await simproc._start(centers, hosts, tmp, env, 60)
+                await procdaemons.start_all(centers, hosts, tmp, env, 60)
                 center = "%s:%d" % centers[0].address
                 argvs = [["-s", f"DEDUPNET_REDIS_URL={url}", "-s", f"DEDUPNET_PREFIX={h.prefix}",
                           "-s", f"DEDUPNET_CONSUMER={h.name}", "-s", f"DEDUPNET_CENTER={center}",
@@ -130,7 +130,7 @@ async def one_run(side: str, args, logdir: Path) -> dict:
                     p.wait()
             keys, used = redis_bytes(url)
             if daemons:
-                await simproc._stop(daemons, 15)
+                await procdaemons.stop_all(daemons, 15)
             nursery.cancel_scope.cancel()
     answered = set(web.answer_counts)
     urls = len(reach.fetched)

@@ -60,7 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="dedupnet", description="Redis-based URL de-duplication across crawler hosts and networks.")
     parser.add_argument("--version", action="version", version=f"dedupnet {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="<command>", required=True)
+    # In the order --help lists them.
+    _add_daemon_commands(sub)
+    _add_status_command(sub)
+    _add_reassign_command(sub)
+    _add_pool_commands(sub)
+    _add_tool_commands(sub)
+    _add_simulation_commands(sub)
+    return parser
 
+
+def _add_daemon_commands(sub: argparse._SubParsersAction) -> None:
     center = sub.add_parser(CENTER, help="run a network's center daemon",
                             description="The center of one LAN: de-dups among its hosts (§2.3) and with the "
                                         "other networks (§2.4), and hands admitted URLs to its hosts.")
@@ -70,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "requests (§2.3), receives tasks into its task_pool and crawls them.")
     add_settings_flags(local, LOCAL)
 
+
+def _add_status_command(sub: argparse._SubParsersAction) -> None:
     status = sub.add_parser("status", help="show a running daemon's pools, members, sets and counters",
                             description="Asks a running center or host for its pools, members, sets in flight "
                                         "and counters.")
@@ -85,6 +97,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "is complete, in progress or stuck and why (exit status 0, 3 or 4)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
 
+
+def _add_reassign_command(sub: argparse._SubParsersAction) -> None:
     reassign = sub.add_parser("reassign", help="hand a gone host's tasks to the live hosts of its LAN",
                               description="Tells a host's center that the host is gone: the tasks the center "
                                           "assigned to it and it has not acknowledged, and with --data-dir the "
@@ -108,6 +122,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="without --data-dir: move only what the center holds; the host's own task_pool "
                                "stays in its Redis, crawled only if it starts again")
 
+
+def _add_pool_commands(sub: argparse._SubParsersAction) -> None:
     for name, what in (("push", "put URLs into a host's URL_pool (what a crawler does)"),
                        ("finish", "record URLs as crawled in a host's finish_URL")):
         p = sub.add_parser(name, help=what, description=what[0].upper() + what[1:] + ".")
@@ -118,6 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the host daemon's --data-dir: its embedded Redis is used (or give --redis)")
         add_settings_flags(p, PUSH)
 
+
+def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     certs = sub.add_parser("certs", help="make a CA, TLS certificates and LAN keys for a deployment",
                            description="Makes a small CA (reused if DIR has one) and a certificate and key per "
                                        "network's center, naming its network id (URI dedupnet://network/N), "
@@ -137,6 +155,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--seed", type=int, default=1, help="seed of the URL stream (default: 1)")
     add_settings_flags(demo, DEMO)
 
+
+def _add_simulation_commands(sub: argparse._SubParsersAction) -> None:
     sim = sub.add_parser("sim", help="a whole multi-network crawl on this machine, with a report",
                          description="Stands up a synthetic web, an embedded Redis, L centers and LxH hosts "
                                      "with crawlers on loopback, crawls to the end and reports duplicates, "
@@ -158,8 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     from dedupnet.harness.dst.cli import add_arguments as add_simulate_arguments
 
     add_simulate_arguments(simulate)
-
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

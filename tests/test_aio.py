@@ -8,7 +8,8 @@ from redis.exceptions import ResponseError
 
 from dedupnet.adapters import aio
 from dedupnet.adapters.aio import AsyncStore
-from dedupnet.adapters.embedded import EmbeddedRedis, _free_port
+from dedupnet.adapters.children import free_port
+from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.adapters.runtime import Reactor
 from dedupnet.adapters.store import FINISH_URL, URL_POOL, RetryPolicy, Store
@@ -307,7 +308,7 @@ async def test_a_restarted_server_still_loading_is_waited_for_not_read_as_data(t
     as flags and the daemon exited). The native driver must wait and send again, as the
     synchronous store does (store.raise_if_loading). Real time: a real server loading
     2,000 keys at 1 ms each, answering clients every 1 KiB it reads."""
-    server = EmbeddedRedis(persistent=True, data_dir=tmp_path, port=_free_port("127.0.0.1"), config={
+    server = EmbeddedRedis(persistent=True, data_dir=tmp_path, port=free_port("127.0.0.1"), config={
         "key-load-delay": "1000", "loading-process-events-interval-bytes": "1024"})
     url = server.start()
     store = Store(url, prefix, retry=RetryPolicy(attempts=60, first_delay=0.05, max_delay=0.2))

@@ -16,7 +16,7 @@ pytest.importorskip("grpc")
 pytest.importorskip("grpc_tools")
 pytest.importorskip("scrapy")
 
-from dedupnet.harness import simproc  # noqa: E402
+from dedupnet.harness import procplan  # noqa: E402
 
 SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "bench_frontier.py"
 
@@ -24,7 +24,7 @@ SCRIPT = Path(__file__).resolve().parent.parent / "bench" / "bench_frontier.py"
 def test_the_benchmark_crawls_the_same_web_whole_on_all_three_paths(tmp_path):
     out = subprocess.run([sys.executable, str(SCRIPT), "--pages", "60", "--sites", "3", "--seeds", "2",
                           "--workers", "4", "--networks", "1", "--timeout", "60"],
-                         capture_output=True, text=True, timeout=180, cwd=tmp_path, env=simproc._env())
+                         capture_output=True, text=True, timeout=180, cwd=tmp_path, env=procplan.daemon_env())
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in out.stdout.splitlines()
             if line.startswith("| ") and not line.startswith("| path")]

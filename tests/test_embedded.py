@@ -327,9 +327,9 @@ def test_a_port_race_is_retried_with_another_port(servers, monkeypatch):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         taken = busy.getsockname()[1]
-        real = embedded._free_port
+        real = embedded.free_port
         picks = iter([taken, taken])
-        monkeypatch.setattr(embedded, "_free_port", lambda host: next(picks, None) or real(host))
+        monkeypatch.setattr(embedded, "free_port", lambda host: next(picks, None) or real(host))
         srv, url = servers()
         assert _port_of(url) != taken
         assert _client(url).ping()
@@ -348,14 +348,14 @@ def test_startup_timeout_kills_the_process_and_shows_its_output(tmp_path, monkey
     fake = _fake_binary(tmp_path, "valkey-server", 'echo "fake server starting"\nexec sleep 60')
     monkeypatch.setattr(embedded, "find_server_binary", lambda: fake)
     spawned = []
-    real_spawn = embedded._spawn
+    real_spawn = embedded.spawn
 
     def spy(argv, **kwargs):
         proc = real_spawn(argv, **kwargs)
         spawned.append(proc)
         return proc
 
-    monkeypatch.setattr(embedded, "_spawn", spy)
+    monkeypatch.setattr(embedded, "spawn", spy)
     t0 = time.monotonic()
     with pytest.raises(EmbeddedRedisError, match="fake server starting") as info:
         EmbeddedRedis(startup_timeout=0.5).start()

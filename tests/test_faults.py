@@ -1,5 +1,5 @@
 """Faults as scenarios (issue #9): the vocabulary (dedupnet/harness/faults.py), the harness's own
-invariant check (dedupnet.harness.report.check_extracted), and every process fault on real daemon
+invariant check (dedupnet.harness.crawlchecks.check_extracted), and every process fault on real daemon
 processes (dedupnet/harness/simproc.py, dedupnet/harness/procfaults.py): 0 duplicates, 0 lost, quiescent."""
 
 import io
@@ -12,7 +12,8 @@ from redis.exceptions import BusyLoadingError, ResponseError
 
 from dedupnet.harness.faults import (FAULTS, LINK_FAULTS, PROCESS_FAULTS, Fault, chaos_schedule, format_fault,
                              parse_fault, resolve)
-from dedupnet.harness.report import SimConfig, check_extracted
+from dedupnet.harness.crawlchecks import check_extracted
+from dedupnet.harness.report import SimConfig
 from dedupnet.harness.powercut import unavailable
 from dedupnet.harness.simproc import SUPPORTED_FAULTS, check_faults, simulate_processes
 from dedupnet.adapters.store import raise_if_loading

@@ -42,8 +42,8 @@ import pytest
 import trio
 
 from dedupnet.service.daemons import fetch_status
-from dedupnet.adapters.embedded import _spawn
-from dedupnet.harness.simproc import _quiet
+from dedupnet.adapters.children import spawn
+from dedupnet.harness.procdaemons import is_quiet
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 from . import netns
@@ -148,9 +148,9 @@ class Daemon:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
                    PYTHONUNBUFFERED="1")
         with open(self.log, "ab") as log:
-            # _spawn: PR_SET_PDEATHSIG, so the daemon dies with the test even if it is killed outright
+            # spawn: PR_SET_PDEATHSIG, so the daemon dies with the test even if it is killed outright
             # (`ip netns exec` execs the command: the pid is the daemon's).
-            self.proc = _spawn(lab.exec_argv(self.ns, self.argv), stdin=subprocess.DEVNULL, stdout=log,
+            self.proc = spawn(lab.exec_argv(self.ns, self.argv), stdin=subprocess.DEVNULL, stdout=log,
                                stderr=subprocess.STDOUT, cwd=cwd, env=env)
 
     def check_alive(self) -> None:
@@ -175,7 +175,7 @@ class Daemon:
 
 def quiet(d: Daemon) -> bool:
     """The --processes simulation's rule, on the status this test polled."""
-    return _quiet(d, d.status)
+    return is_quiet(d, d.status)
 
 
 async def poll_all(lab: Lab, daemons: list[Daemon]) -> None:

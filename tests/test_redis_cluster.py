@@ -23,7 +23,7 @@ import redis
 import trio
 
 from dedupnet.adapters.store_choice import on_trio, store_for
-from dedupnet.adapters.embedded import EmbeddedCluster
+from dedupnet.adapters.embedded_cluster import EmbeddedCluster
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.adapters.redis_cluster import (
     AsyncClusterStore,

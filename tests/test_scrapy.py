@@ -24,7 +24,7 @@ pytest.importorskip("scrapy")
 
 from scrapy import Request  # noqa: E402
 
-from dedupnet.harness import simproc  # noqa: E402
+from dedupnet.harness import procdaemons, procplan, simproc  # noqa: E402
 from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
@@ -51,10 +51,10 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
     cfg = SimConfig(networks=2, hosts=2, pages=300, sites=6, seed=5, set_size=100, set_linger=0.2,
                     concurrency=8)
     prefix = f"scrapytest-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    env = simproc._env()
+    env = procplan.daemon_env()
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)
-        centers, hosts = simproc._plan(cfg, redis_url, prefix, tmp_path)
+        centers, hosts = procplan.plan_daemons(cfg, redis_url, prefix, tmp_path)
         hosts = [h for h in hosts if h.name in (*SCRAPY_HOSTS, CRAWLER_HOST)]
         for h in hosts:
             if h.name in SCRAPY_HOSTS:
@@ -67,7 +67,7 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
         killed = 0
         server = redis.Redis.from_url(redis_url)
         try:
-            await simproc._start(centers, hosts, tmp_path, env, 60)
+            await procdaemons.start_all(centers, hosts, tmp_path, env, 60)
             for s in spiders:
                 s.start(env)
             with trio.move_on_after(30):
@@ -101,9 +101,9 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
                     await trio.sleep(0.2)
                     for s in spiders:
                         assert s.alive(), f"spider on {s.ip} exited:\n{s.log()[-3000:]}"
-                    st = await simproc._poll_all(daemons)
+                    st = await procdaemons.poll_all(daemons)
                     done = all(_scrapy_host_quiet(st[ip]) for ip in SCRAPY_HOSTS) and all(
-                        simproc._quiet(d, st[d.name]) for d in daemons if d.name not in SCRAPY_HOSTS)
+                        procdaemons.is_quiet(d, st[d.name]) for d in daemons if d.name not in SCRAPY_HOSTS)
                     quiet = quiet + 1 if done else 0
             logs = "\n".join(f"--- {s.ip}\n{s.log()[-4000:]}" for s in spiders)
             assert not scope.cancelled_caught, f"not quiescent after 60 s; {len(web.answer_counts)} of " \
@@ -111,7 +111,7 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
         finally:
             for s in spiders:
                 s.stop()
-            await simproc._stop(daemons, 15)
+            await procdaemons.stop_all(daemons, 15)
             for name in [d.prefix for d in daemons]:
                 store = Store(redis_url, name)
                 store.delete_prefix()

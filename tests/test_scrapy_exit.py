@@ -19,7 +19,7 @@ import trio
 
 pytest.importorskip("scrapy")
 
-from dedupnet.harness import simproc  # noqa: E402
+from dedupnet.harness import procdaemons, procplan, simproc  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.adapters.store import Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
@@ -39,10 +39,10 @@ async def test_a_spider_closes_on_the_cluster_verdict_and_not_while_another_host
     web = SyntheticWeb(WebSpec(pages=200, sites=6, seed=7), port=0)
     cfg = SimConfig(networks=2, hosts=1, pages=200, sites=6, seed=7, set_size=100, set_linger=0.2, concurrency=8)
     prefix = f"scrapyexit-{os.getpid()}-{time.monotonic_ns() % 10**6}"
-    env = simproc._env()
+    env = procplan.daemon_env()
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)
-        centers, hosts = simproc._plan(cfg, redis_url, prefix, tmp_path)
+        centers, hosts = procplan.plan_daemons(cfg, redis_url, prefix, tmp_path)
         for h in hosts:
             h.argv.append("--no-crawl")
         assert sorted(h.name for h in hosts) == sorted(SCRAPY_HOSTS)
@@ -67,7 +67,7 @@ async def test_a_spider_closes_on_the_cluster_verdict_and_not_while_another_host
                 await trio.sleep(0.02)
 
         try:
-            await simproc._start(centers, hosts, tmp_path, env, 60)
+            await procdaemons.start_all(centers, hosts, tmp_path, env, 60)
             nursery.start_soon(watch)
             first.start(env)
             with trio.move_on_after(30):
@@ -83,7 +83,7 @@ async def test_a_spider_closes_on_the_cluster_verdict_and_not_while_another_host
                     await trio.sleep(0.1)
             assert web.answer_counts, f"the first spider fetched nothing:\n{first.log()[-3000:]}"
             idle_for = time.monotonic() - last_fetch[0]
-            waiting = await simproc._poll_all([by_ip[SCRAPY_HOSTS[1]]])
+            waiting = await procdaemons.poll_all([by_ip[SCRAPY_HOSTS[1]]])
             assert waiting[SCRAPY_HOSTS[1]]["pools"]["task_pool"] > 0, "the second host holds no tasks"
             assert first.alive(), (f"the first spider closed while the second host held tasks "
                                    f"(idle {idle_for:.1f} s):\n{first.log()[-3000:]}")
@@ -108,7 +108,7 @@ async def test_a_spider_closes_on_the_cluster_verdict_and_not_while_another_host
         finally:
             for s in (first, second):
                 s.stop()
-            await simproc._stop(centers + hosts, 15)
+            await procdaemons.stop_all(centers + hosts, 15)
             for name in [d.prefix for d in centers + hosts]:
                 store = Store(redis_url, name)
                 store.delete_prefix()

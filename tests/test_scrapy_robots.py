@@ -16,7 +16,7 @@ import trio
 pytest.importorskip("scrapy")
 
 from dedupnet.adapters.store import Store  # noqa: E402
-from dedupnet.harness import simproc  # noqa: E402
+from dedupnet.harness import procplan  # noqa: E402
 from dedupnet.harness.scrapyhost import EXAMPLE  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
@@ -47,7 +47,7 @@ async def test_tasks_disallowed_by_robots_txt_are_never_fetched(redis_url, tmp_p
             store.stream_add("task_pool", private[:8] + public[:4])
             with open(log, "wb") as out:
                 proc = await trio.to_thread.run_sync(lambda: subprocess.run(
-                    argv, cwd=EXAMPLE, env=simproc._env(), stdin=subprocess.DEVNULL, stdout=out,
+                    argv, cwd=EXAMPLE, env=procplan.daemon_env(), stdin=subprocess.DEVNULL, stdout=out,
                     stderr=subprocess.STDOUT, timeout=90))
             nursery.cancel_scope.cancel()
         text = log.read_text(errors="replace")

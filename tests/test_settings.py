@@ -24,7 +24,7 @@ declaration.SETTINGS["probe_linger"] = declaration.Setting(
     "probe_linger", float, 1.5, "seconds a probe lingers before it goes", frozenset({"center", "local", "sim"}),
     metavar="S")
 from dedupnet.cli import build_parser
-from dedupnet.harness import simcli, simproc
+from dedupnet.harness import procplan, simcli
 from dedupnet.service.config import load_settings, reference_markdown
 
 toml = Path(sys.argv[1])
@@ -32,7 +32,7 @@ toml.write_text("probe_linger = 2.5\n")
 parser = build_parser()
 sub = next(a for a in parser._actions if hasattr(a, "choices") and isinstance(a.choices, dict)).choices
 cfg = simcli.config_from(parser.parse_args(["sim", "--networks", "1", "--hosts", "1", "--probe-linger", "3.5"]))
-centers, hosts = simproc._plan(cfg, "redis://127.0.0.1:1", "p", toml.parent, ports={1: 7001})
+centers, hosts = procplan.plan_daemons(cfg, "redis://127.0.0.1:1", "p", toml.parent, ports={1: 7001})
 print(json.dumps({
     "toml": load_settings(toml).probe_linger,
     "flag": load_settings(None, probe_linger=parser.parse_args(["local", "--probe-linger", "4"]).probe_linger).probe_linger,

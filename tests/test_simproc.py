@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from dedupnet.harness import simproc
+from dedupnet.harness import procdaemons, simproc
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.simproc import simulate_processes
 from dedupnet.harness.web import SyntheticWeb
@@ -65,9 +65,9 @@ async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(re
         spawned.append(proc)
         return proc
 
-    real_spawn = simproc._spawn
+    real_spawn = procdaemons.spawn
     monkeypatch.setattr(simproc, "SyntheticWeb", RecordingWeb)
-    monkeypatch.setattr(simproc, "_spawn", spawn)
+    monkeypatch.setattr(procdaemons, "spawn", spawn)
     me = os.getpid()
     children_before = _children(me)
     servers_before = server_processes(lambda ppid, cwd, cmdline: ppid == me)

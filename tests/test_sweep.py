@@ -10,7 +10,7 @@ import redis
 
 from dedupnet.harness import sim
 
-from dedupnet.harness import simproc
+from dedupnet.harness import procplan, simproc
 
 from dedupnet.harness import sweep
 from dedupnet.harness.cluster import host_ip
@@ -58,7 +58,7 @@ async def test_processes_3x3_every_network_gets_a_seed(redis_url, prefix, tmp_pa
     cfg = SimConfig(networks=3, hosts=3, pages=300, sites=6)
     seeds = _seeds(cfg)
     assert len(seeds) == 6
-    _centers, hosts = simproc._plan(cfg, redis_url, prefix, tmp_path)
+    _centers, hosts = procplan.plan_daemons(cfg, redis_url, prefix, tmp_path)
     server = redis.Redis.from_url(redis_url)
     try:
         plan = await simproc._seed(redis_url, hosts, seeds, "default")

@@ -330,10 +330,11 @@ def test_secure_refuses_what_it_cannot_do():
 def test_processes_give_every_daemon_its_tls_flags(tmp_path):
     """--secure with --processes: each center gets its own network's certificate, hosts
     (with --lan-tls) the CA, and every command line parses with the real CLI."""
-    from dedupnet.harness.simproc import _plan
+    from dedupnet.harness.procplan import plan_daemons
 
     cfg = SimConfig(networks=2, hosts=1, secure=True, lan_tls=True)
-    centers, hosts = _plan(cfg, "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002}, tls_dir=tmp_path / "certs")
+    centers, hosts = plan_daemons(cfg, "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002},
+                                  tls_dir=tmp_path / "certs")
     for d in centers + hosts:
         args = cli.build_parser().parse_args(d.argv[d.argv.index(d.role if d.role == "center" else "local"):])
         assert args.tls_ca == str(tmp_path / "certs" / "ca.pem") and args.lan_tls
@@ -342,7 +343,7 @@ def test_processes_give_every_daemon_its_tls_flags(tmp_path):
             assert args.tls_key == str(tmp_path / "certs" / f"center-{d.network}-key.pem")
         else:
             assert args.tls_cert is None
-    plain, _ = _plan(SimConfig(networks=2, hosts=1), "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002})
+    plain, _ = plan_daemons(SimConfig(networks=2, hosts=1), "redis://127.0.0.1:1", "p", tmp_path, {1: 7001, 2: 7002})
     assert not any(a.startswith(("--tls", "--lan-key")) for d in plain for a in d.argv)
     assert not any(d.keyring for d in plain)
 
@@ -351,12 +352,12 @@ def test_processes_give_every_daemon_the_lan_key_file(tmp_path):
     """--secure (and --lan-key) with --processes: every center and host gets the run's
     LAN key file, and the harness tags its status requests with the same key."""
     from dedupnet.codec.auth import new_key_line, write_key_file
-    from dedupnet.harness.simproc import _plan
+    from dedupnet.harness.procplan import plan_daemons
 
     key_file = tmp_path / "lan.keys"
     write_key_file(key_file, [new_key_line(1)])
-    centers, hosts = _plan(SimConfig(networks=2, hosts=2, secure=True), "redis://127.0.0.1:1", "p", tmp_path,
-                           {1: 7001, 2: 7002}, tls_dir=tmp_path / "certs", key_file=key_file)
+    centers, hosts = plan_daemons(SimConfig(networks=2, hosts=2, secure=True), "redis://127.0.0.1:1", "p", tmp_path,
+                                  {1: 7001, 2: 7002}, tls_dir=tmp_path / "certs", key_file=key_file)
     assert len(centers + hosts) == 6
     for d in centers + hosts:
         args = cli.build_parser().parse_args(d.argv[d.argv.index(d.role if d.role == "center" else "local"):])

@@ -444,15 +444,7 @@ async def find_center(search: Search, targets: Sequence[Target], port: int, time
             wait = min(2 * wait, max_retry)
 
     with contextlib.ExitStack() as stack:
-        socks = {}
-        for source in dict.fromkeys(t.source for t in targets):
-            sock = stack.enter_context(trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM))
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
-            try:
-                await sock.bind((source or "0.0.0.0", 0))
-            except OSError as exc:
-                raise DiscoveryError(f"cannot send discovery queries from {source}: {exc}") from None
-            socks[source] = sock
+        socks = await _bind_sockets(stack, targets)
         async with trio.open_nursery() as nursery:
             for sock in socks.values():
                 nursery.start_soon(listen, sock)
@@ -463,6 +455,20 @@ async def find_center(search: Search, targets: Sequence[Target], port: int, time
     if not search.found:
         raise DiscoveryError(_nobody(search, targets, port, timeout, sent, send_errors))
     return search.result()
+
+
+async def _bind_sockets(stack: contextlib.ExitStack, targets: Sequence[Target]) -> dict[str | None, Any]:
+    """One UDP socket allowed to broadcast per source address of ``targets``, closed with ``stack``."""
+    socks = {}
+    for source in dict.fromkeys(t.source for t in targets):
+        sock = stack.enter_context(trio.socket.socket(trio.socket.AF_INET, trio.socket.SOCK_DGRAM))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_BROADCAST, 1)
+        try:
+            await sock.bind((source or "0.0.0.0", 0))
+        except OSError as exc:
+            raise DiscoveryError(f"cannot send discovery queries from {source}: {exc}") from None
+        socks[source] = sock
+    return socks
 
 
 def _nobody(search: Search, targets: Sequence[Target], port: int, timeout: float, sent: Counter,

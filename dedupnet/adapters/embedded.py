@@ -16,28 +16,23 @@ from __future__ import annotations
 
 import atexit
 import collections
-import ctypes
-import ctypes.util
 import importlib.util
 import ipaddress
 import logging
 import os
-import queue
 import shutil
-import signal
-import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from dedupnet.adapters.aof import Cut, file_sizes, repair_aof, report_truncations
+from dedupnet.adapters.children import free_port, spawn
 from dedupnet.codec.errors import DedupnetError
 
-__all__ = ["EmbeddedRedisError", "EmbeddedRedis", "EmbeddedCluster", "find_server_binary"]
+__all__ = ["EmbeddedRedisError", "EmbeddedRedis", "find_server_binary"]
 
 log = logging.getLogger("dedupnet.adapters.embedded")
 
@@ -355,7 +350,7 @@ class EmbeddedRedis:
             self._client_kwargs = {"unix_socket_path": str(self._socket_path())}
             url = f"unix://{self._socket_path()}?db=0"
         else:
-            port = self.port if self.port is not None else _free_port(self.host)
+            port = self.port if self.port is not None else free_port(self.host)
             self._client_kwargs = {"host": self.host, "port": port}
             host = f"[{self.host}]" if ":" in self.host else self.host
             url = f"redis://{host}:{port}/0"
@@ -367,7 +362,7 @@ class EmbeddedRedis:
             log_offset = out.tell()
             t0 = time.monotonic()
             try:
-                proc = _spawn(self._argv(binary, port), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+                proc = spawn(self._argv(binary, port), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
             except OSError as exc:
                 raise EmbeddedRedisError(f"could not run {binary}: {exc}", reason="redis-start-failed") from exc
         try:
@@ -465,192 +460,6 @@ class EmbeddedRedis:
         _kill(proc)
 
 
-class EmbeddedCluster:
-    """A Redis Cluster of ``masters`` embedded servers (and ``replicas`` per master) on
-    loopback ports:
-    each in cluster mode with its own data dir (AOF and ``nodes.conf``, so a node that
-    is killed comes back as itself), slots split evenly with ``CLUSTER ADDSLOTSRANGE``
-    and joined with ``CLUSTER MEET``. ``url`` is ``redis+cluster://127.0.0.1:<port>``.
-
-    ::
-
-        with EmbeddedCluster(3) as url:       # "redis+cluster://127.0.0.1:PORT"
-            store = Store(url, "lan1:center")
-
-    :meth:`kill` and :meth:`restart` take one node down (SIGKILL) and bring it back.
-    ``node_timeout`` (ms) is how long the others wait before they call a silent node
-    failed and the cluster refuses commands (``-CLUSTERDOWN``). The nodes keep an AOF
-    with ``appendfsync no``: every acknowledged write is in the kernel before its reply,
-    so a killed node restarts with all of it (a machine crash may lose the last seconds)."""
-
-    def __init__(self, masters: int = 3, *, replicas: int = 0, host: str = "127.0.0.1", node_timeout: int = 2000,
-                 config: dict[str, str] | None = None, startup_timeout: float = 20.0) -> None:
-        if masters < 1:
-            raise ValueError("a cluster needs at least one master")
-        if replicas < 0:
-            raise ValueError("replicas cannot be negative")
-        self.masters = masters
-        self.replicas = replicas
-        self.host = host
-        self.node_timeout = node_timeout
-        self.config = dict(config or {})
-        self.startup_timeout = startup_timeout
-        self.nodes: list[EmbeddedRedis] = []
-        self._dir: Path | None = None
-
-    @property
-    def url(self) -> str:
-        if not self.nodes:
-            raise EmbeddedRedisError("embedded cluster is not running", reason="not-running")
-        return "redis+cluster://" + ",".join(f"{self.host}:{n.port}" for n in self.nodes)
-
-    def start(self) -> str:
-        import redis
-
-        self._dir = Path(tempfile.mkdtemp(prefix="dedupnet-cluster-"))
-        try:
-            for i in range(self.masters * (1 + self.replicas)):
-                config = {"cluster-enabled": "yes", "cluster-config-file": "nodes.conf",
-                          "cluster-node-timeout": str(self.node_timeout),
-                          # the bus port is port + 10000 unless given: a free one of its own
-                          "cluster-port": str(_free_port(self.host)),
-                          # write(2) the AOF before every reply: a SIGKILLed node loses nothing
-                          # acknowledged. With everysec a write waits while a previous fsync is
-                          # still running (a busy disk), and a kill then loses it (measured: 178 of
-                          # 319 keys of a node). Not power-loss safe: a harness, not a deployment.
-                          "appendfsync": "no", **self.config}
-                node = EmbeddedRedis(persistent=True, data_dir=self._dir / f"node{i}", host=self.host,
-                                     port=_free_port(self.host), config=config, startup_timeout=self.startup_timeout)
-                node.start()
-                self.nodes.append(node)
-            clients = [redis.Redis(host=self.host, port=n.port, protocol=2) for n in self.nodes]
-            try:
-                per = -(-16384 // self.masters)
-                for i, c in enumerate(clients[:self.masters]):
-                    c.execute_command("CLUSTER ADDSLOTSRANGE", i * per, min(16383, (i + 1) * per - 1))
-                for n in self.nodes[1:]:
-                    clients[0].execute_command("CLUSTER MEET", self.host, n.port, n.config["cluster-port"])
-                if self.replicas:
-                    self._wait(lambda: all(int(c.execute_command("CLUSTER INFO")["cluster_known_nodes"])
-                                           == len(self.nodes) for c in clients), "every node knows every other")
-                    ids = [c.execute_command("CLUSTER MYID") for c in clients[:self.masters]]
-                    for i, c in enumerate(clients[self.masters:]):
-                        c.execute_command("CLUSTER REPLICATE", ids[i % self.masters])
-                    self._wait(lambda: all(c.info("replication").get("master_link_status") == "up"
-                                           for c in clients[self.masters:]), "every replica in sync")
-                self._wait_ok(clients)
-            finally:
-                for c in clients:
-                    c.close()
-        except BaseException:
-            self.stop()
-            raise
-        atexit.register(self.stop)
-        log.info("embedded Redis Cluster of %d masters at %s", self.masters, self.url)
-        return self.url
-
-    def _wait_ok(self, clients: list[Any]) -> None:
-        """Every node says ``cluster_state:ok`` and knows every slot's master."""
-        import redis
-
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            try:
-                ok = all(_cluster_state(c.execute_command("CLUSTER INFO")) == "ok" for c in clients)
-                # every node knows every slot's master (a slot may have moved: count masters, not ranges)
-                ok = ok and all(len({tuple(r[2][:2]) for r in c.execute_command("CLUSTER SLOTS")}) == self.masters
-                                and sum(int(r[1]) - int(r[0]) + 1 for r in c.execute_command("CLUSTER SLOTS")) == 16384
-                                for c in clients)
-            except (redis.RedisError, OSError):
-                ok = False
-            if ok:
-                return
-            if time.monotonic() > deadline:
-                raise EmbeddedRedisError(f"the cluster did not reach cluster_state:ok within {self.startup_timeout:g} s",
-                                         reason="redis-start-timeout")
-            time.sleep(0.05)
-
-    def _wait(self, done: Callable[[], bool], what: str) -> None:
-        import redis
-
-        deadline = time.monotonic() + self.startup_timeout
-        while True:
-            try:
-                if done():
-                    return
-            except (redis.RedisError, OSError, KeyError):
-                pass
-            if time.monotonic() > deadline:
-                raise EmbeddedRedisError(f"embedded cluster: not {what} within {self.startup_timeout:g} s",
-                                         reason="redis-start-timeout")
-            time.sleep(0.05)
-
-    def master_of(self, slot: int) -> int:
-        """Index in :attr:`nodes` of the node that serves ``slot`` now."""
-        import redis
-
-        for node in self.nodes:
-            if not node.running:
-                continue
-            c = redis.Redis(host=self.host, port=node.port, protocol=2)
-            try:
-                for start, end, master, *_ in c.execute_command("CLUSTER SLOTS"):
-                    if start <= slot <= end:
-                        return next(i for i, n in enumerate(self.nodes) if n.port == int(master[1]))
-            except redis.RedisError:
-                continue
-            finally:
-                c.close()
-        raise EmbeddedRedisError(f"no node serves slot {slot}", reason="not-running")
-
-    def kill(self, index: int) -> None:
-        """SIGKILL node ``index`` (its data dir, AOF and ``nodes.conf`` stay)."""
-        self.nodes[index].kill()
-
-    def restart(self, index: int) -> None:
-        """Start node ``index`` again on its port and data dir, and wait until the
-        cluster is whole (``cluster_state:ok`` everywhere)."""
-        import redis
-
-        self.nodes[index].start()
-        clients = [redis.Redis(host=self.host, port=n.port, protocol=2) for n in self.nodes]
-        try:
-            self._wait_ok(clients)
-        finally:
-            for c in clients:
-                c.close()
-
-    def stop(self) -> None:
-        atexit.unregister(self.stop)
-        for node in self.nodes:
-            try:
-                node.stop()
-            except EmbeddedRedisError as exc:  # pragma: no cover
-                log.warning("stopping a cluster node: %s", exc)
-        self.nodes = []
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
-
-    def __enter__(self) -> str:
-        return self.start()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
-
-
-def _cluster_state(info: Any) -> str:
-    """``cluster_state`` of a CLUSTER INFO reply (redis-py parses it into a dict)."""
-    if isinstance(info, dict):
-        state = info.get("cluster_state", info.get(b"cluster_state", ""))
-        return state.decode() if isinstance(state, bytes) else str(state)
-    text = info.decode() if isinstance(info, bytes) else str(info)
-    for line in text.splitlines():
-        if line.startswith("cluster_state:"):
-            return line.split(":", 1)[1].strip()
-    return ""
-
-
 class _AddressInUse(Exception):
     pass
 
@@ -662,14 +471,6 @@ def _is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def _free_port(host: str) -> int:
-    """A TCP port that was free on ``host`` a moment ago (bind 0, read, close)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
 
 
 def _read_log(path: Path, offset: int) -> str:
@@ -705,82 +506,3 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=_STOP_TIMEOUT)
     except subprocess.TimeoutExpired:  # pragma: no cover - unkillable (D state)
         log.error("embedded Redis (pid %d) did not die on SIGKILL", proc.pid)
-
-
-# -- spawning with a parent-death signal -----------------------------------------
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _load_prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.restype = ctypes.c_int
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    return prctl
-
-
-_prctl = _load_prctl()
-
-
-def _make_preexec() -> Callable[[], None] | None:
-    if _prctl is None:
-        return None
-    prctl = _prctl
-    parent = os.getpid()
-    sig = int(signal.SIGTERM)
-
-    def preexec() -> None:  # runs in the forked child, before exec: keep it tiny
-        prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os._exit(1)
-
-    return preexec
-
-
-# PR_SET_PDEATHSIG fires when the thread that forked the child exits, not
-# when the process does. A server started from a worker thread (e.g.
-# trio.to_thread.run_sync, whose idle threads exit after a while) would be
-# killed with that thread. So spawn from the main thread, or else from one
-# daemon thread kept for the life of the interpreter.
-
-_spawner_lock = threading.Lock()
-_spawner_queue: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[Any]]] | None = None
-
-
-def _spawner_loop(jobs: queue.SimpleQueue[tuple[Callable[[], Any], queue.SimpleQueue[Any]]]) -> None:
-    while True:
-        func, reply = jobs.get()
-        try:
-            reply.put((True, func()))
-        except BaseException as exc:  # handed back to the caller
-            reply.put((False, exc))
-
-
-def _spawn(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
-    preexec = _make_preexec()
-
-    def popen() -> subprocess.Popen[bytes]:
-        return subprocess.Popen(argv, preexec_fn=preexec, **kwargs)
-
-    if preexec is None or threading.current_thread() is threading.main_thread():
-        return popen()
-    global _spawner_queue
-    with _spawner_lock:
-        if _spawner_queue is None:
-            _spawner_queue = queue.SimpleQueue()
-            threading.Thread(
-                target=_spawner_loop, args=(_spawner_queue,), name="dedupnet-redis-spawner", daemon=True
-            ).start()
-        jobs = _spawner_queue
-    reply: queue.SimpleQueue[Any] = queue.SimpleQueue()
-    jobs.put((popen, reply))
-    ok, result = reply.get()
-    if not ok:
-        raise result
-    return result

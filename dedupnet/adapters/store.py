@@ -42,7 +42,7 @@ on trio sockets (``dedupnet.adapters.aio.AsyncStore.drive``, no worker thread). 
 ``Store("redis+cluster://host:port", ...)`` returns a
 :class:`~dedupnet.adapters.redis_cluster.ClusterStore`: the same API on a Redis Cluster, keys
 hash-tagged by prefix, buckets spread over the masters, a batch one round trip per node
-(dedupnet/adapters/redis_cluster.py). A store's ``finish_URL`` may be a Bloom filter
+(dedupnet/adapters/redis_cluster/). A store's ``finish_URL`` may be a Bloom filter
 (``finish_filter``, dedupnet/adapters/bloom.py): :meth:`Batch.fingerprints` on its key is then
 turned into ``BITFIELD`` commands, so callers do not change.
 
@@ -59,7 +59,6 @@ from __future__ import annotations
 import functools
 import itertools
 import logging
-import re
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -76,6 +75,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.codec.pools import (  # noqa: F401 - re-exported: the pools' key names
     ADMITTED, CONCLUDED, DIST_REDUCE_POOL, FINISH_URL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL,
+)
+from dedupnet.adapters.buckets import (  # noqa: F401 - re-exported
+    BUCKET_BITS, LEGACY_BUCKET_BITS, MAX_BUCKET_BITS, MIN_BUCKET_BITS, NEW_STORE_BUCKET_BITS, adopt_bucket_bits, glob_escape,
 )
 from dedupnet.adapters.watermark import WATERMARK
 
@@ -121,22 +123,6 @@ FSYNC_PROBE = "fsync_probe"
 _MEMBER_OFFSET = 10**16
 _MEMBER_DIGITS = 17
 _MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
-#: With fewer bucket bits a member (64 - bits bits + the offset) needs more than 17 digits.
-MIN_BUCKET_BITS = 8
-MAX_BUCKET_BITS = 24
-#: ``bucket_bits`` unset: a new store starts with this many, one written before a store
-#: recorded its layout has :data:`LEGACY_BUCKET_BITS`. Each bucket key costs ~80 bytes
-#: whatever it holds, so on a small crawl the buckets, not the fingerprints, were most
-#: of a set; a bigger bucket only makes an insert move more of its intset.
-NEW_STORE_BUCKET_BITS = MIN_BUCKET_BITS
-LEGACY_BUCKET_BITS = 10
-#: The store's record of its buckets (``<prefix>:fp_bucket_bits``): every process of a
-#: host (daemon, crawler, Scrapy spider) reads the layout from it, not from its settings.
-BUCKET_BITS = "fp_bucket_bits"
-#: The fingerprint sets a store may hold, looked for when it has no record yet.
-FP_SETS = (FINISH_URL, f"{TASK_POOL}:fp", ADMITTED, CONCLUDED)
-
-
 def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnectionError) -> list:
     """``replies`` replies read off a blocking socket with our own hiredis reader:
     redis-py's per-reply path costs ~5 us a reply, and a batch has thousands. Nothing
@@ -155,7 +141,7 @@ def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnect
 
 def is_cluster_url(url: str | None) -> bool:
     """``redis+cluster://`` (or ``rediss+cluster://``): a Redis Cluster, see
-    dedupnet/adapters/redis_cluster.py."""
+    dedupnet/adapters/redis_cluster/."""
     return isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
 
 
@@ -257,9 +243,13 @@ class Batch:
         if self.bloom is not None and key == self.bloom.key:
             return self.bloom.queue(self, command, fps)
         fps = np.asarray(fps, dtype=np.uint64)
-        first = self._replies
         if len(fps) == 0:
-            return FingerprintReplies(first, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+            return FingerprintReplies(self._replies, np.empty(0, np.int64), np.empty(0, np.int64), 0)
+        return self._bucket_commands(command, key, fps)
+
+    def _bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
+        """``command`` for each bucket of ``fps`` (not empty), laid out for one server."""
+        first = self._replies
         buckets, order, starts, ends, view = self._records(fps)
         heads = _bucket_heads(command, key)
         append = self._chunks.append
@@ -353,6 +343,13 @@ class Store:
     ):
         if is_cluster_url(url):
             raise ValueError(f"{url} is a Redis Cluster: open it with dedupnet.adapters.store_choice.store_for")
+        self._settle(url, prefix, bucket_bits, retry, socket_timeout)
+        self.redis = redis.Redis.from_url(
+            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, protocol=2
+        )
+
+    def _settle(self, url: str, prefix: str, bucket_bits: int | None, retry: RetryPolicy, socket_timeout: float) -> None:
+        """What every store keeps of its arguments (a cluster's too), checked."""
         if bucket_bits and not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
             raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")
         self.url = url
@@ -363,42 +360,18 @@ class Store:
         self._bits: int | None = None
         self.retry = retry
         self.socket_timeout = socket_timeout
-        self.redis = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, protocol=2
-        )
         self.round_trips = 0
         self.reconnects = 0
 
     @property
     def bucket_bits(self) -> int:
         if self._bits is None:
-            self._bits = self._with_retry(self._adopt_bucket_bits)
+            self._bits = self._with_retry(lambda: adopt_bucket_bits(self))
         return self._bits
 
     @bucket_bits.setter
     def bucket_bits(self, bits: int) -> None:
         self._bits = bits
-
-    def _adopt_bucket_bits(self) -> int:
-        """The store's recorded bucket bits, recorded first if it has none: the bits asked
-        for, else :data:`NEW_STORE_BUCKET_BITS` for a store without fingerprint sets and
-        :data:`LEGACY_BUCKET_BITS` for one written before the record (its old default).
-        ``SET NX``: processes opening one store at once agree on the first one's."""
-        key = self.key(BUCKET_BITS)
-        recorded = self.redis.get(key)
-        if recorded is None:
-            bits = self.requested_bits
-            if bits is None:
-                held = any(next(self.redis.scan_iter(match=f"{glob_escape(self.fp_key(name))}:*", count=1000), None)
-                           for name in FP_SETS)
-                bits = LEGACY_BUCKET_BITS if held else NEW_STORE_BUCKET_BITS
-            self.redis.set(key, bits, nx=True)
-            recorded = self.redis.get(key)
-        bits = int(recorded)
-        if self.requested_bits is not None and bits != self.requested_bits:
-            log.warning("Redis at %s, %s: its fingerprint sets have %d bucket bits; bucket_bits = %d is not used",
-                        self.url, self.prefix, bits, self.requested_bits)
-        return bits
 
     def key(self, pool: str) -> str:
         return f"{self.prefix}:{pool}"
@@ -687,14 +660,6 @@ class Store:
         for keys in _chunked(self.redis.scan_iter(match=f"{self.prefix}:*", count=1000), 1000):
             removed += self.redis.unlink(*keys)
         return removed
-
-
-_GLOB = re.compile(r"([\\*?\[\]])")
-
-
-def glob_escape(text: str) -> str:
-    """``text`` as a literal in a SCAN ``MATCH`` pattern."""
-    return _GLOB.sub(r"\\\1", text)
 
 
 def _chunked(it: Iterable[T], n: int) -> Iterator[list[T]]:

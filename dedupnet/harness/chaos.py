@@ -5,7 +5,7 @@ Each schedule is drawn by :func:`dedupnet.harness.faults.chaos_schedule` from th
 again on its own, so a failing schedule is one command to reproduce. Every schedule
 crawls the same web (``--seed``) from scratch, with its own daemons and keys. A
 schedule passes when the run reaches quiescence with 0 duplicate fetches, 0 lost URLs
-and no violation of the harness's invariant (dedupnet.harness.report.check_extracted).
+and no violation of the harness's invariant (dedupnet.harness.crawlchecks.check_extracted).
 """
 
 from __future__ import annotations

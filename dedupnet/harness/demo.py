@@ -66,6 +66,30 @@ def run(settings: Settings, *, urls: int = 50_000, crawled_share: float = 0.3, s
             store.close()
 
 
+def _walk(store: Store, pools: HostPools, settings: Settings) -> tuple[int, int, list[bytes], int | None]:
+    """Steps 2-4: walk URL_pool, look up finish_URL, group into URL_sets, number, frame.
+    Returns the URLs dropped as crawled and as repeats, the frames, and the first number."""
+    crawled = repeated = 0
+    frames: list[bytes] = []
+    first_number = None
+    host_id = host_id_from_ip(HOST_IP, LAN)
+    batch_size = max(settings.set_size * 10, 10_000)
+    while entries := pools.take(batch_size):
+        ids = [eid for eid, _ in entries]
+        batch = [u for _, u in entries]
+        fps = fingerprint_many(batch)
+        result = local_reduce(batch, fps, store.fp_contains(FINISH_URL, fps), settings.set_size)
+        crawled += len(result.crawled)
+        repeated += len(result.repeated)
+        # Already crawled, or a repeat of a URL in this batch: they leave URL_pool now.
+        pools.apply([Forget(tuple(ids[i] for i in result.crawled + result.repeated))])
+        for seq, url_set in zip(store.next_sequences(len(result.url_sets)), result.url_sets):
+            number = make_number(NETWORK, host_id, seq)
+            first_number = first_number if first_number is not None else number
+            frames.append(wire.encode(Frame(URL_set=url_set, IP=HOST_IP, number=number, flag=FLAG_NEW_SET)))
+    return crawled, repeated, frames, first_number
+
+
 def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: int) -> int:
     t0 = time.perf_counter()
     raw = crawler_like_urls(n, seed)
@@ -83,26 +107,8 @@ def _run(store: Store, settings: Settings, n: int, crawled_share: float, seed: i
     finished = [u for u in distinct if rnd.random() < crawled_share]
     store.fp_add(FINISH_URL, fingerprint_many(finished))
 
-    # Steps 2-4: walk URL_pool, look up finish_URL, group into URL_sets, number, frame.
-    crawled = repeated = 0
-    frames: list[bytes] = []
-    first_number = None
-    host_id = host_id_from_ip(HOST_IP, LAN)
-    batch_size = max(settings.set_size * 10, 10_000)
     round_trips0 = store.round_trips
-    while entries := pools.take(batch_size):
-        ids = [eid for eid, _ in entries]
-        batch = [u for _, u in entries]
-        fps = fingerprint_many(batch)
-        result = local_reduce(batch, fps, store.fp_contains(FINISH_URL, fps), settings.set_size)
-        crawled += len(result.crawled)
-        repeated += len(result.repeated)
-        # Already crawled, or a repeat of a URL in this batch: they leave URL_pool now.
-        pools.apply([Forget(tuple(ids[i] for i in result.crawled + result.repeated))])
-        for seq, url_set in zip(store.next_sequences(len(result.url_sets)), result.url_sets):
-            number = make_number(NETWORK, host_id, seq)
-            first_number = first_number if first_number is not None else number
-            frames.append(wire.encode(Frame(URL_set=url_set, IP=HOST_IP, number=number, flag=FLAG_NEW_SET)))
+    crawled, repeated, frames, first_number = _walk(store, pools, settings)
     elapsed = time.perf_counter() - t0
     sent = [url for f in frames for url in wire.decode_one(f).URL_set]
     in_sets, across_sets = len(sent), len(sent) - len(set(sent))

@@ -23,9 +23,10 @@ from pathlib import Path
 
 import trio
 
-from dedupnet.adapters.embedded import _free_port, _spawn
+from dedupnet.adapters.children import free_port, spawn
 from dedupnet.adapters.store import Store
-from dedupnet.harness import simproc
+from dedupnet.harness import procdaemons, procplan, simproc
+from dedupnet.harness.procdaemons import Daemon
 from dedupnet.harness.report import SimConfig, assign_seeds
 from dedupnet.harness.scrapyhost import Spider
 from dedupnet.harness.web import Reach, SyntheticWeb, WebSpec
@@ -74,85 +75,32 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
     DaemonFailed or TimeoutError (with the logs' place) if it does not get there."""
     if path not in PATHS:
         raise ValueError(f"path must be one of {PATHS}, not {path!r}")
-    frontier = path == "frontier"
     web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0)
-    env = simproc._env()
+    env = procplan.daemon_env()
     clients: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
-    spiders: list[Spider] = []
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)
         seeds = web.seeds(cfg.seeds)
         reach = web.reachable_detail(seeds)
-        centers, hosts = simproc._plan(cfg, redis_url, prefix, logdir)
-        services = {}
-        for h in hosts:
-            if frontier:
-                services[h.name] = f"{h.name}:{_free_port(h.name)}"
-                h.argv += ["--no-crawl", "--frontier", services[h.name]]
-            elif path == "scrapy":
-                h.argv.append("--no-crawl")
-                # Politeness off, as for the other crawlers: no per-site bound below the total.
-                spiders.append(Spider(h.name, redis_url, h.prefix, logdir, (
-                    "-s", f"CONCURRENT_REQUESTS={workers}", "-s", f"CONCURRENT_REQUESTS_PER_DOMAIN={workers}",
-                    "-s", "DOWNLOAD_DELAY=0")))
+        centers, hosts = procplan.plan_daemons(cfg, redis_url, prefix, logdir)
+        services, spiders = _fit_hosts(hosts, path, workers, redis_url, logdir)
         daemons = centers + hosts
         try:
-            await simproc._start(centers, hosts, logdir, env, 60)
+            await procdaemons.start_all(centers, hosts, logdir, env, 60)
             plan = assign_seeds([h.name for h in hosts], seeds)
             for d in daemons:
                 d.mark_cpu()
-            if frontier:
-                for h in hosts:
-                    argv = [sys.executable, str(CLIENT), "--frontier", services[h.name], "--bind", h.name,
-                            "--workers", str(workers)] + [a for u in plan[h.name] for a in ("--seed", u)]
-                    logs[h.name] = logdir / f"client-{h.name}.log"
-                    with open(logs[h.name], "ab") as log:
-                        clients[h.name] = _spawn(argv, stdin=subprocess.DEVNULL, stdout=log,
-                                                 stderr=subprocess.STDOUT, cwd=logdir, env=env)
+            if path == "frontier":
+                _start_frontier_clients(hosts, services, plan, workers, logdir, env, clients, logs)
             else:
-                for s in spiders:
-                    s.start(env)
-                    clients[s.ip], logs[s.ip] = s.proc, s.log_path
-                with trio.move_on_after(60) as scope:
-                    while not all(s.ready() for s in spiders):
-                        await trio.sleep(0.1)
-                        for s in spiders:
-                            if not s.alive():
-                                raise simproc.DaemonFailed(f"the spider of {s.ip} exited: {s.log_path}")
-                if scope.cancelled_caught:
-                    raise TimeoutError(f"a spider did not take up its host in 60 s; logs in {logdir}")
-                for ip, urls in plan.items():
-                    await trio.to_thread.run_sync(simproc._push, redis_url, f"{prefix}:host:{ip}", urls)
-            quiet = 0
-            with trio.move_on_after(timeout) as scope:
-                while quiet < QUIET_POLLS:
-                    await trio.sleep(0.2)
-                    for name, proc in clients.items():
-                        if proc.poll() is not None:
-                            raise simproc.DaemonFailed(f"the crawler of {name} exited: {logs[name]}")
-                    st = await simproc._poll_all(daemons)
-                    # Not quiescent before the first page: the seeds may still be on their way in.
-                    quiet = quiet + 1 if web.answer_counts and all(
-                        simproc._quiet(d, st.get(d.name)) for d in daemons) else 0
-            if scope.cancelled_caught:
-                raise TimeoutError(f"not quiescent after {timeout:.0f} s; {len(web.answer_counts)} of "
-                                   f"{len(reach.fetched)} URLs fetched; logs in {logdir}")
+                await _start_spiders(spiders, plan, redis_url, prefix, logdir, env, clients, logs)
+            await _wait_quiescent(web, reach, daemons, clients, logs, timeout, logdir)
             daemon_cpu = sum(d.cpu_used() for d in daemons)
-            client_cpu = {name: simproc.cpu_seconds(p.pid) for name, p in clients.items()}
+            client_cpu = {name: procdaemons.cpu_seconds(p.pid) for name, p in clients.items()}
         finally:
-            for s in spiders:
-                s.stop()
-            for proc in clients.values():
-                if proc.poll() is None:
-                    proc.terminate()
-            for proc in clients.values():
-                try:
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
-            await simproc._stop(daemons, 15)
+            _stop_clients(spiders, clients)
+            await procdaemons.stop_all(daemons, 15)
             keys = Store(redis_url, prefix)
             keys.delete_prefix()
             keys.close()
@@ -163,3 +111,91 @@ async def crawl(cfg: SimConfig, redis_url: str, prefix: str, logdir: Path, *, pa
              if path == "frontier"]
     return Crawl(web, reach, max(times) - min(times) if times else 0.0, daemon_cpu,
                  sum(client_cpu.values()), [x for part in lines for x in part])
+
+
+def _fit_hosts(hosts: list[Daemon], path: str, workers: int, redis_url: str,
+               logdir: Path) -> tuple[dict[str, str], list[Spider]]:
+    """The hosts' command lines for ``path``: ``frontier``, each host serves URLFrontier
+    (returned: its address per host); ``scrapy``, each host's spider (returned); neither
+    crawls itself."""
+    services = {}
+    spiders = []
+    for h in hosts:
+        if path == "frontier":
+            services[h.name] = f"{h.name}:{free_port(h.name)}"
+            h.argv += ["--no-crawl", "--frontier", services[h.name]]
+        elif path == "scrapy":
+            h.argv.append("--no-crawl")
+            # Politeness off, as for the other crawlers: no per-site bound below the total.
+            spiders.append(Spider(h.name, redis_url, h.prefix, logdir, (
+                "-s", f"CONCURRENT_REQUESTS={workers}", "-s", f"CONCURRENT_REQUESTS_PER_DOMAIN={workers}",
+                "-s", "DOWNLOAD_DELAY=0")))
+    return services, spiders
+
+
+def _start_frontier_clients(hosts: list[Daemon], services: dict[str, str], plan: dict[str, list[str]], workers: int,
+                            logdir: Path, env: dict, clients: dict[str, subprocess.Popen],
+                            logs: dict[str, Path]) -> None:
+    """One URLFrontier client per host, its seeds on its command line."""
+    for h in hosts:
+        argv = [sys.executable, str(CLIENT), "--frontier", services[h.name], "--bind", h.name,
+                "--workers", str(workers)] + [a for u in plan[h.name] for a in ("--seed", u)]
+        logs[h.name] = logdir / f"client-{h.name}.log"
+        with open(logs[h.name], "ab") as log:
+            clients[h.name] = spawn(argv, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, cwd=logdir, env=env)
+
+
+async def _start_spiders(spiders: list[Spider], plan: dict[str, list[str]], redis_url: str, prefix: str,
+                         logdir: Path, env: dict, clients: dict[str, subprocess.Popen],
+                         logs: dict[str, Path]) -> None:
+    """Every spider started (``clients`` and ``logs`` get each); the seeds pushed once
+    every one has taken up its host."""
+    for s in spiders:
+        s.start(env)
+        clients[s.ip], logs[s.ip] = s.proc, s.log_path
+    with trio.move_on_after(60) as scope:
+        while not all(s.ready() for s in spiders):
+            await trio.sleep(0.1)
+            for s in spiders:
+                if not s.alive():
+                    raise procdaemons.DaemonFailed(f"the spider of {s.ip} exited: {s.log_path}")
+    if scope.cancelled_caught:
+        raise TimeoutError(f"a spider did not take up its host in 60 s; logs in {logdir}")
+    for ip, urls in plan.items():
+        await trio.to_thread.run_sync(simproc._push, redis_url, f"{prefix}:host:{ip}", urls)
+
+
+async def _wait_quiescent(web: SyntheticWeb, reach: Reach, daemons: list[Daemon],
+                          clients: dict[str, subprocess.Popen], logs: dict[str, Path], timeout: float,
+                          logdir: Path) -> None:
+    """Until every daemon is quiescent ``QUIET_POLLS`` polls in a row; DaemonFailed if a
+    client exits first, TimeoutError after ``timeout``."""
+    quiet = 0
+    with trio.move_on_after(timeout) as scope:
+        while quiet < QUIET_POLLS:
+            await trio.sleep(0.2)
+            for name, proc in clients.items():
+                if proc.poll() is not None:
+                    raise procdaemons.DaemonFailed(f"the crawler of {name} exited: {logs[name]}")
+            st = await procdaemons.poll_all(daemons)
+            # Not quiescent before the first page: the seeds may still be on their way in.
+            quiet = quiet + 1 if web.answer_counts and all(
+                procdaemons.is_quiet(d, st.get(d.name)) for d in daemons) else 0
+    if scope.cancelled_caught:
+        raise TimeoutError(f"not quiescent after {timeout:.0f} s; {len(web.answer_counts)} of "
+                           f"{len(reach.fetched)} URLs fetched; logs in {logdir}")
+
+
+def _stop_clients(spiders: list[Spider], clients: dict[str, subprocess.Popen]) -> None:
+    for s in spiders:
+        s.stop()
+    for proc in clients.values():
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in clients.values():
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

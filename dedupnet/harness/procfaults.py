@@ -43,7 +43,8 @@ from typing import Awaitable, Callable
 
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis, _free_port
+from dedupnet.adapters.children import free_port
+from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.harness.faults import PROCESS_FAULTS, Fault, format_fault
 
 __all__ = ["FaultRunner", "KillableRedis", "FaultRecord"]
@@ -56,7 +57,7 @@ class KillableRedis:
     daemons' clients look for it."""
 
     def __init__(self, data_dir: Path):
-        self.server = EmbeddedRedis(persistent=True, data_dir=data_dir, port=_free_port("127.0.0.1"))
+        self.server = EmbeddedRedis(persistent=True, data_dir=data_dir, port=free_port("127.0.0.1"))
         self.kills = 0
 
     def start(self) -> str:
@@ -108,7 +109,7 @@ class FaultRunner:
     a daemon is down or frozen)."""
 
     faults: list[Fault]
-    daemons: dict[str, object]  # target -> simproc.Daemon ("host:1.0", "center:1")
+    daemons: dict[str, object]  # target -> procdaemons.Daemon ("host:1.0", "center:1")
     restart: Callable[[object], Awaitable[None]]  # start a killed daemon again, wait for its status port
     redis: KillableRedis | None
     t0: float

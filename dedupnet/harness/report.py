@@ -1,7 +1,7 @@
 """What both simulation runners share (no runner imports the other): a run's
 config, the observer that counts what the web served, the seeding rule, the progress
 line, and the report with its checks (duplicate fetches, lost URLs, the extracted ->
-crawled-once invariant) and its text."""
+crawled-once invariant of :mod:`dedupnet.harness.crawlchecks`) and its text."""
 
 from __future__ import annotations
 
@@ -14,14 +14,12 @@ from dataclasses import asdict, dataclass, field
 import redis
 
 
-from dedupnet.codec.errors import BadURL
 from dedupnet.codec.settings import SETTINGS
 from dedupnet.harness.cluster import network_of_host
+from dedupnet.harness.crawlchecks import check_extracted, finished_twice, refetch_gap, window_counts
 from dedupnet.harness.faults import LINK_FAULTS, Fault
 from dedupnet.adapters.redis_cluster import merged_info
 from dedupnet.adapters.status_page import key_family, key_memory
-from dedupnet.adapters.store import FINISH_URL
-from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.harness.web import SyntheticWeb
 from dedupnet.harness.weblog import load_spread
 
@@ -354,14 +352,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
-    frames: Counter[str] = Counter()
-    stages: Counter[str] = Counter()
-    for d in daemons:
-        for key, value in d.counters.snapshot().items():
-            if key.startswith("frames_sent{"):
-                frames[key[len("frames_sent{kind=\""):-2]] += value
-            elif key.startswith("frames_in{"):
-                stages[key[len("frames_in"):]] += value
+    frames, stages = _frames(daemons)
     stats = merged_info(server, "commandstats")
     lookups = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
     trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
@@ -378,9 +369,6 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     set_frames = sum(c.counters.get("frames_in", stage="lan", flag="1") for c in centers)
     set_urls = sum(c.counters.get("urls_in", stage="lan") for c in centers)
     frames_sent = sum(frames.values())
-    memory = memory or {}
-    center_bytes = sum(memory.get("center", {}).values())
-    host_bytes = sum(memory.get("host", {}).values())
     extra = dict(
         seeds_per_network=seeds_per_network(plan or {}), urls_admitted=admitted,
         set_fill=round(set_urls / set_frames, 1) if set_frames else None,
@@ -390,24 +378,12 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         tls_handshakes=sum(d.counters.get("tls_handshakes") for d in daemons),
         tls_payload_bytes=sum(d.counters.get("tls_payload_sent_bytes") for d in daemons),
         max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
-        center_cpu_s=None if center_cpu is None else round(center_cpu, 3),
-        center_cpu_ms_per_1k_urls=round(center_cpu * 1e6 / admitted, 1) if center_cpu is not None and admitted else None,
-        redis_bytes=memory,
-        center_redis_bytes_per_url=round(center_bytes / admitted, 1) if memory and admitted else None,
-        host_redis_bytes_per_url=round(host_bytes / admitted, 1) if memory and admitted else None,
+        **_center_costs(center_cpu, memory or {}, admitted),
     )
-    bad: Counter[str] = Counter()
-    for d in daemons:
-        for key, value in d.counters.snapshot().items():
-            if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
-                bad[key] += value
-    extra["bad_input"] = dict(bad)
+    extra["bad_input"] = _refused(daemons)
     extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
     if windows:
-        counts = [web.answer_counts.get(u, 0) for u in expected]
-        extra.update(windows=windows, min_refetch_gap=refetch_gap(web), window_counts={
-            "exactly": sum(n == k for n in counts), "fewer": sum(n < k for n in counts),
-            "more": sum(n > k for n in counts)})
+        extra.update(windows=windows, min_refetch_gap=refetch_gap(web), window_counts=window_counts(web, expected, k))
     return Report(
         config=asdict(cfg), timed_out=timed_out, wall_time=round(wall, 3),
         reachable_pages=len(reach.pages), reachable_urls=len(expected), fetched_urls=len(fetched & expected),
@@ -427,111 +403,47 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     )
 
 
+def _frames(daemons) -> tuple[Counter[str], Counter[str]]:
+    """Every daemon's frames sent, by kind, and received, by stage."""
+    frames: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
+    for d in daemons:
+        for key, value in d.counters.snapshot().items():
+            if key.startswith("frames_sent{"):
+                frames[key[len("frames_sent{kind=\""):-2]] += value
+            elif key.startswith("frames_in{"):
+                stages[key[len("frames_in"):]] += value
+    return frames, stages
+
+
+def _center_costs(center_cpu: float | None, memory: dict[str, dict[str, int]], admitted: int) -> dict:
+    """The centers' CPU and the Redis memory, in all and per admitted URL."""
+    center_bytes = sum(memory.get("center", {}).values())
+    host_bytes = sum(memory.get("host", {}).values())
+    return dict(
+        center_cpu_s=None if center_cpu is None else round(center_cpu, 3),
+        center_cpu_ms_per_1k_urls=round(center_cpu * 1e6 / admitted, 1) if center_cpu is not None and admitted else None,
+        redis_bytes=memory,
+        center_redis_bytes_per_url=round(center_bytes / admitted, 1) if memory and admitted else None,
+        host_redis_bytes_per_url=round(host_bytes / admitted, 1) if memory and admitted else None,
+    )
+
+
+def _refused(daemons) -> dict[str, int]:
+    """What the daemons refused or slowed down, by counter series."""
+    bad: Counter[str] = Counter()
+    for d in daemons:
+        for key, value in d.counters.snapshot().items():
+            if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
+                bad[key] += value
+    return dict(bad)
+
+
 def wire_bytes(counters) -> int:
     """Bytes a daemon put on the wire: its messages' bytes (``sent_bytes``), except that
     those sent inside TLS count as the TLS records that carried them (``tls_sent_bytes``:
     TCP bytes under the SSLStream, handshakes included; dedupnet/adapters/tls.py CountingStream)."""
     return counters.get("sent_bytes") - counters.get("tls_payload_sent_bytes") + counters.get("tls_sent_bytes")
-
-
-def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
-                    max_depth: int | None = None, *, killed: frozenset[str] = frozenset(),
-                    windows: int = 1) -> tuple[list[str], int]:
-    """The design guide's invariant, checked from what the web served, not from anything
-    the daemons say: every URL a crawler extracted (a seed, a link of a page the web
-    answered, a redirect's target) ends crawled exactly once, or, if robots.txt forbids
-    it, not at all; and nothing is crawled that no fetched page led to. Variants of one
-    URL (``#x``, un-normalised spellings) are one URL after normalisation, which is how
-    a duplicate of a crawled URL is recorded. Returns one line per violation (the URL,
-    what went wrong, the fetched pages that carried it, when and by whom it was
-    requested) and the number of re-fetches excused: requests for a URL that one host
-    in ``killed`` (SIGKILLed during the run) made again, all by itself. A crawler records
-    a page in the same transaction that takes its task (local_host/crawler.py), so a
-    crawler killed between the web's answer and that transaction fetches the page again
-    when it restarts: at least once, never by another host. No crawler can do better:
-    the request is a side effect outside its store. Who made a request is the client
-    address the web saw (the daemons' crawlers send from their host's IP). With
-    ``windows`` K (re-crawl by age, ``--windows``) "once" is K times: once in each window."""
-    carriers: dict[str, list[str]] = {}
-    for s in seeds:
-        carriers.setdefault(normalize(s), []).append("(seed)")
-    for page in sorted(web.answer_counts):
-        if max_depth is not None and depth.get(page, 0) >= max_depth:
-            continue  # its links are not followed (the crawler stores the depth with the URL)
-        redirect = web.redirect_of(page)
-        for link in dict.fromkeys([redirect[1]] if redirect else web.links_of(page)):
-            carriers.setdefault(link, []).append(page)
-    times: dict[str, list[float]] = {}
-    origin = dict(zip(web.hosts, web.origins))
-    for t, host, path, _client in web.request_log:
-        try:
-            times.setdefault(normalize(origin[host] + path), []).append(t)
-        except (KeyError, ValueError, BadURL):
-            continue  # robots.txt and garbled targets: not a crawl of a URL
-    out = []
-
-    def seen(url: str) -> str:
-        via = carriers.get(url, [])
-        at = ", ".join(f"{t:.1f}" for t in times.get(url, [])[:5])
-        by = ", ".join(web.answered_by.get(url, [])[:5])
-        return (f"; carried by {len(via)} page(s), e.g. {', '.join(via[:3])}" if via else "") + \
-               (f"; requested at t={at}" if at else "") + (f" by {by}" if by else "")
-
-    excused = 0
-    for url in sorted(carriers):
-        n = web.answer_counts.get(url, 0)
-        by = set(web.answered_by.get(url, ()))
-        if n > windows and len(by) == 1 and by <= killed:
-            excused += n - windows
-            continue
-        if web.disallowed(url):
-            if web.fetch_counts.get(url, 0):
-                out.append(f"{url}: robots.txt forbids it, fetched {web.fetch_counts[url]} time(s){seen(url)}")
-        elif n == 0:
-            out.append(f"{url}: extracted, never crawled (lost){seen(url)}")
-        elif n > windows:
-            out.append(f"{url}: crawled {n} times (duplicate{f' over {windows} windows' if windows > 1 else ''}){seen(url)}")
-        elif n < windows:
-            out.append(f"{url}: crawled {n} of {windows} times (missed a window){seen(url)}")
-    for url in sorted(set(web.answer_counts) - set(carriers)):
-        out.append(f"{url}: crawled, but no fetched page or seed led to it{seen(url)}")
-    return out, excused
-
-
-def refetch_gap(web: SyntheticWeb) -> float | None:
-    """The shortest time between two answered requests for one URL (the web's request
-    log; a flaky page's 503s are not answers), or None if no URL was fetched twice."""
-    origin = dict(zip(web.hosts, web.origins))
-    times: dict[str, list[float]] = {}
-    for t, host, path, _client in web.request_log:
-        if path == "/robots.txt":
-            continue  # each crawler reads it once per site
-        try:
-            times.setdefault(normalize(origin[host] + path), []).append(t)
-        except (KeyError, ValueError, BadURL):
-            continue
-    gaps = []
-    for url, ts in times.items():
-        i = web.lookup(url)
-        if i is not None and web.flaky[i]:
-            ts = ts[web.spec.flaky_failures:]
-        gaps += [b - a for a, b in zip(ts, ts[1:])]
-    return round(min(gaps), 3) if gaps else None
-
-
-def finished_twice(stores: list, skipped: set[str]) -> int:
-    """The harness's own duplicate count: URLs recorded in the finish_URL of more than one
-    host (each host finishes a URL once), less robots-disallowed ones, which are finished
-    without a request. Independent of the web server's counts, which it should match."""
-    seen: Counter[tuple[int, bytes]] = Counter()
-    for store in stores:
-        batch = store.batch()
-        for bucket in range(1 << store.bucket_bits):
-            batch.add(b"SMEMBERS", f"{store.fp_key(FINISH_URL)}:{bucket}")
-        for bucket, members in enumerate(store.execute(batch)):
-            seen.update((bucket, m) for m in members)
-    excluded = set(stores[0].fp_members(fingerprint_many(sorted(skipped)))) if skipped else set()
-    return sum(c - 1 for key, c in seen.items() if c > 1 and key not in excluded)
 
 
 def _bloom_note(c: dict) -> str:

@@ -16,7 +16,7 @@ from dedupnet.codec.settings import CENTER, LOCAL, SETTINGS, SIM
 
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault
 from dedupnet.harness.report import (
-    SCENARIOS, MODES, SimConfig, check_routing, check_secure, check_windows, format_report, format_comparison,
+    SCENARIOS, MODES, Report, SimConfig, check_routing, check_secure, check_windows, format_report, format_comparison,
     plot,
 )
 from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
@@ -47,21 +47,12 @@ def config_from(args) -> SimConfig:
 def run(args) -> int:
     """``dedupnet sim``: one run, or ``--compare`` (the three modes on the same seed),
     or ``--chaos N`` (N random fault schedules, dedupnet/harness/chaos.py)."""
-    import orjson
-
     if args.sweep:
         return _sweep(args)
 
     base = config_from(args)
     try:
-        check_secure(base)
-        check_windows(base)
-        check_routing(base)
-        if base.recrawl_after is not None and (args.processes or args.compare or args.chaos is not None):
-            raise ValueError("--recrawl-after runs in one process, one mode (not with --processes, --compare "
-                             "or --chaos)")
-        if args.compare and base.secure:
-            raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
+        _check_flags(args, base)
     except ValueError as e:
         print(f"dedupnet sim: {e}", file=sys.stderr)
         return 2
@@ -69,17 +60,46 @@ def run(args) -> int:
         from dedupnet.harness.chaos import run_chaos
 
         return run_chaos(base, args)
+    refused = _refused_in_one_run(args, base)
+    if refused is not None:
+        print(f"dedupnet sim: {refused}", file=sys.stderr)
+        return 2
+    reports = _run_modes(args, base)
+    if reports is None:
+        return 2
+    _write_outputs(args, reports)
+    return 1 if any(r.timed_out for r in reports) else 0
+
+
+def _check_flags(args, base: SimConfig) -> None:
+    """ValueError for flags that cannot go together, whatever kind of run."""
+    check_secure(base)
+    check_windows(base)
+    check_routing(base)
+    if base.recrawl_after is not None and (args.processes or args.compare or args.chaos is not None):
+        raise ValueError("--recrawl-after runs in one process, one mode (not with --processes, --compare "
+                         "or --chaos)")
+    if args.compare and base.secure:
+        raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
+
+
+def _refused_in_one_run(args, base: SimConfig) -> str | None:
+    """Why a single run (or --compare) cannot do what the flags ask, or None."""
     if args.http and args.processes:
-        print("dedupnet sim: --http serves the one-process simulation's page; with --processes every center is its "
-              "own process: give it --http there (dedupnet center --http HOST:PORT)", file=sys.stderr)
-        return 2
+        return ("--http serves the one-process simulation's page; with --processes every center is its "
+                "own process: give it --http there (dedupnet center --http HOST:PORT)")
     if base.faults and not args.processes and any(f.kind not in INPROCESS_FAULTS for f in base.faults):
-        print("dedupnet sim: " + faults_refused(base.faults), file=sys.stderr)
-        return 2
+        return faults_refused(base.faults)
+    return None
+
+
+def _run_modes(args, base: SimConfig) -> list[Report] | None:
+    """Every mode asked for (one, or the three of --compare) on the run's server, each
+    report printed as it comes; None if a mode was refused (said on stderr)."""
     modes = MODES if args.compare else (args.mode,)
     reports = []
     if args.redis_cluster:
-        from dedupnet.adapters.embedded import EmbeddedCluster
+        from dedupnet.adapters.embedded_cluster import EmbeddedCluster
 
         server_cm = EmbeddedCluster(args.redis_cluster)
     else:
@@ -89,24 +109,36 @@ def run(args) -> int:
             cfg = dataclasses.replace(base, mode=mode)
             print(f"-- {cfg.networks} networks x {cfg.hosts} hosts, {mode} mode, {cfg.scenario}: crawling "
                   f"{cfg.pages:,} pages over {cfg.sites} sites", flush=True)
-            if args.processes:
-                from dedupnet.harness.simproc import simulate_processes
-
-                try:
-                    report = trio.run(simulate_processes, cfg, url)
-                except ValueError as e:  # a mode or scenario processes mode does not run
-                    print(f"dedupnet sim: {e}", file=sys.stderr)
-                    return 2
-            else:
-                during = None
-                if args.http:  # the live status page of the whole system (dedupnet/adapters/status_page.py)
-                    from dedupnet.harness.simpage import serve_sim_status
-
-                    during = serve_sim_status(args.http, {k: getattr(cfg, k) for k in (
-                        "networks", "hosts", "pages", "sites", "mode", "scenario", "seed")})
-                report = trio.run(lambda: simulate(cfg, url, during=during))
+            report = _run_one(args, cfg, url)
+            if report is None:
+                return None
             reports.append(report)
             print(format_report(report), flush=True)
+    return reports
+
+
+def _run_one(args, cfg: SimConfig, url: str) -> Report | None:
+    if args.processes:
+        from dedupnet.harness.simproc import simulate_processes
+
+        try:
+            return trio.run(simulate_processes, cfg, url)
+        except ValueError as e:  # a mode or scenario processes mode does not run
+            print(f"dedupnet sim: {e}", file=sys.stderr)
+            return None
+    during = None
+    if args.http:  # the live status page of the whole system (dedupnet/adapters/status_page.py)
+        from dedupnet.harness.simpage import serve_sim_status
+
+        during = serve_sim_status(args.http, {k: getattr(cfg, k) for k in (
+            "networks", "hosts", "pages", "sites", "mode", "scenario", "seed")})
+    return trio.run(lambda: simulate(cfg, url, during=during))
+
+
+def _write_outputs(args, reports: list[Report]) -> None:
+    """The comparison table (--compare), the JSON (--json) and the plot (--plot)."""
+    import orjson
+
     if args.compare:
         print("\n" + format_comparison(reports))
     if args.json:
@@ -115,7 +147,6 @@ def run(args) -> int:
             f.write(orjson.dumps(data, option=orjson.OPT_INDENT_2))
     if args.plot:
         plot(reports[0], args.plot)
-    return 1 if any(r.timed_out for r in reports) else 0
 
 
 @contextlib.contextmanager
@@ -220,6 +251,20 @@ def add_daemon_settings(p) -> None:
 
 
 def add_arguments(p) -> None:
+    """The flags of ``dedupnet sim``, in the order --help lists them."""
+    _add_layout_arguments(p)
+    _add_protocol_arguments(p)
+    _add_fault_arguments(p)
+    _add_run_arguments(p)
+    _add_security_arguments(p)
+    _add_feature_arguments(p)
+    _add_output_arguments(p)
+    _add_store_arguments(p)
+    add_daemon_settings(p)
+
+
+def _add_layout_arguments(p) -> None:
+    """The system and the web it crawls."""
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
     p.add_argument("--pages", type=int, default=3000, help="pages of the synthetic web (default 3000)")
@@ -230,6 +275,9 @@ def add_arguments(p) -> None:
     p.add_argument("--seed", type=int, default=1, help="seeds the web and the run (default 1)")
     p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
     p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
+
+
+def _add_protocol_arguments(p) -> None:
     p.add_argument("--set-size", type=int, default=SimConfig.set_size, help="URLs per URL_set (default %(default)s)")
     p.add_argument("--set-linger", type=float, default=SimConfig.set_linger, metavar="S",
                    help="seconds a host waits for a URL_set to fill (default %(default)s)")
@@ -250,6 +298,9 @@ def add_arguments(p) -> None:
                    help="a late answer or a network that is down: wait (exact mode's default) or admit")
     p.add_argument("--answer-timeout", type=float, default=SimConfig.answer_timeout, metavar="S",
                    help="seconds before a set is asked again (default %(default)s)")
+
+
+def _add_fault_arguments(p) -> None:
     p.add_argument("--send-delay", type=float, default=0.0, metavar="S",
                    help="fault injection: every message a host sends waits S seconds (one process only)")
     p.add_argument("--fault", dest="faults", action="append", type=_fault_arg, metavar="SPEC",
@@ -263,6 +314,10 @@ def add_arguments(p) -> None:
     p.add_argument("--scenario", choices=SCENARIOS, default="default",
                    help="concurrent: every host seeded with the same pages; churn: a host leaves and another "
                         "joins; restart: a center is killed and restarted (both a third of the way in)")
+
+
+def _add_run_arguments(p) -> None:
+    """How long, how many runs, in how many processes."""
     p.add_argument("--timeout", type=float, default=120.0, help="give up (and say so) after this many seconds")
     p.add_argument("--compare", action="store_true", help="run exact, paper and owner on the same seed, side by side")
     p.add_argument("--processes", action="store_true",
@@ -272,6 +327,9 @@ def add_arguments(p) -> None:
                         "and print one table (see bench/bench_topology.py for all its options)")
     p.add_argument("--baseline-python", metavar="PYTHON",
                    help="with --sweep: also run each layout with another checkout's interpreter, side by side")
+
+
+def _add_security_arguments(p) -> None:
     p.add_argument("--lan-key", action="store_true",
                    help="HMAC tags on the LANs: a random LAN key is made for the run")
     p.add_argument("--secure", action="store_true",
@@ -279,6 +337,11 @@ def add_arguments(p) -> None:
                         "(certificates made for the run) and HMAC tags on the LANs (a random LAN key, as --lan-key); "
                         "the report counts TLS records on the wire")
     p.add_argument("--lan-tls", action="store_true", help="with --secure: TLS between hosts and their center too")
+
+
+def _add_feature_arguments(p) -> None:
+    """Optional parts of the product switched on for the run: the live status page,
+    re-crawling by age, acknowledgements only once on disk."""
     p.add_argument("--http", type=_http_arg, metavar="[HOST:]PORT",
                    help="serve a live status page of the whole system (every center, the hosts) at "
                         "http://HOST:PORT/ while it runs (HOST default 127.0.0.1; docs/STATUS.md)")
@@ -291,16 +354,22 @@ def add_arguments(p) -> None:
     p.add_argument("--durable-acks", action="store_true",
                    help="every daemon sends what depends on a write only once Redis has fsynced it (WAITAOF); "
                         "the embedded server then keeps an AOF in a temporary directory")
+
+
+def _add_output_arguments(p) -> None:
     p.add_argument("--json", metavar="FILE", help="write the report as JSON")
     p.add_argument("--plot", metavar="FILE.png", help="draw the run over time (needs matplotlib)")
+
+
+def _add_store_arguments(p) -> None:
+    """Where the run's keys are, and how the hosts keep finish_URL."""
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "
                                                    "(redis+cluster://HOST:PORT: a Redis Cluster)")
     p.add_argument("--redis-cluster", type=int, metavar="N",
-                   help="run on an embedded Redis Cluster of N masters (dedupnet/adapters/embedded.py EmbeddedCluster)")
+                   help="run on an embedded Redis Cluster of N masters (dedupnet/adapters/embedded_cluster.py)")
     p.add_argument("--finish-url-filter", choices=("exact", "bloom"), default="exact",
                    help="the hosts' finish_URL: exact (default) or bloom; each false positive is a URL never crawled")
     p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N",
                    help="URLs the hosts' Bloom filters are sized for (default %(default)s)")
     p.add_argument("--bloom-error-rate", type=float, default=SimConfig.bloom_error_rate, metavar="P",
                    help="their false-positive rate at capacity (default %(default)s)")
-    add_daemon_settings(p)

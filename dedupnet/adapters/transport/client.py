@@ -70,11 +70,7 @@ async def connect(
     """
     options = options.but(**changes)
     timeout = options.connect_timeout
-    try:
-        with trio.fail_after(timeout):
-            stream = await trio.open_tcp_stream(host, port, local_address=local_ip)
-    except trio.TooSlowError:
-        raise TimeoutError(f"connecting to {host}:{port} took more than {timeout:g} s") from None
+    stream = await _open_tcp(host, port, local_ip, timeout)
     if tls_context is not None:
         stream = await _connect_tls(stream, tls_context, expect_uri, counters, timeout, f"{host}:{port}")
     try:
@@ -91,6 +87,14 @@ async def connect(
         raise
     counters.inc("connected")
     return conn
+
+
+async def _open_tcp(host: str, port: int, local_ip: str | None, timeout: float) -> trio.SocketStream:
+    try:
+        with trio.fail_after(timeout):
+            return await trio.open_tcp_stream(host, port, local_address=local_ip)
+    except trio.TooSlowError:
+        raise TimeoutError(f"connecting to {host}:{port} took more than {timeout:g} s") from None
 
 
 async def _send_register(conn: Connection, handshake: ClientHandshake, timeout: float) -> None:
