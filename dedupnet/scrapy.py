@@ -77,6 +77,14 @@ nothing to do close it.
 
 All Redis calls are made from the Twisted reactor's thread, synchronously, in batches:
 one round trip per batch of tasks taken and per flush, not per request.
+
+This module holds the scheduler; its parts live beside it, each importable on its own:
+the lease book (:mod:`dedupnet.scrapy_leases`, sans-I/O), the records of callbacks
+(:mod:`dedupnet.scrapy_records`), the dupefilter (:mod:`dedupnet.scrapy_dupefilter`),
+the reading of the settings (:mod:`dedupnet.scrapy_settings`), the robots.txt gate
+(:mod:`dedupnet.scrapy_robots`) and the census (:mod:`dedupnet.scrapy_census`). The
+names users give Scrapy (``dedupnet.scrapy.Scheduler``, ``dedupnet.scrapy.DupeFilter``)
+are all here.
 """
 
 from __future__ import annotations
@@ -84,27 +92,24 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
-import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-import orjson
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import RedisError
 from scrapy import Request, signals
-from scrapy.dupefilters import BaseDupeFilter
-from scrapy.exceptions import DontCloseSpider, NotConfigured
+from scrapy.exceptions import DontCloseSpider
 from twisted.internet import reactor, task
 
-from dedupnet.adapters.store_choice import store_for
-from dedupnet.codec.errors import BadURL, DedupnetError
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, RetryPolicy, Store, fingerprint_fields
-from dedupnet.codec.urls import fingerprint, fingerprint_many, normalize
-from dedupnet.scrapy_census import NOT_STARTED, CrawlCensus
-from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
 from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.codec.errors import BadURL, DedupnetError
+from dedupnet.codec.urls import fingerprint_many, normalize
+from dedupnet.scrapy_census import NOT_STARTED, CrawlCensus
+from dedupnet.scrapy_dupefilter import DupeFilter
+from dedupnet.scrapy_leases import ROBOTS_META, TASK_META, Lease, TaskBook, forget_task, normal_url
+from dedupnet.scrapy_records import REQUESTS, record_of, records_of, task_request
+from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
+from dedupnet.scrapy_settings import safe_url, scheduler_args
 from local_host.fetch import RobotsUnavailable, origin_of
 from local_host.pools import published_recrawl
 from local_host.tasks import GROUP, finish_tasks, take_tasks
@@ -113,13 +118,6 @@ __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META",
 
 log = logging.getLogger("dedupnet.scrapy")
 
-#: Request meta key: the task_pool entry id (str) a request is fetched for.
-TASK_META = "dedupnet_task"
-#: Hash 8-byte fingerprint -> JSON {cb, eb, kw, p} of discovered requests with more than a URL.
-REQUESTS = "scrapy_requests"
-#: Request meta key: this scheduler checked the task against robots.txt (and set
-#: ``dont_obey_robotstxt``, which a request copied from it must not keep).
-ROBOTS_META = "dedupnet_robots"
 #: Seconds before a robots.txt that could not be fetched is asked for again.
 ROBOTS_RETRY_DELAY = 5.0
 #: Longest a watch for new tasks blocks in Redis (also how long closing may wait for it).
@@ -127,197 +125,6 @@ WATCH_BLOCK = 1.0
 #: Seconds between two looks, while idle, for entries delivered to this consumer that
 #: it never received (as the crawler's PENDING_RESCAN).
 PENDING_RESCAN = 5.0
-
-
-# -- the lease book: sans-I/O ---------------------------------------------------------------
-@dataclass
-class Lease:
-    """One task taken from task_pool and not finished yet."""
-
-    eid: bytes
-    url: str  # normalised task URL
-    #: URLs fetched for it (the task URL, then each redirecting URL): all go into finish_URL.
-    chain: list[str] = field(default_factory=list)
-    #: The URL of the request of it now queued here or in the engine.
-    current: str = ""
-    #: Requests of it queued here or handed to the engine and not yet done with.
-    live: int = 0
-
-
-class TaskBook:
-    """Which tasks are leased, which requests carry them, which are finished.
-
-    Events in (:meth:`taken`, :meth:`handed`, :meth:`child`, :meth:`released`), the
-    finished leases out (:meth:`finished`). No I/O: the scheduler feeds it."""
-
-    def __init__(self) -> None:
-        self.leases: dict[bytes, Lease] = {}
-        #: id(request) -> (request, entry id) for task requests handed to the engine.
-        self.out: dict[int, tuple[Request, bytes]] = {}
-        self.done: list[Lease] = []
-
-    def __len__(self) -> int:
-        return len(self.leases)
-
-    def taken(self, eid: bytes, url: str) -> Lease | None:
-        """A task read from task_pool; None if it is leased here already (a re-delivery)."""
-        if eid in self.leases:
-            return None
-        lease = self.leases[eid] = Lease(eid, url, [url], url, live=1)
-        return lease
-
-    def lease_of(self, request: Request) -> Lease | None:
-        eid = request.meta.get(TASK_META)
-        return self.leases.get(eid.encode()) if isinstance(eid, str) else None
-
-    def handed(self, request: Request) -> None:
-        """A task request went to the engine (it is in the engine's in-progress set
-        from now until Scrapy is done with it)."""
-        lease = self.lease_of(request)
-        if lease is not None:
-            self.out[id(request)] = (request, lease.eid)
-
-    def child(self, request: Request, url: str | None) -> str:
-        """A request carrying a task's meta came back to the scheduler (``url``: its
-        normalised URL, None if bad). Returns ``"retry"`` (it belongs to the task: queue
-        it), ``"redirect"`` (the task's page was a redirect: the task is done with the
-        current URL; the target is a discovered URL) or ``"other"`` (a new request that
-        copied the meta: an ordinary discovered request)."""
-        lease = self.lease_of(request)
-        if lease is None or url is None:
-            return "other"
-        hops = request.meta.get("redirect_urls") or []
-        if url == lease.current:
-            lease.live += 1
-            return "retry"
-        if hops and _normal(hops[-1]) == lease.current:
-            return "redirect"
-        return "other"
-
-    def released(self, in_progress) -> int:
-        """Task requests the engine no longer holds are done with; returns how many."""
-        gone = [k for k, (req, _) in self.out.items() if req not in in_progress]
-        for k in gone:
-            _, eid = self.out.pop(k)
-            self._drop(eid)
-        return len(gone)
-
-    def not_fetched(self, request: Request) -> None:
-        """A task request queued here that is done with without a fetch (robots.txt
-        forbids it, or cannot be had): its task is finished."""
-        lease = self.lease_of(request)
-        if lease is not None:
-            self._drop(lease.eid)
-
-    def _drop(self, eid: bytes) -> None:
-        lease = self.leases.get(eid)
-        if lease is None:
-            return
-        lease.live -= 1
-        if lease.live <= 0:
-            del self.leases[eid]
-            self.done.append(lease)
-
-    def finished(self) -> list[Lease]:
-        out, self.done = self.done, []
-        return out
-
-
-def _forget_task(request: Request) -> None:
-    """A request that carries a task's meta but is not that task's fetch (a redirect's
-    target, a request made with copied meta) loses what the scheduler put there."""
-    request.meta.pop(TASK_META, None)
-    if request.meta.pop(ROBOTS_META, None):
-        request.meta.pop("dont_obey_robotstxt", None)
-
-
-def _normal(url: str) -> str | None:
-    try:
-        return normalize(url)
-    except BadURL:
-        return None
-
-
-def _redis_settings(settings) -> tuple[str, str, int]:
-    """(Redis URL, key prefix, bucket bits) of the host from Scrapy settings."""
-    url = settings.get("DEDUPNET_REDIS_URL")
-    data_dir = settings.get("DEDUPNET_DATA_DIR")
-    if not url and data_dir:
-        path = Path(data_dir) / "redis.url"
-        try:
-            url = path.read_text().strip()
-        except OSError as e:
-            raise NotConfigured(f"DEDUPNET_DATA_DIR: cannot read {path} (is `dedupnet local` running "
-                                f"with this --data-dir?): {e}") from None
-    if not url:
-        raise NotConfigured("dedupnet.scrapy needs DEDUPNET_REDIS_URL (the host daemon's --redis) "
-                            "or DEDUPNET_DATA_DIR (its --data-dir, for its embedded Redis)")
-    prefix = settings.get("DEDUPNET_PREFIX")
-    ip = settings.get("DEDUPNET_HOST_IP")
-    if not prefix and ip:
-        prefix = f"dedupnet:host:{ip}"  # the daemon's default (dedupnet/service/daemons.py run_local)
-    if not prefix:
-        raise NotConfigured("dedupnet.scrapy needs DEDUPNET_PREFIX (the host daemon's --prefix) "
-                            "or DEDUPNET_HOST_IP (its --ip, for the default prefix)")
-    return url, prefix, settings.getint("DEDUPNET_BUCKET_BITS", 0)
-
-
-def _build(objcls, crawler):
-    try:
-        from scrapy.utils.misc import build_from_crawler  # Scrapy 2.12+
-    except ImportError:  # pragma: no cover - Scrapy 2.11
-        from scrapy.utils.misc import create_instance
-
-        return create_instance(objcls, crawler.settings, crawler)
-    return build_from_crawler(objcls, crawler)
-
-
-# -- the dupefilter ---------------------------------------------------------------------------
-class DupeFilter(BaseDupeFilter):
-    """The host-local first layer: drops a URL this spider has pushed already in this
-    run, by dedupnet's normalisation and fingerprint (``http://A.com:80/x#y`` and
-    ``http://a.com/x`` are one URL), so ``URL_pool`` is not fed the same URL again and
-    again. The real de-dup (``finish_URL``, the LAN, other networks) is the protocol's.
-
-    In memory, bounded by ``DEDUPNET_SEEN_MAX`` fingerprints (default 1,000,000, 8 bytes
-    each plus the set's overhead): when full it starts again empty, which costs only
-    URLs pushed twice (the protocol drops them). Requests that are not GETs or have a
-    body are never "seen" (the scheduler does not ask for them)."""
-
-    def __init__(self, max_size: int = 1_000_000, debug: bool = False):
-        self.max_size = max_size
-        self.debug = debug
-        self.seen: set[int] = set()
-        self.filtered = 0
-
-    @classmethod
-    def from_crawler(cls, crawler):
-        s = crawler.settings
-        return cls(s.getint("DEDUPNET_SEEN_MAX", 1_000_000), s.getbool("DUPEFILTER_DEBUG"))
-
-    @classmethod
-    def from_settings(cls, settings):  # pragma: no cover - Scrapy < 2.12 path
-        return cls(settings.getint("DEDUPNET_SEEN_MAX", 1_000_000), settings.getbool("DUPEFILTER_DEBUG"))
-
-    def request_fingerprint(self, request: Request) -> int | None:
-        url = _normal(request.url)
-        return None if url is None else fingerprint(url)
-
-    def request_seen(self, request: Request) -> bool:
-        fp = self.request_fingerprint(request)
-        if fp is None:
-            return False  # the scheduler counts and drops bad URLs
-        if fp in self.seen:
-            self.filtered += 1
-            return True
-        if len(self.seen) >= self.max_size:
-            self.seen.clear()
-        self.seen.add(fp)
-        return False
-
-    def log(self, request: Request, spider) -> None:
-        if self.debug:
-            log.debug("filtered (pushed already): %s", request.url)
 
 
 # -- the scheduler ----------------------------------------------------------------------------
@@ -373,27 +180,8 @@ class Scheduler:
 
     @classmethod
     def from_crawler(cls, crawler):
-        s = crawler.settings
-        url, prefix, bits = _redis_settings(s)
-        # Calls block the reactor: short timeouts and few retries (what is not written
-        # stays in memory and goes at the next tick).
-        store = store_for(url, prefix, bucket_bits=bits, retry=RetryPolicy(attempts=3, max_delay=0.5),
-                      socket_timeout=s.getfloat("DEDUPNET_SOCKET_TIMEOUT", 5.0))
-        consumer = s.get("DEDUPNET_CONSUMER") or s.get("DEDUPNET_HOST_IP") or f"scrapy-{socket.gethostname()}"
-        concurrency = s.getint("CONCURRENT_REQUESTS", 16)
-        return cls(
-            crawler, store, _build(_load(s.get("DUPEFILTER_CLASS")), crawler), consumer=consumer,
-            take_batch=s.getint("DEDUPNET_TAKE_BATCH", concurrency),
-            max_leased=s.getint("DEDUPNET_MAX_LEASED", concurrency),
-            flush_interval=s.getfloat("DEDUPNET_FLUSH_INTERVAL", 0.2),
-            push_batch=s.getint("DEDUPNET_PUSH_BATCH", 1000),
-            max_idle=s.getfloat("DEDUPNET_MAX_IDLE", 0.0),
-            seed_start_requests=s.getbool("DEDUPNET_SEED_START_REQUESTS", True),
-            keep_callbacks=s.getbool("DEDUPNET_KEEP_CALLBACKS", True),
-            robots=RobotsGate(s.get("ROBOTSTXT_USER_AGENT") or s.get("USER_AGENT") or "Scrapy")
-            if s.getbool("ROBOTSTXT_OBEY") else None,
-            census=_census(s),
-        )
+        store, dupefilter, options = scheduler_args(crawler)
+        return cls(crawler, store, dupefilter, **options)
 
     # -- Scrapy's scheduler interface --------------------------------------------------------
     def open(self, spider):
@@ -414,7 +202,7 @@ class Scheduler:
         self._watcher = threading.Thread(target=self._watch_tasks, name="dedupnet-task-watch", daemon=True)
         self._watcher.start()
         log.info("dedupnet: spider %s is the crawler of %s (consumer %r of group %r on %s)",
-                 spider.name, self.store.prefix, self.consumer, GROUP, _safe_url(self.store.url))
+                 spider.name, self.store.prefix, self.consumer, GROUP, safe_url(self.store.url))
         return None
 
     def close(self, reason: str):
@@ -448,7 +236,7 @@ class Scheduler:
 
     def enqueue_request(self, request: Request) -> bool:
         self._active_at = time.monotonic()
-        url = _normal(request.url) if request.method in ("GET", "HEAD") else None
+        url = normal_url(request.url) if request.method in ("GET", "HEAD") else None
         if TASK_META in request.meta:
             kind = self.book.child(request, url)
             if kind == "retry":
@@ -459,10 +247,10 @@ class Scheduler:
                 # The task's URL answered with a redirect: done with it; the target is
                 # a discovered URL (the lease ends when the engine lets the redirecting
                 # request go, right after this call).
-                _forget_task(request)
+                forget_task(request)
                 self.stats.inc_value("dedupnet/redirects")
                 return self._discovered(request, url, redirect=True)
-            _forget_task(request)  # copied meta: not ours
+            forget_task(request)  # copied meta: not ours
         if request.method != "GET" or request.body:
             return self._bypass(request, "not_get")
         if request.dont_filter and not (self.seed_start_requests and request.meta.get("is_start_request")):
@@ -547,36 +335,13 @@ class Scheduler:
             return False
         self._links.append(url)
         if self.keep_callbacks:
-            record = self._record(request)
+            record = record_of(request, self.spider, self.stats)
             if record is not None:
                 self._records[fingerprint_fields(fingerprint_many([url]))[0]] = record
         self.stats.inc_value("dedupnet/pushed")
         if len(self._links) >= self.push_batch:
             self._try_flush()
         return True
-
-    def _record(self, request: Request) -> bytes | None:
-        """What a task of this URL needs beyond its URL (callback, errback, cb_kwargs,
-        priority), as JSON; None when it is a plain request to ``parse``."""
-        rec: dict[str, Any] = {}
-        for key, fn in (("cb", request.callback), ("eb", request.errback)):
-            if fn is None:
-                continue
-            name = getattr(fn, "__name__", None)
-            if getattr(fn, "__self__", None) is not self.spider or not name or name.startswith("__"):
-                self.stats.inc_value("dedupnet/callback_not_kept")
-                continue
-            if not (key == "cb" and name == "parse"):
-                rec[key] = name
-        if request.cb_kwargs:
-            try:
-                orjson.dumps(request.cb_kwargs)
-                rec["kw"] = request.cb_kwargs
-            except TypeError:
-                self.stats.inc_value("dedupnet/cb_kwargs_not_kept")
-        if request.priority:
-            rec["p"] = request.priority
-        return orjson.dumps(rec) if rec else None
 
     def _bypass(self, request: Request, why: str) -> bool:
         self.stats.inc_value(f"dedupnet/bypassed/{why}")
@@ -644,9 +409,9 @@ class Scheduler:
             self.stats.inc_value("dedupnet/tasks_resumed", resumed)
         if not fresh:
             return 0
-        records = self._records_of([lease.url for lease in fresh]) if self.keep_callbacks else {}
+        records = records_of(self.store, [lease.url for lease in fresh], self.stats) if self.keep_callbacks else {}
         for lease in fresh:
-            self._push_local(self._task_request(lease, records.get(lease.url)))
+            self._push_local(task_request(lease, records.get(lease.url), self.spider))
         self.stats.inc_value("dedupnet/tasks_taken", len(fresh))
         self._active_at = time.monotonic()
         return len(fresh)
@@ -655,7 +420,7 @@ class Scheduler:
         entries, last = take_tasks(self.store, self.consumer, count, start)
         good, bad = [], []
         for eid, value in entries:
-            url = _normal(value)
+            url = normal_url(value)
             if url is None:
                 bad.append(eid)
                 self.stats.inc_value("dedupnet/bad_input/task")
@@ -665,39 +430,6 @@ class Scheduler:
         if bad:
             self.store.stream_done(TASK_POOL, GROUP, bad)
         return good, last
-
-    def _records_of(self, urls: list[str]) -> dict[str, dict]:
-        fields = fingerprint_fields(fingerprint_many(urls))
-        try:
-            values = self.store.command(b"HMGET", self.store.key(REQUESTS), *fields)
-        except (RedisError, DedupnetError, OSError) as e:
-            log.warning("dedupnet: reading callbacks failed: %s (tasks go to parse)", e)
-            return {}
-        out = {}
-        for url, value in zip(urls, values):
-            if value:
-                try:
-                    out[url] = orjson.loads(value)
-                except orjson.JSONDecodeError:
-                    self.stats.inc_value("dedupnet/bad_input/request_record")
-        return out
-
-    def _task_request(self, lease: Lease, record: dict | None) -> Request:
-        kw: dict[str, Any] = {}
-        if record:
-            for key, arg in (("cb", "callback"), ("eb", "errback")):
-                name = record.get(key)
-                if name:
-                    fn = getattr(self.spider, name, None)
-                    if callable(fn):
-                        kw[arg] = fn
-                    else:
-                        log.warning("dedupnet: spider has no method %r (task %s): default used", name, lease.url)
-            if isinstance(record.get("kw"), dict):
-                kw["cb_kwargs"] = record["kw"]
-            if isinstance(record.get("p"), int):
-                kw["priority"] = record["p"]
-        return Request(lease.url, meta={TASK_META: lease.eid.decode()}, **kw)
 
     # -- finishing -------------------------------------------------------------------------------
     def _engine_slot(self):
@@ -857,21 +589,3 @@ class Scheduler:
             raise DontCloseSpider
         log.info("dedupnet: nothing to do for %.0f s (DEDUPNET_MAX_IDLE): closing", self.max_idle)
 
-
-def _census(settings) -> CrawlCensus | None:
-    try:
-        return CrawlCensus.from_settings(settings)
-    except ValueError as e:
-        raise NotConfigured(f"dedupnet.scrapy: {e}") from None
-
-
-def _load(path: str):
-    from scrapy.utils.misc import load_object
-
-    return load_object(path)
-
-
-def _safe_url(url: str) -> str:
-    """A Redis URL without its password, for logs."""
-    head, at, tail = url.rpartition("@")
-    return f"{head.split('://')[0]}://***@{tail}" if at else url

@@ -14,8 +14,8 @@ MAX_MODULE_LINES = 700
 MAX_FUNCTION_LINES = 60
 
 #: Modules over the limit for now, each with the size it may not exceed: it may only
-#: shrink. dedupnet/scrapy.py is being split by the engineer who owns it.
-OVER_THE_LIMIT = {"dedupnet/scrapy.py": 877}
+#: shrink. None: a module that outgrows the limit is split, not listed here.
+OVER_THE_LIMIT: dict[str, int] = {}
 
 
 def sources() -> list[Path]:
