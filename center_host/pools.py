@@ -23,7 +23,7 @@ import orjson
 
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, Steps, Store
+from dedupnet.adapters.store import ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, CoreWrites, Steps, Store
 from dedupnet.adapters.watermark import tagged, untag
 from dedupnet.codec.urls import fingerprint_many
 
@@ -43,7 +43,9 @@ WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.NoteHost,
           cp.DropTask)
 
 
-class CenterPools:
+class CenterPools(CoreWrites):
+    writes = WRITES
+
     def __init__(self, store: Store, recrawl: RecrawlPolicy | None = None, clock: Callable[[], float] = time.time,
                  *, task_log: int = 0, step_of: Callable[[str], int] = lambda member: 0):
         self.store = store
@@ -52,17 +54,8 @@ class CenterPools:
         self.task_log = task_log
         self.step_of = step_of
 
-    def apply(self, actions: list) -> None:
-        """Carry out the store actions among ``actions`` atomically, in order."""
-        self.store.drive(self.apply_steps(actions))
-
-    # ``apply_steps`` and ``lookup_steps`` are the sans-I/O forms (dedupnet.adapters.store.Steps)
-    # the daemon drives on trio with AsyncStore.drive.
-    def apply_steps(self, actions: list, durable: bool = False) -> Steps[None]:
-        """``durable``: the event sends messages that depend on these writes (the store
-        returns once they are on disk, if it can tell)."""
-        yield from self.store.apply_writes_steps(actions, WRITES, self._queue, durable=durable)
-
+    # ``lookup_steps`` is the sans-I/O form (dedupnet.adapters.store.Steps) the daemon
+    # drives on trio with AsyncStore.drive, as CoreWrites.apply_steps.
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
         for a in writes:

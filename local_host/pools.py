@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.watermark import tagged
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Steps, Store
+from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, CoreWrites, Steps, Store
 from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import URLGate, fingerprint_many
 
@@ -69,7 +69,9 @@ RAISE_AND_RESERVE = (b"local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
 WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)
 
 
-class HostPools:
+class HostPools(CoreWrites):
+    writes = WRITES
+
     def __init__(self, store: Store, *, exact: bool, recrawl: RecrawlPolicy | None = None,
                  clock: Callable[[], float] = time.time, release_log: int = 0,
                  center_step: Callable[[], int] = lambda: 0):
@@ -88,15 +90,7 @@ class HostPools:
     # -- the core's actions ------------------------------------------------------------
     # Each protocol-path operation is also a sans-I/O generator (``*_steps``, see
     # dedupnet.adapters.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
-    # worker thread; the plain methods drive them synchronously.
-    def apply(self, actions: list) -> None:
-        self.store.drive(self.apply_steps(actions))
-
-    def apply_steps(self, actions: list, durable: bool = False) -> Steps[None]:
-        """``durable``: the event sends messages that depend on these writes (the store
-        returns once they are on disk, if it can tell)."""
-        yield from self.store.apply_writes_steps(actions, WRITES, self._queue, durable=durable)
-
+    # worker thread; the plain methods drive them synchronously (CoreWrites: apply).
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
         for a in writes:

@@ -662,6 +662,27 @@ class Store:
         return removed
 
 
+class CoreWrites:
+    """The store side of a sans-I/O core (center_host/pools.py, local_host/pools.py): the
+    write actions among an event's actions (those of ``writes``, queued by ``_queue``)
+    carried out as one transaction, in order. ``apply_steps`` is the sans-I/O form the
+    daemons drive on trio (AsyncStore.drive); ``apply`` drives it synchronously."""
+
+    writes: tuple = ()
+    store: Store
+
+    def _queue(self, batch: Batch, writes: list) -> None:
+        raise NotImplementedError
+
+    def apply(self, actions: list) -> None:
+        self.store.drive(self.apply_steps(actions))
+
+    def apply_steps(self, actions: list, durable: bool = False) -> Steps[None]:
+        """``durable``: the event sends messages that depend on these writes (the store
+        returns once they are on disk, if it can tell)."""
+        yield from self.store.apply_writes_steps(actions, self.writes, self._queue, durable=durable)
+
+
 def _chunked(it: Iterable[T], n: int) -> Iterator[list[T]]:
     chunk: list[T] = []
     for item in it:

@@ -115,7 +115,17 @@ class Stream:
         return [*self.new.values(), *self.pending.values()]
 
 
-class HostStore:
+class _Records:
+    """What a role's simulated store holds, as (place, URL) pairs (``records``)."""
+
+    def records(self) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def contents(self) -> list[str]:
+        return [u for _, u in self.records()]
+
+
+class HostStore(_Records):
     """One host's Redis: ``URL_pool``, ``URL_pool:unacked``, ``finish_URL``,
     ``task_pool`` (+ ``:fp``) and ``number_seq``."""
 
@@ -142,9 +152,6 @@ class HostStore:
         for data, _ in self.unacked.values():
             held += [("unacked", u) for u in wire.decode_one(data).URL_set]
         return held
-
-    def contents(self) -> list[str]:
-        return [u for _, u in self.records()]
 
     # -- the core's writes (local_host/pools.py HostPools._queue) ---------------------
     def apply(self, writes: list) -> None:
@@ -192,7 +199,7 @@ class HostStore:
             self.url_pool.add(url)
 
 
-class CenterStore:
+class CenterStore(_Records):
     """One center's Redis: the reduce pools, ``task_URL``, ``admitted`` and ``concluded``."""
 
     def __init__(self, journal: Journal):
@@ -214,9 +221,6 @@ class CenterStore:
             for record in pool.values():
                 held += [(name, u) for u in orjson.loads(record)["frame"]["URL_set"]]
         return held
-
-    def contents(self) -> list[str]:
-        return [u for _, u in self.records()]
 
     # -- center_host/pools.py CenterPools._queue ---------------------------------------
     def apply(self, writes: list) -> None:
