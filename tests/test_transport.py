@@ -126,6 +126,10 @@ async def test_handshake_and_echo_both_ways_with_bound_source():
     # Everything the client wrote was read by the server (it echoed all of it) and back.
     assert client_counters.get("sent_bytes") == server_counters.get("received_bytes") > 0
     assert server_counters.get("sent_bytes") == client_counters.get("received_bytes") > 0
+    # The bytes by kind add up to the whole (the report's "where the bytes go").
+    for counters in (client_counters, server_counters):
+        assert counters.total("sent_kind_bytes") == counters.get("sent_bytes")
+    assert client_counters.get("sent_kind_bytes", kind="frame") > client_counters.get("sent_kind_bytes", kind="register")
     assert server_counters.total("handshake_failed") == 0
     assert server_counters.total("bad_input") == 0
 

@@ -91,6 +91,7 @@ _ALL = (
     _c("frames_sent", "Messages written, by kind.", "kind"),
     _c("received_bytes", "Bytes read from sockets."),
     _c("sent_bytes", "Bytes of messages written (compressed where negotiated)."),
+    _c("sent_kind_bytes", "Bytes of messages written, by kind.", "kind"),
     _c("compressed_sent", "Messages sent with a compressed body."),
     _c("compressed_received", "Messages received with a compressed body."),
     _c("urgent_replaced", "Unsent urgent messages (heartbeats) replaced by a newer one."),

@@ -141,6 +141,8 @@ class Report:
     center_cpu_ms_per_1k_urls: float | None = None  # per 1,000 admitted URLs
     #: MEMORY USAGE of the run's keys at the end, by role ("center", "host") and key family.
     redis_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
+    #: Bytes of messages written, by the sender's role and the message's kind.
+    bytes_by_kind: dict[str, int] = field(default_factory=dict)
     center_redis_bytes_per_url: float | None = None  # per admitted URL
     host_redis_bytes_per_url: float | None = None  # per admitted URL
     #: The harness's own invariant check (:func:`check_extracted`): URLs that some fetched
@@ -352,7 +354,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
-    frames, stages = _frames(daemons)
+    frames, stages, kind_bytes = _frames(daemons, getattr(system, "centers", {}).values())
     stats = merged_info(server, "commandstats")
     lookups = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
     trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
@@ -379,6 +381,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         tls_payload_bytes=sum(d.counters.get("tls_payload_sent_bytes") for d in daemons),
         max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
         **_center_costs(center_cpu, memory or {}, admitted),
+        bytes_by_kind=dict(kind_bytes),
     )
     extra["bad_input"] = _refused(daemons)
     extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
@@ -403,17 +406,23 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     )
 
 
-def _frames(daemons) -> tuple[Counter[str], Counter[str]]:
-    """Every daemon's frames sent, by kind, and received, by stage."""
+def _frames(daemons, centers) -> tuple[Counter[str], Counter[str], Counter[str]]:
+    """Every daemon's frames sent, by kind, and received, by stage; bytes sent by the
+    sender's role and the message's kind."""
     frames: Counter[str] = Counter()
     stages: Counter[str] = Counter()
+    kind_bytes: Counter[str] = Counter()
+    center_ids = {id(c) for c in centers}
     for d in daemons:
+        role = "center" if id(d) in center_ids else "host"
         for key, value in d.counters.snapshot().items():
             if key.startswith("frames_sent{"):
                 frames[key[len("frames_sent{kind=\""):-2]] += value
+            elif key.startswith("sent_kind_bytes{"):
+                kind_bytes[role + " " + key[len('sent_kind_bytes{kind="'):-2]] += value
             elif key.startswith("frames_in{"):
                 stages[key[len("frames_in"):]] += value
-    return frames, stages
+    return frames, stages, kind_bytes
 
 
 def _center_costs(center_cpu: float | None, memory: dict[str, dict[str, int]], admitted: int) -> dict:
@@ -437,6 +446,12 @@ def _refused(daemons) -> dict[str, int]:
             if key.startswith(("bad_input{", "handshake_failed{", "rejected{", "throttled{")):
                 bad[key] += value
     return dict(bad)
+
+
+def _kind_text(r: Report) -> str:
+    """Where the bytes per distinct URL go: by the sender's role and the message kind."""
+    n = max(r.reachable_urls, 1)
+    return ", ".join(f"{k} {v / n:.1f}" for k, v in sorted(r.bytes_by_kind.items(), key=lambda kv: -kv[1])) or "n/a"
 
 
 def wire_bytes(counters) -> int:
@@ -483,6 +498,7 @@ def format_report(r: Report) -> str:
   links found (URL_pool)      {r.urls_found:>10,}   {r.urls_per_s:,.0f}/s
   frames sent                 {sum(r.frames.values()):>10,}   {frames}
   bytes on the wire           {r.bytes_on_wire:>10,}   {r.bytes_on_wire / max(r.urls_found, 1):,.0f} per URL found, {_num(r.bytes_per_url, ',.0f')} per distinct URL{_tls_text(r)}
+  bytes per distinct URL      {_kind_text(r)}
   frames per URL found        {_num(r.frames_per_url, '>10.3f')}
   URLs per URL_set (fill)     {_num(r.set_fill, '>10.1f')}   (flag=1 frames at the centers)
   max URL_pool backlog        {r.max_url_pool:>10,}

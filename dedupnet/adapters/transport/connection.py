@@ -128,16 +128,17 @@ def _signed(data: bytes, keyring: Keyring) -> bytes:
     return out
 
 
-def _sent_kinds(data: bytes) -> list[str]:
-    """The kinds of the messages in ``data`` (normally one), from their headers: byte 3 of
-    each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
+def _sent_kinds(data: bytes) -> list[tuple[str, int]]:
+    """The kinds and sizes of the messages in ``data`` (normally one), from their headers:
+    byte 3 of each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
     kinds = []
     offset = 0
     while offset + HEADER_SIZE <= len(data) and data[offset : offset + 2] == MAGIC:
-        kinds.append(kind_name(data[offset + 3]))
         body_len, tag_len = _BODY_AND_TAG.unpack_from(data, offset + 4)
-        offset += HEADER_SIZE + body_len + tag_len
-    return kinds or ["unknown"]
+        size = HEADER_SIZE + body_len + tag_len
+        kinds.append((kind_name(data[offset + 3]), size))
+        offset += size
+    return kinds or [("unknown", len(data))]
 
 
 def _socket_of(stream: trio.abc.Stream) -> Any:
@@ -563,8 +564,9 @@ class Connection:
         return True
 
     def _count_sent(self, data: bytes) -> None:
-        for kind in _sent_kinds(data):
+        for kind, size in _sent_kinds(data):
             self.counters.inc("frames_sent", kind=kind)
+            self.counters.inc("sent_kind_bytes", size, kind=kind)
         self.counters.inc("sent_bytes", len(data))
         if self.tls:
             self.counters.inc("tls_payload_sent_bytes", len(data))
