@@ -333,14 +333,14 @@ class CenterDaemon:
             await trio.sleep(interval)
             now = trio.current_time()
             stalled, last = max(0.0, now - last - interval), now
-            ours = heartbeat(self.settings.ip, store=self.pools.store.watermark)
+            ours, lean = heartbeat(self.settings.ip, store=self.pools.store.watermark), heartbeat(self.settings.ip)
             for member, conn in list(self.conns.items()):
                 # A control client is never a member. A busy link still carries our store
                 # watermark now and then, and at once on a new connection (a store that came
                 # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
                 if isinstance(member, cp.Operator):
                     continue
-                beat(conn, ours, interval)
+                beat(conn, ours, interval, lean)
             limit = now - self.settings.heartbeat_timeout
             for member, seen in list(self.last_seen.items()):
                 seen = self.last_seen[member] = now if member in self.busy_with else seen + stalled

@@ -263,7 +263,7 @@ class LocalDaemon:
         while True:
             if self.conn is not None:
                 beat(self.conn, heartbeat(self.settings.ip, self.task_pool_size, self.pools.store.watermark),
-                     self.settings.heartbeat_interval)
+                     self.settings.heartbeat_interval, lean=heartbeat(self.settings.ip, self.task_pool_size))
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _reoffer(self, behind: Behind) -> None:

@@ -775,3 +775,26 @@ async def test_a_heartbeat_goes_only_on_a_quiet_link_and_now_and_then_on_a_busy_
         conn.last_beat = trio.current_time()
         assert beat(conn, heartbeat("127.0.1.10"), interval)
     b.close()
+
+
+async def test_the_store_watermark_rides_on_a_links_first_heartbeat_and_every_tenth(autojump_clock):
+    """On a quiet link the watermark was half of each heartbeat's bytes: the lean form goes
+    in between, and the receiver hears the watermark as often as a busy link's does."""
+    from dedupnet.adapters.runtime import BEAT_EVERY, beat, heartbeat
+    from dedupnet.codec.wire import Decoder
+
+    a, b = socket.socketpair()
+    ours = trio.SocketStream(trio.socket.from_stdlib_socket(a))
+    full, lean = heartbeat("127.0.1.10", store=("a1b2c3d4e5f60718", 7)), heartbeat("127.0.1.10")
+    async with Connection(ours, counters=Counters()) as conn:
+        for _ in range(2 * BEAT_EVERY + 1):
+            assert beat(conn, full, 1.0, lean)  # quiet: one each interval
+            await trio.sleep(1.0)
+    decoder = Decoder()
+    b.setblocking(False)
+    decoder.feed(b.recv(1 << 20))
+    stores = [m.store for m in decoder.events()]
+    b.close()
+    assert len(stores) == 2 * BEAT_EVERY + 1
+    assert [i for i, s in enumerate(stores) if s is not None] == [0, BEAT_EVERY, 2 * BEAT_EVERY]
+    assert len(lean) < len(full) * 0.6

@@ -278,16 +278,20 @@ class Reactor:
 BEAT_EVERY = 10
 
 
-def beat(conn: Connection, data: bytes, interval: float) -> bool:
+def beat(conn: Connection, data: bytes, interval: float, lean: bytes | None = None) -> bool:
     """Send heartbeat ``data`` on ``conn`` if one is due (called once per ``interval``);
     True if it went. Any message counts as a heartbeat at the receiver, so a link that
     carried one in the last half interval needs none (on busy links heartbeats were most
-    of the messages), except every ``BEAT_EVERY`` intervals."""
+    of the messages), except every ``BEAT_EVERY`` intervals. ``lean``: the heartbeat
+    without the store watermark, sent instead except on the connection's first heartbeat
+    and every ``BEAT_EVERY``-th: the watermark was half of an idle link's bytes, and a
+    busy link's receiver hears it no more often than that."""
     now = trio.current_time()
     if now - conn.last_sent < interval / 2 and now - conn.last_beat < BEAT_EVERY * interval:
         return False
-    conn.send_urgent(data)
+    conn.send_urgent(data if lean is None or conn.beats % BEAT_EVERY == 0 else lean)
     conn.last_beat = now
+    conn.beats += 1
     return True
 
 
@@ -296,7 +300,7 @@ def heartbeat(ip: str, tasks: int | None = None, store: tuple[str, int] | None =
     since the Unix epoch, so a peer or an operator reading the wire can compare clocks.
     Liveness never reads it (a message's arrival is what counts), so the daemons' own
     timing stays on trio's monotonic clock. ``store``: the sender's store watermark."""
-    return wire.encode(Heartbeat(ip, time.time(), tasks, store))
+    return wire.encode(Heartbeat(ip, round(time.time(), 3), tasks, store))
 
 
 async def open_watermarks(astore, counters, store: Store) -> Watermarks:

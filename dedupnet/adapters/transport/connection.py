@@ -216,6 +216,7 @@ class Connection:
         self.last_sent = now
         #: trio time our last heartbeat went on it (runtime.beat): a new link hears one at once.
         self.last_beat = -math.inf
+        self.beats = 0  # heartbeats sent (dedupnet/adapters/runtime.py beat)
         self._idle_scope: trio.CancelScope | None = None  # the writer waiting for data
         self._closing = False  # no more sends accepted (flushing or closed)
         self._closed = False  # socket closed
