@@ -199,6 +199,22 @@ def test_intset_setting_is_in_effect(servers):
     client.close()
 
 
+def test_no_memory_goes_to_per_command_latency_histograms(servers):
+    """A server that has run a dozen command names holds no more than their keys: Redis
+    7 and Valkey would keep a latency histogram per name (INFO latencystats), fixed
+    blocks larger than a small store's data, which dedupnet never reads."""
+    _, url = servers()
+    client = _client(url)
+    assert client.config_get("latency-tracking") == {"latency-tracking": "no"}
+    before = client.info("memory")["used_memory"]
+    for command in [("SET", "a", "1"), ("GET", "a"), ("INCR", "n"), ("SADD", "s", 1), ("SISMEMBER", "s", 1),
+                    ("HSET", "h", "f", 1), ("HGET", "h", "f"), ("LPUSH", "l", 1), ("LRANGE", "l", 0, -1),
+                    ("XADD", "x", "*", "f", 1), ("XLEN", "x"), ("EXISTS", "a")]:
+        client.execute_command(*command)
+    assert client.info("memory")["used_memory"] - before < 12 * 1024  # six keys, not twelve histograms
+    client.close()
+
+
 def test_non_persistent_settings(servers):
     _, url = servers()
     client = _client(url)
@@ -210,9 +226,10 @@ def test_non_persistent_settings(servers):
 
 
 def test_extra_config_is_passed_and_wins(servers):
-    _, url = servers(config={"maxmemory": "12345678", "loglevel": "warning"})
+    _, url = servers(config={"maxmemory": "12345678", "loglevel": "warning", "latency-tracking": "yes"})
     client = _client(url)
     assert client.config_get("maxmemory") == {"maxmemory": "12345678"}
+    assert client.config_get("latency-tracking") == {"latency-tracking": "yes"}
     assert client.config_get("loglevel") == {"loglevel": "warning"}
     client.close()
 

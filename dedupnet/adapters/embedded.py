@@ -415,6 +415,8 @@ class EmbeddedRedis:
                         reason="redis-start-timeout",
                     )
                 time.sleep(0.005)
+            if "latency-tracking" not in self.config:
+                _no_latency_histograms(client)
             try:  # cheap now that we are connected; only for the log line
                 info = client.info("server")
                 name = info.get("server_name", "redis")
@@ -458,6 +460,22 @@ class EmbeddedRedis:
         except subprocess.TimeoutExpired:
             log.error("embedded Redis (pid %d) ignores SIGTERM; SIGKILL", proc.pid)
         _kill(proc)
+
+
+def _no_latency_histograms(client: Any) -> None:
+    """Turn off the server's per-command latency histograms (``INFO latencystats``).
+
+    Redis 7 and Valkey keep one for every command name the server has run, each a fixed
+    block of tens of KB, so a store that has seen a few dozen command names holds more in
+    histograms than a small crawl's whole state; dedupnet reads none of them. Set after
+    the start rather than on the command line because a server before Redis 7 does not
+    know the option and would refuse to start; such a server keeps no histograms anyway."""
+    import redis
+
+    try:
+        client.config_set("latency-tracking", "no")
+    except redis.ResponseError as exc:
+        log.debug("latency-tracking left as it is: %s", exc)
 
 
 class _AddressInUse(Exception):
