@@ -30,7 +30,15 @@ Printed per side, medians over the runs:
 * duplicates (fetches beyond the first of a URL) and missed (reachable URLs never
   fetched), from the web's log against its ground truth;
 * Redis bytes per URL (reachable URLs): the sum of ``MEMORY USAGE`` of every key
-  (``SAMPLES 0``), and the growth of ``used_memory``.
+  (``SAMPLES 0``), and the growth of ``used_memory`` twice: once every spider has exited
+  (dedupnet's daemons still connected, each connection with its buffers), and once every
+  client of the deployment has gone (the daemons stopped too; for scrapy-redis the same
+  moment as the first). The server is the same embedded one on both sides, with the
+  configuration dedupnet gives it.
+
+``--kill F``: the last spider (the one without seeds) is SIGKILLed once F of the URLs
+are fetched and started again with the same settings, as after a crash; missed is then
+what the crash lost and duplicates what it fetched twice.
 
 Run: ``.venv/bin/python bench/bench_scrapy_crawl.py --spiders 2 --networks 1``
 (needs the ``bench`` extra: ``pip install -e '.[bench]'``). A shared machine moves the
@@ -80,7 +88,6 @@ async def one_run(side: str, args, logdir: Path) -> dict:
         tmp = Path(tmp)
         _, base = redis_bytes(url)
         daemons: list[procdaemons.Daemon] = []
-        procs: list[subprocess.Popen] = []
         async with trio.open_nursery() as nursery:
             await nursery.start(web.serve)
             seeds = web.seeds(3)
@@ -105,13 +112,17 @@ async def one_run(side: str, args, logdir: Path) -> dict:
                           "-s", f"IDLE_CLOSE_AFTER={args.idle_close:g}"] for _ in range(args.spiders)]
             argvs[0] += ["-a", "start_urls=" + ",".join(seeds)]
             t0 = time.monotonic()
-            for i, extra in enumerate(argvs):
-                with open(tmp / f"spider{i}.log", "wb") as log:
-                    procs.append(subprocess.Popen([sys.executable, "-m", "scrapy", "crawl", "follow", *COMMON, *extra],
-                                                  cwd=EXAMPLE, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                                  stderr=subprocess.STDOUT))
+
+            def spider(i: int) -> subprocess.Popen:
+                with open(tmp / f"spider{i}.log", "ab") as log:
+                    return subprocess.Popen([sys.executable, "-m", "scrapy", "crawl", "follow", *COMMON, *argvs[i]],
+                                            cwd=EXAMPLE, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+            procs = [spider(i) for i in range(len(argvs))]
             last, count, first_k = t0, 0, None
             exits: dict[int, float] = {}
+            killed = not args.kill
             with trio.move_on_after(args.timeout):
                 while len(exits) < len(procs):
                     fetched = sum(web.answer_counts.values())
@@ -120,6 +131,12 @@ async def one_run(side: str, args, logdir: Path) -> dict:
                         last, count = now, fetched
                         if first_k is None and fetched >= 1000:
                             first_k = now - t0
+                    if not killed and fetched >= args.kill * len(reach.fetched):
+                        # The last spider (no seeds: a restart adds none), as a crash would.
+                        procs[-1].kill()
+                        procs[-1].wait()
+                        procs[-1] = spider(len(procs) - 1)
+                        killed = True
                     for i, p in enumerate(procs):
                         if i not in exits and p.poll() is not None:
                             exits[i] = now
@@ -131,13 +148,15 @@ async def one_run(side: str, args, logdir: Path) -> dict:
             keys, used = redis_bytes(url)
             if daemons:
                 await procdaemons.stop_all(daemons, 15)
+            _, used_alone = redis_bytes(url)
             nursery.cancel_scope.cancel()
     answered = set(web.answer_counts)
     urls = len(reach.fetched)
     return {"pages_s": len(answered) / (last - t0), "first_1000": first_k,
             "exit": (max(exits.values()) - last) if len(exits) == len(procs) else None,
             "duplicates": web.duplicate_fetches(), "missed": len(reach.fetched - answered),
-            "keys_b": keys / urls, "used_b": (used - base) / urls, "urls": urls}
+            "keys_b": keys / urls, "used_b": (used - base) / urls,
+            "alone_b": (used_alone - base) / urls, "urls": urls}
 
 
 def median(rows: list[dict], key: str) -> float | None:
@@ -159,6 +178,9 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=2, help="runs of each side, alternating")
     p.add_argument("--idle-close", type=float, default=10.0, help="seconds idle before a spider closes (fallback)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take")
+    p.add_argument("--kill", type=float, default=0.0, metavar="FRACTION",
+                   help="SIGKILL the last spider once this fraction of the URLs is fetched, and start it again "
+                        "(0: no kill); duplicates are then what the crash fetched twice")
     args = p.parse_args()
     if args.spiders % args.networks:
         p.error("--spiders must be a multiple of --networks (one host per spider, as many per network)")
@@ -170,17 +192,20 @@ def main() -> None:
                 results[side].append(row)
                 print(f"run {run + 1} {side}: {row}", file=sys.stderr)
     urls = results["dedupnet"][0]["urls"]
+    kill = f"; the last spider SIGKILLed at {args.kill:.0%} of the URLs and started again" if args.kill else ""
     print(f"{args.pages} pages over {args.sites} sites ({urls} URLs to request), {args.spiders} spiders, "
-          f"dedupnet in {args.networks} network(s); medians of {args.runs} runs")
+          f"dedupnet in {args.networks} network(s); medians of {args.runs} runs{kill}")
     print("| | N | pages/s (start → last fetch) | first 1,000 pages (s) | exit after last page (s) "
-          "| duplicates | missed | Redis bytes per URL (keys; `used_memory` growth) |")
+          "| duplicates | missed | Redis bytes per URL (keys; `used_memory` growth, daemons connected; "
+          "every client gone) |")
     print("|---|---|---|---|---|---|---|---|")
     for side, rows in results.items():
         name = side if side == "scrapy-redis" else f"dedupnet, {args.networks} network{'s' * (args.networks > 1)}"
         print(f"| {name} | {args.spiders} | {fmt(median(rows, 'pages_s'), '.0f')} | "
               f"{fmt(median(rows, 'first_1000'), '.2f')} | {fmt(median(rows, 'exit'), '.1f')} | "
               f"{fmt(median(rows, 'duplicates'), 'g')} | {fmt(median(rows, 'missed'), 'g')} | "
-              f"{fmt(median(rows, 'keys_b'), '.0f')}; {fmt(median(rows, 'used_b'), '.0f')} |")
+              f"{fmt(median(rows, 'keys_b'), '.0f')}; {fmt(median(rows, 'used_b'), '.0f')}, "
+              f"{fmt(median(rows, 'alone_b'), '.0f')} |")
 
 
 if __name__ == "__main__":
