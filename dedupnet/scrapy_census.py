@@ -18,30 +18,23 @@ import logging
 
 import trio
 
-from dedupnet.adapters.census import SETTLE, StatusRefused, parse_address, survey
+from dedupnet.adapters.census import NOT_STARTED, CrawlCensus as Asker, parse_address
 from dedupnet.codec.auth import KeyFileError, Keyring, keyring_from
 
+__all__ = ["CrawlCensus", "NOT_STARTED"]
+
 log = logging.getLogger("dedupnet.scrapy")
-
-#: Seconds one daemon may take to answer (the spider is idle while it waits).
-ASK_TIMEOUT = 2.0
-
-#: The verdict of a crawl that has admitted nothing yet: every pool is empty because
-#: the seeds are not in, which is no reason to close.
-NOT_STARTED = "not started"
 
 
 class CrawlCensus:
     """The cluster-wide verdict, from the center at ``center`` (its control address,
     the ``--listen`` of ``dedupnet center``), with the LAN keys of ``key_files``."""
 
-    def __init__(self, center: tuple[str, int], keyrings: list[Keyring | None], *, timeout: float = ASK_TIMEOUT,
-                 settle: float = SETTLE):
-        self.center = center
-        self.keyrings = keyrings or [None]
-        self.timeout = timeout
-        self.settle = settle
-        self._unreachable_logged = False
+    def __init__(self, center: tuple[str, int], keyrings: list[Keyring | None], **timing: float):
+        keyrings = keyrings or [None]
+        self.asker = Asker(center, lambda: keyrings, logger=log, setting="DEDUPNET_CENTER",
+                           without="the spider closes after DEDUPNET_MAX_IDLE instead, if set",
+                           with_verdict="the spider closes when the crawl is complete", **timing)
 
     @classmethod
     def from_settings(cls, settings) -> "CrawlCensus | None":
@@ -60,30 +53,9 @@ class CrawlCensus:
         return cls(address, keyrings)
 
     def verdict(self) -> str | None:
-        """``"complete"``, ``"in progress"``, ``"stuck"``, :data:`NOT_STARTED`, or None
-        when no center answered. Blocks for two passes (about ``settle`` seconds)."""
-        try:
-            report = trio.run(survey, self.center, self.keyrings, self.timeout, self.settle)
-        except (OSError, trio.TooSlowError, StatusRefused) as e:
-            return self._unreachable(str(e))
-        if not report["networks"]:
-            why = report["unreachable"][0]["why"] if report["unreachable"] else "no center answered"
-            return self._unreachable(why)
-        if self._unreachable_logged:
-            log.info("dedupnet: the center at %s answers again: the spider closes when the crawl is complete",
-                     self.where)
-            self._unreachable_logged = False
-        if report["verdict"] == "complete" and not sum(view["admitted"] for view in report["networks"]):
-            return NOT_STARTED
-        return report["verdict"]
-
-    def _unreachable(self, why: str) -> None:
-        if not self._unreachable_logged:
-            log.warning("dedupnet: the center at %s (DEDUPNET_CENTER) gives no verdict (%s): the spider closes "
-                        "after DEDUPNET_MAX_IDLE instead, if set", self.where, why)
-            self._unreachable_logged = True
-        return None
+        """:meth:`dedupnet.adapters.census.CrawlCensus.verdict`, blocking (its own trio loop)."""
+        return trio.run(self.asker.verdict)
 
     @property
     def where(self) -> str:
-        return f"{self.center[0]}:{self.center[1]}"
+        return self.asker.where

@@ -29,6 +29,7 @@ from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
 from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, beat, heartbeat,
                                       keep_watermarks, open_watermarks, until_stored)
+from dedupnet.adapters.census import CrawlCensus
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
 from dedupnet.adapters.store import URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
@@ -48,6 +49,9 @@ CENTER = "center"
 MAX_IDLE_POLL = 0.5
 #: Seconds over which the crawler's pages per second are measured.
 RATE_WINDOW = 2.0
+#: Seconds between two asks, while this host is idle, whether the whole crawl is
+#: complete (``exit_when_complete``): each ask is two passes over every daemon.
+COMPLETION_POLL = 1.0
 
 
 @dataclass
@@ -96,6 +100,9 @@ class LocalSettings:
     #: and the whole leave may take.
     stop_grace: float = declared("stop_grace")
     stop_timeout: float = declared("stop_timeout")
+    #: Ask the center for the crawl's verdict while idle, and set ``LocalDaemon.complete``
+    #: once the whole crawl is complete (the command then leaves as on SIGTERM).
+    exit_when_complete: bool = declared("exit_when_complete")
     durable_acks: bool = declared("durable_acks")
     #: ``(host, port)`` of the URLFrontier service (local_host/frontier.py); None: off.
     frontier: tuple[str, int] | None = None
@@ -149,6 +156,15 @@ class LocalDaemon:
         #: The URLFrontier service's queues and its bound port, once it serves.
         self.frontier = None
         self.frontier_port: int | None = None
+        #: Set once the center says the whole crawl is complete and nothing happened here
+        #: since it was asked (``exit_when_complete``).
+        self.complete = trio.Event()
+        #: Messages from the center and URLs taken from URL_pool: what says this host
+        #: was not idle while the center was being asked.
+        self._activity = 0
+        self.census = CrawlCensus(settings.center, lambda: [self.lan_keyring], logger=log, setting="its center",
+                                  without="this host keeps running", with_verdict="this host exits once the crawl "
+                                  "is complete")
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._rate = (trio.current_time(), 0, 0.0)
@@ -175,6 +191,8 @@ class LocalDaemon:
                                s.heartbeat_interval)
             nursery.start_soon(self._count_tasks)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
+            if s.exit_when_complete:
+                nursery.start_soon(self._watch_completion)
             if s.frontier is not None:
                 self.frontier_port = await nursery.start(self._serve_frontier)
             if self.crawler is not None:
@@ -250,6 +268,7 @@ class LocalDaemon:
                     if behind is not None:
                         await self._reoffer(behind)
                 else:
+                    self._activity += 1
                     await self.reactor.put(hp.FromCenter(message), conn)
         except ConnectionClosed:
             log.info("connection to the center lost")
@@ -299,6 +318,7 @@ class LocalDaemon:
             if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
                 room = 4 * s.set_size - len(held)
                 entries = await until_stored(self.store, self.counters, self.pools.take_steps, room)
+                self._activity += len(entries)
                 if entries and not held:
                     since = trio.current_time()
                 held += entries
@@ -323,6 +343,29 @@ class LocalDaemon:
             with trio.move_on_after(max(wait, 0.0)):
                 await self._pushed.wait()
             self._pushed = trio.Event()
+
+    async def _watch_completion(self) -> None:
+        """While idle here, ask the center for the whole crawl's verdict (this host's
+        empty pools say nothing of the other hosts' and networks'). "complete" counts
+        only if nothing happened here during the ask: a task that came in meanwhile
+        may have been counted by neither pass. "not started", "stuck", "in progress"
+        or no answer: ask again later (a crawl that cannot finish is not a finished one)."""
+        while not self.complete.is_set():
+            await trio.sleep(COMPLETION_POLL)
+            if not self._idle_here():
+                continue
+            before = self._activity_mark()
+            verdict = await self.census.verdict()
+            if verdict == "complete" and self._activity_mark() == before and self._idle_here():
+                self.complete.set()
+
+    def _idle_here(self) -> bool:
+        """Connected, no set in flight, nothing for the core to do, no task to crawl."""
+        crawler_idle = self.crawler.idle if self.crawler is not None else not self.task_pool_size
+        return self.conn is not None and not self.core.unacked and self.reactor.idle and crawler_idle
+
+    def _activity_mark(self) -> tuple[int, int]:
+        return self._activity, self.crawler.pages_done if self.crawler is not None else 0
 
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):

@@ -20,7 +20,9 @@ judging (plain functions over the status bodies, which the tests drive too).
 
 from __future__ import annotations
 
+import logging
 import re
+from collections.abc import Callable
 
 import trio
 
@@ -33,6 +35,11 @@ from dedupnet.codec.messages import Error, Heartbeat, Register, Status
 
 #: Seconds between the two passes that must agree before a crawl is called complete.
 SETTLE = 1.0
+#: Seconds one daemon may take to answer a crawler that asks (it is idle while it waits).
+ASK_TIMEOUT = 2.0
+#: The verdict of a crawl that has admitted nothing yet: every pool is empty because
+#: the seeds are not in, which is no reason for a crawler to stop.
+NOT_STARTED = "not started"
 
 
 class StatusRefused(Exception):
@@ -319,3 +326,49 @@ def format_report(report: dict) -> str:
                                                  else "")
     lines.append(f"verdict: {report['verdict']}" + (f" ({why})" if why else ""))
     return "\n".join(lines)
+
+
+
+class CrawlCensus:
+    """The verdict asked of one center again and again, by a crawler that stops when the
+    crawl is complete (a Scrapy spider, a ``dedupnet local`` host). A center that gives
+    no verdict, and one that answers again, are logged once each on ``logger``, each with
+    what the crawler does meanwhile (``without``) and from then on (``with_verdict``)."""
+
+    def __init__(self, center: tuple[str, int], keyrings: Callable[[], list[Keyring | None]], *,
+                 logger: logging.Logger, setting: str, without: str, with_verdict: str,
+                 timeout: float = ASK_TIMEOUT, settle: float = SETTLE):
+        self.center = center
+        self.keyrings = keyrings
+        self.timeout = timeout
+        self.settle = settle
+        self.log, self.setting, self.without, self.with_verdict = logger, setting, without, with_verdict
+        self._unreachable_logged = False
+
+    async def verdict(self) -> str | None:
+        """``"complete"``, ``"in progress"``, ``"stuck"``, :data:`NOT_STARTED`, or None
+        when no center answered. Takes two passes (about ``settle`` seconds)."""
+        try:
+            report = await survey(self.center, self.keyrings() or [None], self.timeout, self.settle)
+        except (OSError, trio.TooSlowError, StatusRefused) as e:
+            return self._unreachable(_why(e, self.timeout))
+        if not report["networks"]:
+            why = report["unreachable"][0]["why"] if report["unreachable"] else "no center answered"
+            return self._unreachable(why)
+        if self._unreachable_logged:
+            self.log.info("the center at %s answers again: %s", self.where, self.with_verdict)
+            self._unreachable_logged = False
+        if report["verdict"] == "complete" and not sum(view["admitted"] for view in report["networks"]):
+            return NOT_STARTED
+        return report["verdict"]
+
+    def _unreachable(self, why: str) -> None:
+        if not self._unreachable_logged:
+            self.log.warning("the center at %s (%s) gives no verdict (%s): %s", self.where, self.setting, why,
+                             self.without)
+            self._unreachable_logged = True
+        return None
+
+    @property
+    def where(self) -> str:
+        return f"{self.center[0]}:{self.center[1]}"

@@ -209,6 +209,9 @@ _LIST = (
        "handed back and fetched again elsewhere)", LOCAL, metavar="S"),
     _s("stop_timeout", float, 60.0, "on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take "
        "before the host exits with what is left in its Redis", LOCAL, metavar="S"),
+    _s("exit_when_complete", bool, False, "while this host is idle, ask its center whether the whole crawl is "
+       "complete (the verdict of dedupnet status --cluster) and, once it is, leave as on SIGTERM and exit 0 "
+       "(default: run until stopped)", LOCAL),
     _s("durable_acks", bool, True, "send acknowledgements, answers and tasks only once their writes are fsynced "
        "to Redis' AOF (when the Redis has its AOF on)", *_D, SIM,
        role_help={role: "send acknowledgements, answers and tasks without waiting for their writes to be "

@@ -254,7 +254,8 @@ async def _until_signalled_leaving(daemon: LocalDaemon) -> None:
     (:meth:`LocalDaemon.leave`), then exits. Not connected to its center, past
     ``stop_timeout``, or at a second signal, it exits as it is: what was not handed back
     stays in its Redis (task_pool, URL_pool), resumed when it starts again or moved by
-    ``dedupnet reassign`` at its center."""
+    ``dedupnet reassign`` at its center. With ``exit_when_complete`` a host leaves the
+    same way once its center says the whole crawl is complete (``LocalDaemon.complete``)."""
     async with trio.open_nursery() as nursery:
         nursery.start_soon(_leave_on_signals, daemon, nursery.cancel_scope)
         await daemon.run()
@@ -271,23 +272,42 @@ async def _left_behind(daemon: LocalDaemon) -> str:
             f"{s.ip} --data-dir DATA_DIR` at its center {s.center[0]}:{s.center[1]}")
 
 
+async def _first_stop(daemon: LocalDaemon, signals) -> str:
+    """Why the host stops: the first signal received, or the crawl complete."""
+    why: list[str] = []
+    async with trio.open_nursery() as nursery:
+        async def on_signal() -> None:
+            async for signum in signals:
+                why.append(f"{signal.Signals(signum).name} received")
+                break
+            nursery.cancel_scope.cancel()
+
+        async def on_complete() -> None:
+            await daemon.complete.wait()
+            why.append(f"the crawl is complete in every network (the center at {daemon.census.where} says; "
+                       "exit_when_complete)")
+            nursery.cancel_scope.cancel()
+
+        nursery.start_soon(on_signal)
+        nursery.start_soon(on_complete)
+    return why[0]
+
+
 async def _leave_on_signals(daemon: LocalDaemon, scope: trio.CancelScope) -> None:
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
-        async for signum in signals:
-            break
-        name = signal.Signals(signum).name
+        why = await _first_stop(daemon, signals)
         if daemon.conn is None:
             if daemon.crawler is not None:
                 daemon.crawler.stop_taking()
-            log.warning("%s received, not connected to the center: stopping now; %s", name, await _left_behind(daemon))
+            log.warning("%s, not connected to the center: stopping now; %s", why, await _left_behind(daemon))
             scope.cancel()
             return
-        log.info("%s received: taking no new task, letting the pages on the wire finish (up to %g s), then handing "
-                 "the rest back to the center (again to stop at once)", name, daemon.settings.stop_grace)
+        log.info("%s: taking no new task, letting the pages on the wire finish (up to %g s), then handing "
+                 "the rest back to the center (SIGTERM to stop at once)", why, daemon.settings.stop_grace)
         async with trio.open_nursery() as inner:
             async def second_signal() -> None:
                 async for again in signals:
-                    log.warning("%s received again: stopping now; %s", signal.Signals(again).name,
+                    log.warning("%s received: stopping now; %s", signal.Signals(again).name,
                                 await _left_behind(daemon))
                     inner.cancel_scope.cancel()
                     return
