@@ -376,10 +376,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         set_fill=round(set_urls / set_frames, 1) if set_frames else None,
         frames_per_url=round(frames_sent / found, 3) if found else None,
         bytes_per_url=round(sum(wire_bytes(d.counters) for d in daemons) / len(expected), 1) if expected else None,
-        tls_bytes_on_wire=sum(d.counters.get("tls_sent_bytes") for d in daemons),
-        tls_handshakes=sum(d.counters.get("tls_handshakes") for d in daemons),
-        tls_payload_bytes=sum(d.counters.get("tls_payload_sent_bytes") for d in daemons),
-        max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
+        **_tls_figures(daemons), max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
         **_center_costs(center_cpu, memory or {}, admitted),
         bytes_by_kind=dict(kind_bytes),
     )
@@ -423,6 +420,13 @@ def _frames(daemons, centers) -> tuple[Counter[str], Counter[str], Counter[str]]
             elif key.startswith("frames_in{"):
                 stages[key[len("frames_in"):]] += value
     return frames, stages, kind_bytes
+
+
+def _tls_figures(daemons) -> dict[str, int]:
+    """What TLS cost (``--secure``): its bytes, its handshakes, and the messages inside."""
+    return {field: sum(d.counters.get(counter) for d in daemons) for field, counter in (
+        ("tls_bytes_on_wire", "tls_sent_bytes"), ("tls_handshakes", "tls_handshakes"),
+        ("tls_payload_bytes", "tls_payload_sent_bytes"))}
 
 
 def _center_costs(center_cpu: float | None, memory: dict[str, dict[str, int]], admitted: int) -> dict:
