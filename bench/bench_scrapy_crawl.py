@@ -150,6 +150,9 @@ async def one_run(side: str, args, logdir: Path) -> dict:
                 await procdaemons.stop_all(daemons, 15)
             _, used_alone = redis_bytes(url)
             nursery.cancel_scope.cancel()
+        if not web.answer_counts:  # every spider failed to start (scrapy-redis missing: pip install .[bench])
+            tail = (tmp / "spider0.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise SystemExit(f"{side}: no page fetched in {args.timeout:g} s; spider0.log ends: {' '.join(tail)}")
     answered = set(web.answer_counts)
     urls = len(reach.fetched)
     return {"pages_s": len(answered) / (last - t0), "first_1000": first_k,
