@@ -372,6 +372,7 @@ async def test_an_error_reply_to_a_fingerprint_command_is_waited_out_not_read_as
         return added.total((yield batch))
 
     counters = Counters()
+    assert store.bucket_bits  # the store's layout recorded (a write) before writes are refused
     before = store.redis.config_get("maxmemory")["maxmemory"]
     store.redis.config_set("maxmemory", 1)  # every write refused: -OOM
     try:

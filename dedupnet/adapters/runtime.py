@@ -303,9 +303,16 @@ def heartbeat(ip: str, tasks: int | None = None, store: tuple[str, int] | None =
     return wire.encode(Heartbeat(ip, round(time.time(), 3), tasks, store))
 
 
+def _bucket_layout(store: Store) -> int:
+    return store.bucket_bits
+
+
 async def open_watermarks(astore, counters, store: Store) -> Watermarks:
     """Read this store's watermark (writing its incarnation into an empty store) and what
-    was heard from the members' stores before a restart."""
+    was heard from the members' stores before a restart. The store's bucket layout is
+    read (or recorded) first, in a worker thread: its first use would otherwise block
+    the event loop on a Redis that does not answer (dedupnet/adapters/buckets.py)."""
+    await until_stored(astore, counters, _bucket_layout, store)
     store.watermark = await until_stored(astore, counters, own_steps, store)
     heard = await until_stored(astore, counters, heard_steps, store)
     log.info("store watermark: incarnation %s, durable step %d", *store.watermark)

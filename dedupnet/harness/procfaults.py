@@ -245,6 +245,8 @@ class FaultRunner:
             raise ValueError("power-cut needs every daemon's Redis on its own disk (simulate_processes sets them up)")
         live = [d for d in self.daemons.values() if not d.gone]
         rec.in_flight = await _in_progress([d for d in live if d.role == "host"])
+        for d in live:  # frozen at once: no page starts between the count and the cut
+            os.kill(d.proc.pid, signal.SIGSTOP)
         for d in live:
             d.down = True
             d.new_life()
