@@ -13,7 +13,7 @@ import trio
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from dedupnet.adapters.store import Store
 from dedupnet.codec import wire
-from dedupnet.codec.messages import Error, Frame, Heartbeat, Register, Status, Welcome
+from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Register, Status, Welcome
 
 CENTER, LAN = "127.0.6.1", "127.0.6.0/24"
 PEER, PEER_LAN = "127.0.5.1", "127.0.5.0/24"
@@ -175,7 +175,7 @@ async def test_the_dialing_center_registers_and_wants_the_peers_register_first(r
                 await trio.sleep(0.01)
         first = registers[0]
         assert (first.role, first.network, first.IP, first.CIDR, first.compress) == ("center", 5, PEER, PEER_LAN,
-                                                                                     ("zstd",))
+                                                                                     COMPRESSIONS)
         assert first.homes == dialer.register().homes
     finally:
         store.delete_prefix()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import socket
+import zlib
 from functools import partial
 
 import pytest
@@ -18,7 +19,7 @@ import trio.testing
 import zstandard
 
 from dedupnet.codec import wire
-from dedupnet.codec.messages import Frame, Heartbeat, Register, Status, Task, Welcome
+from dedupnet.codec.messages import COMPRESSIONS, Frame, Heartbeat, Register, Status, Task, Welcome
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.transport import Connection, ConnectionClosed, _recode, connect, serve
 from dedupnet.codec.wire import FLAG_ZSTD, Decoder, encode, is_compressed
@@ -75,7 +76,11 @@ class RawPeer:
 # --- negotiation ------------------------------------------------------------------------------
 
 
-async def test_both_sides_compress_after_the_welcome():
+async def test_default_offer_makes_each_direction_one_deflate_stream():
+    """Two current peers: ``deflate-stream``. What the client sends before it has read the
+    Welcome goes plain; then it says so (its own Welcome) and both directions are one
+    deflate stream, every message (headers, heartbeats, acks) compressed against the
+    ones before it: the same frame a second time costs a few bytes."""
     server_counters, client_counters = Counters(), Counters()
     seen: list[Connection] = []
 
@@ -87,6 +92,68 @@ async def test_both_sides_compress_after_the_welcome():
         port = await start_server(nursery, handler, server_counters)
         with trio.fail_after(10):
             async with await connect(SERVER, port, reg(CLIENT_IP), local_ip=CLIENT_IP,
+                                     counters=client_counters) as conn:
+                assert conn.register.compress == COMPRESSIONS and conn.compression is None
+                await conn.send(encode(Status(True)))  # plain: the Welcome is not read yet
+                assert await conn.receive() == Status(True)  # the Welcome came first, consumed
+                assert conn.compression == "deflate-stream"
+                before = client_counters.get("sent_bytes")
+                await conn.send(encode(BIG_FRAME))
+                assert await conn.receive() == BIG_FRAME
+                first = client_counters.get("sent_bytes") - before
+                await conn.send(encode(BIG_FRAME, compress=True))  # zstd bodies go plain into the stream
+                assert await conn.receive() == BIG_FRAME
+                second = client_counters.get("sent_bytes") - before - first
+                for i in range(20):
+                    beat = Heartbeat(CLIENT_IP, 1700000000.0 + i)
+                    await conn.send(encode(beat))
+                    assert await conn.receive() == beat
+        nursery.cancel_scope.cancel()
+    [server_conn] = seen
+    assert server_conn.compression == "deflate-stream"
+    assert first < BIG_FRAME_BYTES / 3 and second < first / 4  # a repeat is a few bytes per 258 (deflate's longest match)
+    beats = client_counters.get("sent_kind_bytes", kind="heartbeat")
+    assert beats < 20 * len(encode(Heartbeat(CLIENT_IP, 1700000000.0))) / 3
+    assert client_counters.get("frames_sent", kind="welcome") == 1  # the switch
+    assert server_counters.get("frames_received", kind="welcome") == 1
+    for counters in (server_counters, client_counters):
+        assert not counters.total("bad_input") and not counters.get("compressed_sent")
+        assert counters.total("sent_kind_bytes") == counters.get("sent_bytes")
+    assert client_counters.get("sent_bytes") == server_counters.get("received_bytes")
+
+
+async def test_a_client_with_nothing_to_say_after_the_welcome_writes_nothing():
+    """The client's switch goes with its first message after the Welcome, never alone: a
+    server that sends and closes sees no bytes come back into a closed socket."""
+    async def handler(conn):
+        for n in range(3):
+            assert conn.send_nowait(encode(Task(n, ())))
+
+    counters = Counters()
+    async with trio.open_nursery() as nursery:
+        port = await start_server(nursery, handler, Counters())
+        with trio.fail_after(10):
+            async with await connect(SERVER, port, reg(CLIENT_IP), local_ip=CLIENT_IP, counters=counters) as conn:
+                assert [await conn.receive() for _ in range(3)] == [Task(0, ()), Task(1, ()), Task(2, ())]
+                with pytest.raises(ConnectionClosed):
+                    await conn.receive()
+                assert conn.compression == "deflate-stream" and conn.close_reason == "eof"
+        nursery.cancel_scope.cancel()
+    assert not counters.get("frames_sent", kind="welcome")
+
+
+async def test_zstd_bodies_when_that_is_what_is_offered():
+    server_counters, client_counters = Counters(), Counters()
+    seen: list[Connection] = []
+
+    async def handler(conn: Connection) -> None:
+        seen.append(conn)
+        await echo(conn)
+
+    async with trio.open_nursery() as nursery:
+        port = await start_server(nursery, handler, server_counters)
+        with trio.fail_after(10):
+            async with await connect(SERVER, port, reg(CLIENT_IP, ("zstd",)), local_ip=CLIENT_IP,
                                      counters=client_counters) as conn:
                 assert conn.register.compress == ("zstd",) and conn.compression is None
                 await conn.send(encode(Status(True)))  # plain: the Welcome is not read yet
@@ -221,13 +288,25 @@ async def test_broadcast_converts_once_per_form():
 # --- hostile compressed input -----------------------------------------------------------------
 
 
+STREAM = ("deflate-stream",)
+SWITCH = encode(Welcome(STREAM))
+
+
+def _deflated(data: bytes, flush: int = zlib.Z_PARTIAL_FLUSH) -> bytes:
+    z = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return z.compress(data) + z.flush(flush)
+
+
 async def _bad_client(port: int, register: Register, payload: bytes) -> list:
     """Register (reading the Welcome if offered), send ``payload``; everything received."""
     peer = await RawPeer.open(port, register)
     peer.decoder.allow_compressed = True
     async with peer.stream:
         if register.compress:
-            assert await peer.read_until(1) == [Welcome(("zstd",))]
+            [welcome] = await peer.read_until(1)
+            assert welcome == Welcome(register.compress[:1])
+            if welcome.compress == ("deflate-stream",):
+                peer.decoder.start_inflate()  # the server's side is one deflate stream now
         await peer.stream.send_all(payload)
         while chunk := await peer.stream.receive_some(65536):
             peer.decoder.feed(chunk)
@@ -244,8 +323,14 @@ async def _bad_client(port: int, register: Register, payload: bytes) -> list:
                               flags=FLAG_ZSTD), "too-large"),
         (("zstd",), encode(Welcome(("zstd",))), "unexpected-welcome"),
         (("zstd",), wire.header(1, 0)[:9] + b"\x80" + bytes(6), "bad-header"),  # unknown flag bit
+        (STREAM, SWITCH + b"\xff garbage, not deflate", "bad-compression"),
+        (STREAM, SWITCH + _deflated(encode(BIG_FRAME), zlib.Z_FINISH), "bad-compression"),  # a final block
+        (STREAM, SWITCH + _deflated(wire.header(1, 5_000_000) + b"{" + b" " * 5_000_000), "too-large"),
+        (STREAM, SWITCH + _deflated(encode(Welcome(("deflate-stream",)))), "unexpected-welcome"),
+        (STREAM, encode(BIG_FRAME, compress=True), "bad-header"),  # zstd bodies were not chosen
     ],
-    ids=["not-negotiated", "corrupt", "zip-bomb", "welcome-to-server", "unknown-flag"],
+    ids=["not-negotiated", "corrupt", "zip-bomb", "welcome-to-server", "unknown-flag", "deflate-garbage",
+         "deflate-ends", "deflate-bomb", "switch-twice", "zstd-in-stream"],
 )
 async def test_bad_compressed_input_is_counted_and_closes_only_that_connection(offer, payload, reason):
     counters = Counters()

@@ -6,6 +6,8 @@ import importlib.resources
 import ipaddress
 import json
 import struct
+import tracemalloc
+import zlib
 
 import jsonschema
 import orjson
@@ -41,6 +43,7 @@ from dedupnet.codec.wire import (
     MAX_TAG,
     NEED_DATA,
     Decoder,
+    Deflater,
     compressed,
     decode_one,
     encode,
@@ -836,3 +839,72 @@ def test_welcome_and_register_offer():
         assert reason_of(frame_bytes(json.dumps(obj).encode(), Kind.WELCOME)) == "schema"
     bad_offer = dict(reg.to_json(), compress=["zstd", "zstd"])
     assert reason_of(frame_bytes(json.dumps(bad_offer).encode(), Kind.REGISTER)) == "schema"
+
+
+# --- deflate-stream: the decoder inflates what follows the switch ------------------------------
+
+STREAM_MESSAGES = [Frame({f"http://s{i % 5}.test/p/{i}/{j}": 0 for j in range(i % 7)}, "127.0.1.10", 100 + i, 1)
+                   for i in range(40)] + [Heartbeat("127.0.1.10", 1.5), Task(7, ("http://a.test/",))]
+
+
+def _stream(messages) -> bytes:
+    deflater = Deflater()
+    return b"".join(deflater.compress(encode(m)) for m in messages)
+
+
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=60))
+@settings(max_examples=60, deadline=None)
+def test_deflate_stream_decodes_in_any_chunking(cuts):
+    """A plain message, the switch, then a deflated stream, all fed in arbitrary pieces:
+    start_inflate takes over the bytes after the switch that were already fed."""
+    plain = encode(Status(True)) + encode(Welcome(("deflate-stream",)))
+    data = plain + _stream(STREAM_MESSAGES)
+    decoder, got, at = Decoder(), [], 0
+    for cut in cuts * (len(data) // sum(cuts) + 1):
+        decoder.feed(data[at : at + cut])
+        at += cut
+        for msg in decoder:
+            got.append(msg)
+            if type(msg) is Welcome:
+                decoder.start_inflate()
+        if at >= len(data):
+            break
+    assert got == [Status(True), Welcome(("deflate-stream",)), *STREAM_MESSAGES]
+    assert decoder.pending == 0 and decoder.deflated_bytes == len(data) - len(plain)
+
+
+def test_deflate_stream_inflates_only_what_the_next_message_needs():
+    """A deflate bomb (40 MB of messages in ~100 KB) fed at once: taking one message
+    inflates about one message and one INFLATE_STEP, not the whole stream."""
+    big = encode(Task(1, tuple(f"http://bomb.test/{'a' * 180}/{j}" for j in range(100))))
+    deflater = Deflater()
+    data = b"".join(deflater.compress(big) for _ in range(2000))
+    assert len(data) < len(big) * 2000 / 100
+    decoder = Decoder()
+    decoder.start_inflate()
+    decoder.feed(data)
+    tracemalloc.start()
+    try:
+        assert decoder.next_message() == decode_one(big)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000 < len(big) * 2000 / 20  # the whole stream is 40 MB
+    assert decoder.pending > len(data) / 2  # the rest still waits, deflated
+
+
+def _ended() -> bytes:
+    z = zlib.compressobj(6, zlib.DEFLATED, -zlib.MAX_WBITS)
+    return z.compress(encode(Status(True))) + z.flush(zlib.Z_FINISH) + b"more"
+
+
+@pytest.mark.parametrize("data", [b"\xff\xfe not deflate", _ended()], ids=["invalid", "final-block"])
+def test_deflate_stream_errors_are_bad_compression(data):
+    decoder = Decoder()
+    decoder.start_inflate()
+    decoder.feed(data)
+    with pytest.raises(ProtocolError) as err:
+        list(decoder)
+    assert err.value.reason == "bad-compression"
+    with pytest.raises(ProtocolError):  # poisoned
+        decoder.feed(b"x")

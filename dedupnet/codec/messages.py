@@ -79,7 +79,11 @@ FLAGS = frozenset((FLAG_NEW_SET, FLAG_LOOKUP, FLAG_ANSWER))
 MAX_URLS = 10_000  # default/ceiling URLs per URL_set (frame) or URLs list (task)
 MAX_URL_LENGTH = 8192  # characters (code points) per URL
 MAX_NUMBER = 2**63 - 1  # `number` is a non-negative signed 64-bit integer
-COMPRESSIONS = ("zstd",)  # body compressions this codec speaks (Register.compress, Welcome)
+#: Compressions this codec speaks (Register.compress, Welcome), in this side's order of
+#: preference: ``deflate-stream`` (each direction of the connection one deflate stream,
+#: docs/PROTOCOL.md section 5), then ``zstd`` (each large body on its own).
+COMPRESSIONS = ("deflate-stream", "zstd")
+STREAM_COMPRESSION = "deflate-stream"
 
 
 class Kind(enum.IntEnum):

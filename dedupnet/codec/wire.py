@@ -34,8 +34,17 @@ body is buffered. It limits the decompressed body too: the zstd frame must decla
 content size, which is checked before decompressing (no zip bomb gets past it), and
 zstd itself refuses a body that decompresses to more than it declared.
 
-Compression is negotiated per connection (the transport's Register/Welcome exchange):
-a :class:`Decoder` with ``allow_compressed=False`` rejects FLAG_ZSTD as ``bad-header``.
+Compression is negotiated per connection (the transport's Register/Welcome exchange).
+``zstd``: a :class:`Decoder` with ``allow_compressed=False`` rejects FLAG_ZSTD as
+``bad-header``. ``deflate-stream``: from a point the transport names
+(:meth:`Decoder.start_inflate`, after the Welcome that switches that direction) the
+bytes of the connection, headers included, are one raw deflate stream (RFC 1951),
+flushed after every write (:class:`Deflater`): a message costs only what is new in it
+against the last 32 KiB of the connection, so the fixed part of a heartbeat, an ack or
+a small frame (the 16-byte header, the field names, the sender's IP and number prefix)
+all but vanishes. The inflater is driven a bounded step at a time, only while the
+decoder needs bytes for the message it assembles, so a deflate "bomb" (at most 1032:1)
+never puts more than one message plus :data:`INFLATE_STEP` bytes in memory.
 Only bodies of at least :data:`COMPRESS_MIN_BODY` bytes are compressed, and only when
 that makes them smaller. :func:`compressed` and :func:`uncompressed` convert encoded
 bytes from one form to the other (the transport does it per peer).
@@ -60,7 +69,8 @@ bad-tag          a decoder with a keyring: tag_len is not the keyring's (checked
 too-large        body_len > max_frame_size, or a compressed body that declares (or
                  would decompress to) more than max_frame_size bytes
 bad-compression  FLAG_ZSTD body that is not exactly one valid zstd frame declaring
-                 its content size
+                 its content size; a deflate stream that is not valid deflate, or
+                 that ends (a final block: the stream lasts as long as the connection)
 bad-json         body is not valid JSON (orjson)
 schema           body is JSON but not a valid message of its kind
 bad-flag         a frame's flag is not the integer 1, 2 or 3
@@ -81,6 +91,7 @@ from __future__ import annotations
 
 import enum
 import struct
+import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Literal
@@ -130,6 +141,10 @@ COMPRESS_MIN_BODY = 256
 #: zstd level: 3 (zstd's default) compresses URL sets 5-7x at ~60 ns per input byte;
 #: level 1 is not measurably faster on these bodies and higher levels cost 2-4x the CPU.
 ZSTD_LEVEL = 3
+#: ``deflate-stream``: zlib's level (its default).
+DEFLATE_LEVEL = 6
+#: ``deflate-stream``: the inflater produces at most this many bytes per step.
+INFLATE_STEP = 64 * 1024
 _RESERVED = bytes(6)
 _KINDS = {kind.value: kind for kind in Kind}
 _LEN = struct.Struct(">IB")  # body_len, tag_len at offset 4 of a header
@@ -182,6 +197,19 @@ def _zstd(body: bytes) -> bytes | None:
         return None
     out = _compressor.compress(body)
     return out if len(out) < len(body) else None
+
+
+class Deflater:
+    """One direction of a ``deflate-stream`` connection: every write is compressed
+    against everything written before it (a 32 KiB window) and flushed at once
+    (``Z_PARTIAL_FLUSH``: the receiver can inflate all of it now, for ~10 bits instead
+    of a sync flush's 4-5 bytes), so nothing waits in the compressor."""
+
+    def __init__(self) -> None:
+        self._z = zlib.compressobj(DEFLATE_LEVEL, zlib.DEFLATED, -zlib.MAX_WBITS)
+
+    def compress(self, data: bytes) -> bytes:
+        return self._z.compress(data) + self._z.flush(zlib.Z_PARTIAL_FLUSH)
 
 
 def _pack_maybe_compressed(kind: int, body: bytes, tag: bytes, compress: bool) -> bytes:
@@ -349,6 +377,10 @@ class Decoder:
     compressed body is limited to ``max_frame_size`` both as received and decompressed.
     :attr:`compressed_messages` counts the compressed ones returned.
 
+    :meth:`start_inflate` (the transport calls it once ``deflate-stream`` is switched on
+    for what the peer sends): every byte not yet decoded, and every byte fed later, is
+    inflated first; :attr:`deflated_bytes` counts what was fed compressed.
+
     After a :class:`ProtocolError` the decoder is poisoned: every later ``feed``,
     ``next_message`` or ``eof`` raises the same error; close the connection.
     """
@@ -388,6 +420,9 @@ class Decoder:
         self._kind: Kind | None = None  # set once the header is parsed
         self._body_len = 0
         self._error: ProtocolError | None = None
+        self._inflater = None  # zlib's decompressobj once start_inflate was called
+        self._deflated: deque[bytes] = deque()  # fed, not yet inflated
+        self.deflated_bytes = 0
 
     # -- introspection --
 
@@ -403,8 +438,13 @@ class Decoder:
 
     @property
     def pending(self) -> int:
-        """Bytes fed and not yet returned as messages."""
-        return self._unread + len(self._buf)
+        """Bytes fed and not yet returned as messages (still compressed ones counted as fed)."""
+        tail = len(self._inflater.unconsumed_tail) if self._inflater is not None else 0
+        return self._unread + len(self._buf) + sum(map(len, self._deflated)) + tail
+
+    @property
+    def inflating(self) -> bool:
+        return self._inflater is not None
 
     @property
     def error(self) -> ProtocolError | None:
@@ -421,8 +461,50 @@ class Decoder:
             return
         if type(data) is not bytes:
             data = bytes(data)  # the caller may reuse a mutable buffer
+        if self._inflater is not None:
+            self._deflated.append(data)
+            self.deflated_bytes += len(data)
+            return
         self._chunks.append(data)
         self._unread += len(data)
+
+    def start_inflate(self) -> None:
+        """From here on the stream is ``deflate-stream``: the bytes fed and not yet
+        decoded (they came after the message that switched it) are inflated first.
+        Call between messages, right after the one that switches."""
+        if self._inflater is not None or self._kind is not None or self._buf:
+            raise RuntimeError("start_inflate: already inflating, or inside a message")
+        chunks, offset = self._chunks, self._offset
+        if chunks and offset:
+            chunks[0] = chunks[0][offset:]
+        self._deflated.extend(chunks)
+        self.deflated_bytes += self._unread
+        chunks.clear()
+        self._offset = self._unread = 0
+        self._inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+
+    def _inflate_step(self) -> bool:
+        """Inflate up to INFLATE_STEP bytes into the fed chunks; False if nothing is
+        left to inflate now."""
+        z = self._inflater
+        while True:
+            if z.unconsumed_tail:
+                data = z.unconsumed_tail
+            elif self._deflated:
+                data = self._deflated.popleft()
+            else:
+                return False
+            try:
+                out = z.decompress(data, INFLATE_STEP)
+            except zlib.error as exc:
+                raise ProtocolError(f"not a valid deflate stream: {exc}", "bad-compression") from None
+            if z.eof:
+                raise ProtocolError("the deflate stream ended (a final block); it lasts as long as the connection",
+                                    "bad-compression")
+            if out:
+                self._chunks.append(out)
+                self._unread += len(out)
+                return True
 
     def eof(self) -> None:
         """The peer closed the stream. Call after :meth:`next_message` returned NEED_DATA.
@@ -462,6 +544,8 @@ class Decoder:
 
     def _poison(self, exc: ProtocolError) -> None:
         self._error = exc
+        self._deflated.clear()
+        self._inflater = None
         self._chunks.clear()
         self._unread = 0
         self._buf = bytearray()
@@ -471,7 +555,9 @@ class Decoder:
         buf = self._buf
         want = self._need - len(buf)
         chunks = self._chunks
-        while want > 0 and chunks:
+        while want > 0:
+            if not chunks and (self._inflater is None or not self._inflate_step()):
+                break
             chunk = chunks[0]
             offset = self._offset
             avail = len(chunk) - offset

@@ -38,6 +38,12 @@ are left alone, since a repeated Register or Welcome is a protocol error by desi
 (:mod:`dedupnet.adapters.transport`), not a fault of the link. Delay and partitions apply to
 everything. Bytes that do not start with the wire's magic are forwarded as they come.
 
+**Compression.** A connection that negotiated ``deflate-stream`` is, in each direction
+after that direction's Welcome, one deflate stream. The relay acts on messages all
+the same: it inflates what it reads and deflates what it writes with its own stream,
+as a proxy that terminates compression would, so a message it drops, repeats or
+holds back leaves a stream the receiver can still read.
+
 **Source address.** A center trusts a connection by its TCP source address: the
 transport's handshake accepts a Register only if its ``IP`` is the peer address
 (``verify_source``, PROTOCOL.md gap 2), and the center then checks that address
@@ -60,6 +66,7 @@ import logging
 import random
 import socket
 import struct
+import zlib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, fields
@@ -68,8 +75,8 @@ from typing import Any
 import trio
 
 from dedupnet.harness.faults import DEFAULT_DURATION, LINK_FAULTS, Fault
-from dedupnet.codec.messages import Kind
-from dedupnet.codec.wire import HEADER_SIZE, MAGIC
+from dedupnet.codec.messages import STREAM_COMPRESSION, Kind
+from dedupnet.codec.wire import HEADER_SIZE, MAGIC, Deflater
 
 __all__ = [
     "DATA_KINDS",
@@ -127,6 +134,9 @@ class LinkConfig:
 CLEAN = LinkConfig()
 
 
+_SWITCH = f'"{STREAM_COMPRESSION}"'.encode()
+
+
 class _Reset(Exception):
     """Ends a pipe with a reset (RST on both sides) instead of a close."""
 
@@ -137,6 +147,7 @@ class _Item:
     seq: int
     data: bytes | None = field(compare=False)  # None: the source closed (EOF)
     reset_after: bool = field(default=False, compare=False)
+    switch: bool = field(default=False, compare=False)  # a Welcome after which this direction is deflated
 
 
 class _Pipe:
@@ -153,6 +164,8 @@ class _Pipe:
         self.wake = [trio.Event(), trio.Event()]
         self.last_release = [0.0, 0.0]
         self.seqs = itertools.count()
+        self.inflaters: list[Any] = [None, None]  # per direction, once its Welcome switched it
+        self.deflaters: list[Deflater | None] = [None, None]
 
     def reset(self, reason: str) -> None:
         if self.reset_reason is None:
@@ -200,7 +213,11 @@ class _Pipe:
             if raw:
                 self._push(d, _Item(self._release(d, 0.0), next(self.seqs), bytes(data)))
                 continue
-            buf += data
+            try:
+                buf += data if self.inflaters[d] is None else self.inflaters[d].decompress(data)
+            except zlib.error:
+                self.reset("bad-compression")
+                return
             while buf:
                 n = min(len(buf), len(MAGIC))
                 if buf[:n] != MAGIC[:n]:  # not our framing: forward as it comes
@@ -217,7 +234,15 @@ class _Pipe:
                     break
                 message = bytes(buf[:total])
                 del buf[:total]
-                self._decide(d, message, message[3])
+                switch = message[3] == Kind.WELCOME and _SWITCH in message
+                self._decide(d, message, message[3], switch)
+                if switch:  # what follows in this direction is deflated
+                    self.inflaters[d] = zlib.decompressobj(-zlib.MAX_WBITS)
+                    try:
+                        buf[:] = self.inflaters[d].decompress(bytes(buf))
+                    except zlib.error:
+                        self.reset("bad-compression")
+                        return
 
     def _release(self, d: int, jittered_delay: float) -> float:
         """When a message may go: after its delay, and not before the one ahead of it."""
@@ -225,7 +250,7 @@ class _Pipe:
         self.last_release[d] = release
         return release
 
-    def _decide(self, d: int, message: bytes, kind: int) -> None:
+    def _decide(self, d: int, message: bytes, kind: int, switch: bool = False) -> None:
         cfg, rng, counters = self.relay.config, self.rngs[d], self.relay.counters
         counters["messages"] += 1
         delay = cfg.delay
@@ -251,7 +276,7 @@ class _Pipe:
                 counters["duplicated"] += 1
                 self._push(d, _Item(release, next(self.seqs), message))
             return
-        self._push(d, _Item(release, next(self.seqs), message))
+        self._push(d, _Item(release, next(self.seqs), message, switch=switch))
 
     async def _write(self, d: int) -> None:
         dst = self.streams[1 - d]
@@ -277,11 +302,14 @@ class _Pipe:
             if item.seq < last_seq:
                 relay.counters["out_of_order"] += 1
             last_seq = max(last_seq, item.seq)
+            deflater = self.deflaters[d]
             try:
-                await dst.send_all(item.data)
+                await dst.send_all(item.data if deflater is None else deflater.compress(item.data))
             except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
                 self.reset("peer")
                 return
+            if item.switch:
+                self.deflaters[d] = Deflater()
             relay.counters["forwarded"] += 1
             if item.reset_after:
                 self.reset("reset")

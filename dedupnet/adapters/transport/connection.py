@@ -23,7 +23,7 @@ import trio
 
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.errors import ProtocolError
-from dedupnet.codec.messages import Error, Frame, Message, Register, Welcome, normalize_ip
+from dedupnet.codec.messages import STREAM_COMPRESSION, Error, Frame, Message, Register, Welcome, normalize_ip
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.ratelimit import LogLimiter, TokenBucket
 from dedupnet.codec.wire import (
@@ -32,6 +32,7 @@ from dedupnet.codec.wire import (
     MAGIC,
     NEED_DATA,
     Decoder,
+    Deflater,
     compressed,
     encode,
     is_compressed,
@@ -167,9 +168,10 @@ class Connection:
             ``failed`` (:meth:`fail`), ``local``, ``silent``: given up by :func:`close_when_silent`), None
             while open.
         compress: whether this side offers/accepts compressed bodies (the setting).
-        compression: the compression negotiated with the peer (``"zstd"``), or None:
-            then only plain bodies are sent to it, and a compressed one from it is
-            bad input.
+        compression: the compression negotiated with the peer (``"deflate-stream"``:
+            each direction one deflate stream from its Welcome on; ``"zstd"``: large
+            bodies compressed one by one), or None: then only plain bodies are sent to
+            it, and a compressed one from it is bad input.
         keyring: the :class:`~dedupnet.codec.auth.Keyring` that tags what is sent and must
             verify what is received, or None (no authentication on this connection).
 
@@ -208,6 +210,14 @@ class Connection:
         now = trio.current_time()
         self._byte_bucket, self._message_bucket = _buckets(options, now)
         self._compressed_seen = 0
+        #: deflate-stream: what we send goes through it once the writer has written
+        #: ``_deflate_after`` (the server's Welcome) or, on a client, ``_switch`` (its
+        #: Welcome saying so, written just before the first message it sends after the
+        #: server's: a client with nothing to say writes nothing).
+        self._deflater: Deflater | None = None
+        self._deflate_after: bytes | None = None
+        self._switch: bytes | None = None
+        self._switch_expected = False  # server: the client's Welcome that switches its side
         self._send_ch, self._recv_ch = trio.open_memory_channel[bytes](options.max_queue)
         self._urgent: bytes | None = None  # the priority lane: one slot, newest wins
         self._held: bytes | None = None  # taken from the queue, sent after the urgent one
@@ -349,8 +359,7 @@ class Connection:
                     await self._writer_done.wait()
                 else:
                     self._closing = True
-                    await self.stream.send_all(data)
-                    self._count_sent(data)
+                    self._count_sent(data, await self._write(data))
                 if not self._closed:
                     if hasattr(self.stream, "send_eof"):  # TLS has no half-close: read until the peer closes
                         await self.stream.send_eof()
@@ -455,18 +464,35 @@ class Connection:
         self._decoder.verify_tag = keyring.verify if keyring is not None else None
         self._decoder.tag_len_required = keyring.tag_len if keyring is not None else None
 
-    def _negotiated(self, compression: str) -> None:
+    def _welcome(self, welcome: Welcome, compression: str | None) -> None:
+        """Server side: answer the client's offer; with ``deflate-stream`` what we send
+        after this Welcome is compressed, and what it sends after its own Welcome."""
+        data = self._prepare(encode(welcome))
+        if compression == STREAM_COMPRESSION:
+            self._deflate_after = data
+            self._switch_expected = True
         self.compression = compression
-        self._decoder.allow_compressed = True
-        log.debug("%s: %s bodies negotiated", self.peer, compression)
+        self._decoder.allow_compressed = compression == "zstd"
+        self._send_ch.send_nowait(data)  # the first message: the queue has room
 
     def _on_welcome(self, msg: Welcome) -> None:
-        """The server's answer to our offer (client side; anywhere else it is bad input)."""
+        """A Welcome: the server's answer to our offer (client side), or, on a server
+        that chose ``deflate-stream``, the client's switch (once); anywhere else it is
+        bad input."""
+        if self._switch_expected:
+            self._switch_expected = False
+            self._decoder.start_inflate()
+            return
         if self._client is None:
             raise unexpected_welcome()
         compression = self._client.welcome(msg)
-        if compression is not None:
-            self._negotiated(compression)
+        self.compression = compression
+        if compression == STREAM_COMPRESSION:
+            self._decoder.start_inflate()  # the server's bytes after its Welcome
+            self._switch = self._prepare(encode(Welcome((compression,))))
+        elif compression is not None:
+            self._decoder.allow_compressed = True
+        log.debug("%s: %s negotiated", self.peer, compression)
 
     def _count_received(self, msg: Message) -> None:
         if self._decoder.compressed_messages != self._compressed_seen:
@@ -493,7 +519,7 @@ class Connection:
         large enough), plain otherwise. Converted once per object, so a broadcast of one
         encoded frame is compressed (or decompressed for old peers) once; then tagged
         with this connection's keyring, if any (once per converted object and key)."""
-        data = _recode(data, self.compression is not None)
+        data = _recode(data, self.compression == "zstd")
         if self.keyring is not None:
             data = _signed(data, self.keyring)
         return data
@@ -510,7 +536,9 @@ class Connection:
         """
         if self._closing:
             return False
-        data = self._prepare(data)
+        return self._queue(self._prepare(data))
+
+    def _queue(self, data: bytes) -> bool:
         try:
             self._send_ch.send_nowait(data)
         except trio.WouldBlock:
@@ -564,13 +592,20 @@ class Connection:
             self._idle_scope.cancel()  # wake the writer waiting on the queue
         return True
 
-    def _count_sent(self, data: bytes) -> None:
+    def _count_sent(self, data: bytes, wire_size: int | None = None) -> None:
+        """Count ``data`` as sent, ``wire_size`` bytes once deflated (each kind's share
+        in proportion to its plain size)."""
+        sent = len(data) if wire_size is None else wire_size
+        plain = shared = 0
         for kind, size in _sent_kinds(data):
             self.counters.inc("frames_sent", kind=kind)
+            if wire_size is not None:  # its share, rounded so that the shares add up to what was sent
+                plain += size
+                size, shared = sent * plain // len(data) - shared, sent * plain // len(data)
             self.counters.inc("sent_kind_bytes", size, kind=kind)
-        self.counters.inc("sent_bytes", len(data))
+        self.counters.inc("sent_bytes", sent)
         if self.tls:
-            self.counters.inc("tls_payload_sent_bytes", len(data))
+            self.counters.inc("tls_payload_sent_bytes", sent)
         if is_compressed(data):
             self.counters.inc("compressed_sent")
 
@@ -605,6 +640,22 @@ class Connection:
                 self._held = data  # an urgent message came while this one was handed over
 
 
+    async def _write(self, data: bytes) -> int | None:
+        """Send ``data`` as this direction's stream has it: deflated once switched (the
+        size then sent is returned; None: sent plain)."""
+        switch = b""
+        if self._deflater is None:
+            if self._switch is None:
+                await self.stream.send_all(data)
+                if data is self._deflate_after:
+                    self._deflater, self._deflate_after = Deflater(), None
+                return None
+            switch, self._switch, self._deflater = self._switch, None, Deflater()
+            self._count_sent(switch)
+        out = self._deflater.compress(data)
+        await self.stream.send_all(switch + out if switch else out)
+        return len(out)
+
     async def _writer(self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Send the urgent slot first, then queued bytes in order, until the queue is
         closed. Never raises: any failure closes the connection, which the receiving side
@@ -614,7 +665,7 @@ class Connection:
         try:
             while (data := await self._next_to_send()) is not None:
                 with trio.move_on_after(self.send_timeout) as scope:
-                    await self.stream.send_all(data)
+                    wire_size = await self._write(data)
                 if scope.cancelled_caught:
                     if self._closed:
                         return  # closed meanwhile (e.g. send() timed out at the same moment)
@@ -624,7 +675,7 @@ class Connection:
                     self._close_now("send-timeout")
                     return
                 self.last_sent = trio.current_time()
-                self._count_sent(data)
+                self._count_sent(data, wire_size)
         except (trio.BrokenResourceError, trio.ClosedResourceError, trio.BusyResourceError) as exc:
             if not self._closed:
                 self.note(logging.INFO, "connection to %s lost while sending: %s", self.peer, exc)

@@ -89,7 +89,7 @@ class Accepted:
     """The Register is accepted. ``keyring``: the one the connection uses from now on
     (None: untagged); ``welcome``: the answer to send before anything else (None when
     the client offered no compression: it gets none); ``compression``: what both ends
-    now use for large bodies (None: plain only)."""
+    now use (None: plain only)."""
 
     register: Register
     keyring: Keyring | None
@@ -145,8 +145,9 @@ class ServerHandshake:
         keyring = self.keyrings.get(msg.role) if self.keyrings else None
         if msg.compress is None:  # only a client that offered gets a Welcome
             return Accepted(msg, keyring, None, None)
-        chosen = ("zstd",) if self.compress and "zstd" in msg.compress else ()
-        return Accepted(msg, keyring, Welcome(chosen), "zstd" if chosen else None)
+        # This side's preference (COMPRESSIONS' order) among what the client offered.
+        chosen = next((name for name in COMPRESSIONS if self.compress and name in msg.compress), None)
+        return Accepted(msg, keyring, Welcome(() if chosen is None else (chosen,)), chosen)
 
     def _refusal(self, msg: Message | None, peer: Peer, tags: RegisterTags | None) -> Refused | None:
         if msg is None:
@@ -199,7 +200,7 @@ class ClientHandshake:
             if name not in offered or name not in COMPRESSIONS:
                 raise ProtocolError(f"welcome chose compression {name!r}, which was not offered",
                                     "unexpected-welcome")
-        return "zstd" if "zstd" in msg.compress else None
+        return msg.compress[0] if msg.compress else None
 
 
 def unexpected_welcome() -> ProtocolError:

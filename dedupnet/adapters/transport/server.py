@@ -246,9 +246,7 @@ class _Server:
         conn.note(logging.INFO, "%s registered: role %s, network %d, listen %s", conn.peer, register.role,
                   register.network, register.listen)
         if verdict.welcome is not None:
-            conn.send_nowait(encode(verdict.welcome))
-            if verdict.compression is not None:
-                conn._negotiated(verdict.compression)
+            conn._welcome(verdict.welcome, verdict.compression)
         return register
 
     async def _judge_first(self, conn: Connection, tags: RegisterTags | None):
