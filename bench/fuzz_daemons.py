@@ -50,12 +50,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import fuzz_wire  # noqa: E402
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress  # noqa: E402
+from center_host.sets import task_parts  # noqa: E402
 from dedupnet.adapters.metrics import Counters  # noqa: E402
 from dedupnet.adapters.store import Store  # noqa: E402
 from dedupnet.codec import wire  # noqa: E402
 from dedupnet.codec.errors import ProtocolError  # noqa: E402
 from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Status, Task, Welcome  # noqa: E402
 from dedupnet.codec.numbers import make_number  # noqa: E402
+from dedupnet.codec.pools import TASK_POOL  # noqa: E402
 from local_host.daemon import LocalDaemon, LocalSettings  # noqa: E402
 
 CENTER_NET, PEER_NET, HOST_NET = 2, 1, 3
@@ -423,6 +425,45 @@ async def good_peer(address: tuple[str, int], homes: str | None, routed: set[str
             nursery.cancel_scope.cancel()
 
 
+#: URLs the feeder lets wait in the fuzzed host's URL_pool and sets in flight.
+FEED_BACKLOG = 200
+
+
+def tail_of(host: LocalDaemon) -> bytes:
+    """The id of the last entry of ``host``'s task_pool (what follows is new)."""
+    store = host.pools.store
+    last = store.redis.xrevrange(store.key(TASK_POOL), count=1)
+    return last[0][0] if last else b"0-0"
+
+
+def tasks_after(host: LocalDaemon, after: bytes) -> set[str]:
+    store = host.pools.store
+    entries = store.redis.xrange(store.key(TASK_POOL), min=b"(" + after)
+    return {fields[b"u"].decode() for _, fields in entries}
+
+
+async def backlog(host: LocalDaemon) -> int:
+    sizes = await host.store.run(host.pools.sizes)
+    return sizes.get("URL_pool", 0) + sum(len(urls) for _, urls in host.core.unacked.values())
+
+
+async def state(center: CenterDaemon, good: LocalDaemon, fuzzed: LocalDaemon) -> str:
+    """What the daemons hold (read when a run goes wrong): the center's sets by stage,
+    sets held back, URLs waiting for network 1, task_URL for the good host and in all,
+    and the two hosts' backlogs."""
+    core = center.core
+    stages: Counter = Counter(rec.stage.value for rec in core.sets.values())
+    tasks: Counter = Counter()
+    for key, urls in core.tasks.items():
+        tasks[task_parts(key)[1]] += len(urls)
+    good_pools = await good.store.run(good.pools.sizes)
+    return (f"center: sets {dict(stages)}, held {len(core.waiting)}, routed waiting {core.routed_waiting()}, "
+            f"hosts {len(core.hosts)}, task_URL {sum(tasks.values()):,} in {len(core.tasks):,} keys "
+            f"({tasks[GOOD_HOST_IP]:,} for the good host); "
+            f"good host: connected {good.conn is not None}, unacked {len(good.core.unacked)}, pools {good_pools}; "
+            f"fuzzed host: backlog {await backlog(fuzzed):,}, unacked {len(fuzzed.core.unacked)}")
+
+
 def frames_counted(counters: Counters) -> int:
     """Messages a daemon decoded, and inputs it refused as bad."""
     snap = counters.snapshot()
@@ -439,7 +480,7 @@ def internal_errors(counters: Counters) -> dict[str, int]:
 
 async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzzd", concurrency: int = 6,
               progress: float | None = None, session_seconds: float = 5.5, host_share: float = 0.25,
-              settle: float = 60.0) -> tuple[Figures, dict]:
+              settle: float = 60.0, patience: float = 0.0) -> tuple[Figures, dict]:
     """Storm a live center and a live host until they have counted ``frames`` hostile
     messages between them (decoded or refused; ``host_share`` of them the host's), then
     check both still serve. Returns the figures and a report dict (``ok``, what failed)."""
@@ -489,9 +530,13 @@ async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzz
                     await trio.sleep(0.05)
 
             async def feeder():
-                """New URLs for the fuzzed host: sets in flight, for the hostile acks to hit."""
+                """New URLs for the fuzzed host: sets in flight, for the hostile acks to hit.
+                Bounded: the hostile center acknowledges almost nothing, so an unbounded
+                feed is a backlog (hundreds of thousands of URLs over a long storm) that the
+                URLs pushed after the storm would wait behind."""
                 for i in range(10**9):
-                    await trio.to_thread.run_sync(fuzzed.pools.push, good_urls(f"feed{i}", 20))
+                    if (await backlog(fuzzed)) < FEED_BACKLOG:
+                        await trio.to_thread.run_sync(fuzzed.pools.push, good_urls(f"feed{i}", 20))
                     await trio.sleep(0.2)
 
             async with trio.open_nursery() as workers:
@@ -504,9 +549,15 @@ async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzz
                     if progress and time.perf_counter() - last >= progress:
                         last = time.perf_counter()
                         print(f"{figures.frames:,} frames sent in {last - started:,.0f} s; center counted "
-                              f"{frames_counted(center.counters):,}, host {frames_counted(fuzzed.counters):,}",
-                              flush=True)
+                              f"{frames_counted(center.counters):,}, host {frames_counted(fuzzed.counters):,}; "
+                              f"{await state(center, good, fuzzed)}", flush=True)
                 workers.cancel_scope.cancel()
+            # Only what comes after the storm is read: over a long storm the good host's
+            # task_pool grows by millions (the peer's routed URLs; nothing crawls them),
+            # and reading it whole every tenth of a second kept the shared Redis and this
+            # process too busy for the daemons to serve.
+            since = {h: await trio.to_thread.run_sync(tail_of, h) for h in (good, fuzzed)}
+            fake.frames_from_host.clear()
             fake.storming = False
             figures.elapsed = time.perf_counter() - started
             report["storm_seconds"] = figures.elapsed
@@ -519,20 +570,28 @@ async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzz
             await trio.to_thread.run_sync(good.pools.push, fresh)
             host_fresh = good_urls(f"host{seed}", 30)
             await trio.to_thread.run_sync(fuzzed.pools.push, host_fresh)
+
+            async def served() -> tuple[set, set, bool]:
+                tasks = await trio.to_thread.run_sync(tasks_after, good, since[good])
+                sent = {u for f in fake.frames_from_host for u in f.URL_set}
+                host_tasks = await trio.to_thread.run_sync(tasks_after, fuzzed, since[fuzzed])
+                return set(fresh) - tasks - routed, set(host_fresh) - sent, set(good_urls("task", 5)) <= host_tasks
+
+            settled = time.perf_counter()
             with trio.move_on_after(settle) as waited:
-                while True:
-                    tasks = {u for _, u in await trio.to_thread.run_sync(good.pools.all_tasks)}
-                    sent = {u for f in fake.frames_from_host for u in f.URL_set}
-                    host_tasks = {u for _, u in await trio.to_thread.run_sync(fuzzed.pools.all_tasks)}
-                    if set(fresh) <= tasks | routed and set(host_fresh) <= sent and set(good_urls("task", 5)) <= host_tasks:
-                        break
+                while (got := await served()) and (got[0] or got[1] or not got[2]):
                     await trio.sleep(0.1)
             if waited.cancelled_caught:
-                missing = set(fresh) - tasks - routed
-                report["failures"].append(f"after the storm: {len(missing)} of the well-behaved host's {len(fresh)} "
-                                          f"URLs neither in its task_pool nor routed to their home; fuzzed host: {len(set(host_fresh) - sent)} of "
-                                          f"{len(host_fresh)} URLs not sent, task queued: "
-                                          f"{set(good_urls('task', 5)) <= host_tasks}")
+                report["state_at_settle"] = await state(center, good, fuzzed)
+                report["failures"].append(f"after the storm: {len(got[0])} of the well-behaved host's {len(fresh)} "
+                                          f"URLs neither in its task_pool nor routed to their home; fuzzed host: "
+                                          f"{len(got[1])} of {len(host_fresh)} URLs not sent, task queued: {got[2]}")
+                with trio.move_on_after(patience):  # slow, or stuck?
+                    while (got := await served()) and (got[0] or got[1] or not got[2]):
+                        await trio.sleep(1)
+                report["served_after"] = (f"served {time.perf_counter() - settled:,.0f} s after the storm"
+                                          if not (got[0] or got[1] or not got[2]) else
+                                          f"still not served {patience:,.0f} s after the settle time: {await state(center, good, fuzzed)}")
             stop.set()
             report["center_frames"] = frames_counted(center.counters)
             report["host_frames"] = frames_counted(fuzzed.counters)
@@ -569,6 +628,7 @@ def summary(figures: Figures, report: dict) -> str:
                                       if k.startswith(("rejected", "bad_input", "handshake_failed")) and v),
         f"internal errors: center {report.get('center_errors')}, host {report.get('host_errors')}",
         "OK" if report["ok"] else "FAILED: " + "; ".join(report["failures"]),
+        *(f"{k}: {report[k]}" for k in ("state_at_settle", "served_after") if k in report),
     ]
     return "\n".join(lines)
 
@@ -581,6 +641,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=6, help="fuzzing clients of the center at once")
     p.add_argument("--redis", help="a Redis URL (default: start an embedded server)")
     p.add_argument("--progress", type=float, default=30.0, metavar="S", help="a progress line every S seconds")
+    p.add_argument("--patience", type=float, default=600.0, metavar="S",
+                   help="on a failed check, wait up to S more seconds to tell slow from stuck")
     p.add_argument("--log", default="ERROR", help="the daemons' log level during the storm")
     args = p.parse_args(argv)
     logging.basicConfig(level=args.log, format="%(levelname)s %(name)s: %(message)s")
@@ -591,7 +653,7 @@ def main(argv: list[str] | None = None) -> int:
             from dedupnet.adapters.embedded import EmbeddedRedis
             url = stack.enter_context(EmbeddedRedis())
         figures, report = trio.run(lambda: run(url, args.frames, seed=args.seed, concurrency=args.concurrency,
-                                               progress=args.progress))
+                                               progress=args.progress, patience=args.patience))
     print(summary(figures, report))
     return 0 if report["ok"] else 1
 
