@@ -17,7 +17,8 @@ and reach the protocol: URLs that are not normalised, not http(s), too long for 
 echoed from what the daemon sent (answers for sets never asked about, acks for tasks
 never given), IPs of other hosts and networks, flags sent where they do not belong,
 kinds out of place (tasks, acks, registers, statuses and welcomes where none is
-due), compressed bodies, sets of up to 10,000 URLs. The rest are bench/fuzz_wire.py's
+due), compressed bodies, whole connections compressed (``deflate-stream``, with raw
+garbage inside the stream now and then), sets of up to 10,000 URLs. The rest are bench/fuzz_wire.py's
 mutated inputs, which end the connection they arrive on.
 
 Meanwhile a well-behaved host of the center's LAN stays connected. After the storm a
@@ -179,13 +180,40 @@ class Hostile:
         return fuzz_wire.mutate(self.rnd.choice(self.corpus), self.rnd, self.corpus)
 
 
-async def _drain(stream: trio.SocketStream, hostile: Hostile, figures: Figures, on_message=None) -> None:
+STREAM = "deflate-stream"
+
+
+class Out:
+    """What a fuzzer writes on one connection: plain, or one deflate stream after its
+    switch (its own Welcome, or the one it answered with as the server)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        self.stream = stream
+        self.deflater: wire.Deflater | None = None
+
+    async def send(self, data: bytes, *, raw: bool = False) -> None:
+        """``raw``: not through the stream (garbage to the daemon's inflater)."""
+        await self.stream.send_all(data if self.deflater is None or raw else self.deflater.compress(data))
+
+    async def switch(self, welcome: Welcome = Welcome((STREAM,))) -> None:
+        await self.stream.send_all(wire.encode(welcome))
+        self.deflater = wire.Deflater()
+
+
+def switches(msg) -> bool:
+    return isinstance(msg, Welcome) and msg.compress == (STREAM,)
+
+
+async def _drain(stream: trio.SocketStream, hostile: Hostile, figures: Figures, on_message=None,
+                 decoder: wire.Decoder | None = None) -> None:
     """Read what the daemon sends until it closes: numbers are remembered for echoing."""
-    decoder = wire.Decoder(64 * 1024 * 1024, 10_000, allow_compressed=True)
+    decoder = decoder or wire.Decoder(64 * 1024 * 1024, 10_000, allow_compressed=True)
     with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError, ProtocolError, OSError):
         while data := await stream.receive_some(1 << 16):
             decoder.feed(data)
             while (msg := decoder.next_message()) is not wire.NEED_DATA:
+                if switches(msg):
+                    decoder.start_inflate()
                 figures.received[type(msg).__name__] += 1
                 if isinstance(msg, (Frame, Task, Ack)):
                     hostile.remember(msg.number)
@@ -204,7 +232,10 @@ async def _client(address: tuple[str, int], me: str, register: Register | None, 
         return 0
     figures.connections[kind] += 1
     before = figures.frames
-    compress = register is not None and register.compress is not None
+    offered = () if register is None or register.compress is None else register.compress
+    stream_mode = STREAM in offered  # the center prefers it: our side goes deflated after our switch
+    compress = bool(offered) and (not stream_mode or hostile.rnd.random() < 0.1)  # zstd bodies in a stream: bad-header
+    out = Out(stream)
     closed = trio.Event()
 
     async def drain():
@@ -218,15 +249,17 @@ async def _client(address: tuple[str, int], me: str, register: Register | None, 
                 if register is not None:
                     await stream.send_all(wire.encode(register))
                     figures.sent["register"] += 1
+                    if stream_mode:
+                        await out.switch()
                 left = count
                 while left > 0:
                     n = min(left, hostile.rnd.choice((1, 4, 16, 64)))
                     batch = [hostile.encode(make(), compress) for _ in range(n)]
-                    await stream.send_all(b"".join(batch))
+                    await out.send(b"".join(batch))
                     figures.sent[kind] += n
                     left -= n
                 if end_broken:
-                    await stream.send_all(hostile.mutated())
+                    await out.send(hostile.mutated(), raw=hostile.rnd.random() < 0.5)
                     figures.sent["mutated"] += 1
                     with trio.move_on_after(5):
                         await stream.send_eof()
@@ -254,7 +287,7 @@ class CenterStorm:
     async def one(self, budget: int) -> None:
         rnd, h = self.rnd, self.hostile
         r = rnd.random()
-        offer = rnd.choice((None, ("zstd",)))
+        offer = rnd.choice((None, ("zstd",), (STREAM, "zstd")))
         count = min(budget, self._length())
         broken = rnd.random() < 0.5
         if r < 0.62:  # a LAN host
@@ -326,25 +359,29 @@ class FakeCenter:
                     reg = decoder.next_message()
                     if reg is not wire.NEED_DATA:
                         break
+                out = Out(stream)
                 compress = bool(reg.compress)
-                if compress:
+                if compress and STREAM in reg.compress and self.rnd.random() < 0.5:
+                    await out.switch()  # the server's side is deflated right after its Welcome
+                    compress = False
+                elif compress:
                     await stream.send_all(wire.encode(Welcome(("zstd",))))
                 self.sessions += 1
                 self.connected.set()
                 if self.storming:
-                    await self._storm(stream, decoder, compress)
+                    await self._storm(out, decoder, compress)
                 else:
-                    await self._behave(stream, decoder)
+                    await self._behave(out, decoder)
 
-    async def _storm(self, stream, decoder, compress: bool) -> None:
-        rnd, h = self.rnd, self.hostile
+    async def _storm(self, out: Out, decoder, compress: bool) -> None:
+        rnd, h, stream = self.rnd, self.hostile, out.stream
         own = (HOST_NET, 1)
         started = trio.current_time()
 
         async def reader():
             for msg in decoder:  # what came with the Register
                 self._note(msg)
-            await _drain(stream, h, self.figures, self._on_message)
+            await _drain(stream, h, self.figures, self._on_message, decoder)
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(reader)
@@ -364,10 +401,10 @@ class FakeCenter:
                     else:
                         msg = h.other(FAKE_CENTER_IP, own)
                     batch.append(h.encode(msg, compress))
-                await stream.send_all(b"".join(batch))
+                await out.send(b"".join(batch))
                 self.figures.sent["to-host"] += n
                 if trio.current_time() - started > self.session_seconds and rnd.random() < 0.05:
-                    await stream.send_all(h.mutated())
+                    await out.send(h.mutated(), raw=rnd.random() < 0.5)
                     self.figures.sent["mutated-to-host"] += 1
                     break
                 await trio.sleep(0)
@@ -382,20 +419,22 @@ class FakeCenter:
         elif isinstance(msg, Ack):
             self.acked_tasks.add(msg.number)
 
-    async def _behave(self, stream, decoder) -> None:
+    async def _behave(self, out: Out, decoder) -> None:
         """Acknowledge every set, hand out one task, as a center does."""
-        await stream.send_all(wire.encode(Task(make_number(HOST_NET, 0, 1), tuple(good_urls("task", 5)))))
-        for msg in decoder:
-            await self._behave_on(stream, msg)
-        while data := await stream.receive_some(1 << 16):
+        await out.send(wire.encode(Task(make_number(HOST_NET, 0, 1), tuple(good_urls("task", 5)))))
+        while True:
+            while (msg := decoder.next_message()) is not wire.NEED_DATA:
+                if switches(msg):
+                    decoder.start_inflate()
+                await self._behave_on(out, msg)
+            if not (data := await out.stream.receive_some(1 << 16)):
+                return
             decoder.feed(data)
-            for msg in decoder:
-                await self._behave_on(stream, msg)
 
-    async def _behave_on(self, stream, msg) -> None:
+    async def _behave_on(self, out: Out, msg) -> None:
         self._note(msg)
         if isinstance(msg, Frame) and msg.flag == 1:
-            await stream.send_all(wire.encode(Ack(msg.number, "stored")))
+            await out.send(wire.encode(Ack(msg.number, "stored")))
 
 
 async def good_peer(address: tuple[str, int], homes: str | None, routed: set[str], stop: trio.Event) -> None:

@@ -41,11 +41,14 @@ Why it is shaped this way
   (after finishing the one it is writing: messages are never interleaved); a newer
   urgent message replaces an unsent one. The daemons send their heartbeats this way, so
   a busy connection does not make its peer think it is dead.
-* **Compression is negotiated, never assumed.** :func:`connect` offers ``zstd`` in its
-  Register (``compress=True``, the default); :func:`serve` answers such a Register with a
-  :class:`~dedupnet.codec.messages.Welcome` naming what it accepts, which the client's
-  :meth:`Connection.receive` consumes. From then on both directions send bodies of at
-  least ``wire.COMPRESS_MIN_BODY`` bytes compressed. A peer that offers nothing (an
+* **Compression is negotiated, never assumed.** :func:`connect` offers
+  ``deflate-stream`` and ``zstd`` in its Register (``compress=True``, the default);
+  :func:`serve` answers such a Register with a :class:`~dedupnet.codec.messages.Welcome`
+  naming the one it chooses, which the client's :meth:`Connection.receive` consumes.
+  ``deflate-stream``: the server's bytes after its Welcome, and the client's after its
+  own Welcome (written just before its next message), are one deflate stream, every
+  write flushed (docs/PROTOCOL.md section 5). ``zstd`` (an older peer): both
+  directions send bodies of at least ``wire.COMPRESS_MIN_BODY`` bytes compressed. A peer that offers nothing (an
   older one, or ``compress=False``) gets no Welcome and only plain bodies. Callers
   always hand the connection one encoded form (plain, or ``encode(..., compress=True)``)
   and the connection converts it for its peer, once per encoded object, so a broadcast

@@ -50,9 +50,10 @@ async def connect(
     OSError) is raised, logged and counted (``handshake_failed{reason="tls"}`` or
     ``"wrong-network"``).
 
-    With ``compress`` the Register offers ``zstd`` (unless ``register`` already carries an
-    offer; without ``compress`` any offer is removed); the server's :class:`Welcome`,
-    consumed by :meth:`Connection.receive`, turns compression on for both directions.
+    With ``compress`` the Register offers ``deflate-stream`` and ``zstd`` (unless
+    ``register`` already carries an offer; without ``compress`` any offer is removed);
+    the server's :class:`Welcome`, consumed by :meth:`Connection.receive`, turns the
+    one it chose on for both directions.
     Until it arrives (and forever with a server that predates compression) every body
     is sent plain.
 
