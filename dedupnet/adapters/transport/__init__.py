@@ -142,7 +142,8 @@ Counters (in the :class:`~dedupnet.adapters.metrics.Counters` passed in)
 from dedupnet.adapters.ratelimit import TokenBucket
 
 from .client import close_when_silent, connect, connect_forever
-from .connection import Connection, ConnectionClosed, Handler, _recode, _signed
+from .connection import Connection, ConnectionClosed, Handler
+from .forms import _recode, _signed
 from .handshake import ClientHandshake, ServerHandshake
 from .keys import watch_keyrings
 from .options import Options

@@ -13,8 +13,6 @@ import contextlib
 import ipaddress
 import logging
 import math
-import struct
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
@@ -26,19 +24,9 @@ from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import STREAM_COMPRESSION, Error, Frame, Message, Register, Welcome, normalize_ip
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.ratelimit import LogLimiter, TokenBucket
-from dedupnet.codec.wire import (
-    COMPRESS_MIN_BODY,
-    HEADER_SIZE,
-    MAGIC,
-    NEED_DATA,
-    Decoder,
-    Deflater,
-    compressed,
-    encode,
-    is_compressed,
-    uncompressed,
-)
+from dedupnet.codec.wire import HEADER_SIZE, NEED_DATA, Decoder, Deflater, encode, is_compressed
 
+from .forms import _recode, _sent_kinds, _signed
 from .handshake import ClientHandshake, kind_name, unexpected_welcome
 from .options import DEFAULT, Options
 
@@ -49,8 +37,6 @@ log = logging.getLogger(__package__)  # one logger for the whole transport, whic
 RECEIVE_CHUNK = 64 * 1024  # bytes per receive_some
 LINGER_BYTES = 256 * 1024  # input read and discarded after an Error (see _linger)
 MAX_ERROR_MESSAGE = 1000  # characters of the Error message we send (schema allows 4096)
-
-_BODY_AND_TAG = struct.Struct(">IB")  # body_len, tag_len at offset 4 of the header
 
 Handler = Callable[["Connection"], Awaitable[None]]
 
@@ -83,63 +69,6 @@ def without_closed(exc: BaseException) -> BaseException | None:
     if isinstance(exc, BaseExceptionGroup):
         return exc.split(ConnectionClosed)[1]
     return exc
-
-
-_RECODED: OrderedDict[tuple[int, bool], tuple[bytes, bytes]] = OrderedDict()
-_RECODED_MAX = 4  # a broadcast sends one object to every peer in a row: a few entries suffice
-
-
-def _recode(data: bytes, compress: bool) -> bytes:
-    """``data`` with its bodies compressed (``compress``) or plain, converted once per
-    object: a broadcast calls this with the same bytes for every peer, and every peer
-    gets the same converted object (one compression, one copy in memory)."""
-    if compress:
-        if len(data) < HEADER_SIZE + COMPRESS_MIN_BODY:
-            return data
-    elif not is_compressed(data):
-        return data
-    key = (id(data), compress)
-    hit = _RECODED.get(key)
-    if hit is not None and hit[0] is data:
-        _RECODED.move_to_end(key)
-        return hit[1]
-    out = compressed(data) if compress else uncompressed(data)
-    if out is not data:
-        _RECODED[key] = (data, out)  # holding data keeps its id from being reused
-        if len(_RECODED) > _RECODED_MAX:
-            _RECODED.popitem(last=False)
-    return out
-
-
-_SIGNED: OrderedDict[tuple[int, int, int], tuple[bytes, Keyring, bytes]] = OrderedDict()
-
-
-def _signed(data: bytes, keyring: Keyring) -> bytes:
-    """``data`` tagged with ``keyring``'s sending key, once per object and key (a
-    broadcast signs once for all the peers of one keyring, as it compresses once)."""
-    key = (id(data), id(keyring), keyring.send_id)
-    hit = _SIGNED.get(key)
-    if hit is not None and hit[0] is data and hit[1] is keyring:
-        _SIGNED.move_to_end(key)
-        return hit[2]
-    out = keyring.sign(data)
-    _SIGNED[key] = (data, keyring, out)
-    if len(_SIGNED) > _RECODED_MAX:
-        _SIGNED.popitem(last=False)
-    return out
-
-
-def _sent_kinds(data: bytes) -> list[tuple[str, int]]:
-    """The kinds and sizes of the messages in ``data`` (normally one), from their headers:
-    byte 3 of each header is the kind, bytes 4..8 the body length, byte 8 the tag length."""
-    kinds = []
-    offset = 0
-    while offset + HEADER_SIZE <= len(data) and data[offset : offset + 2] == MAGIC:
-        body_len, tag_len = _BODY_AND_TAG.unpack_from(data, offset + 4)
-        size = HEADER_SIZE + body_len + tag_len
-        kinds.append((kind_name(data[offset + 3]), size))
-        offset += size
-    return kinds or [("unknown", len(data))]
 
 
 def _socket_of(stream: trio.abc.Stream) -> Any:
