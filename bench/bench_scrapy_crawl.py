@@ -29,6 +29,8 @@ Printed per side, medians over the runs:
 * exit: seconds from the last fetch to the last spider's exit;
 * duplicates (fetches beyond the first of a URL) and missed (reachable URLs never
   fetched), from the web's log against its ground truth;
+* disallowed: pages fetched that the site's robots.txt disallows (``/private/``), summed
+  over the runs (``--side dedupnet --runs 20`` is the 20-run check);
 * Redis bytes per URL (reachable URLs): the sum of ``MEMORY USAGE`` of every key
   (``SAMPLES 0``), and the growth of ``used_memory`` twice: once every spider has exited
   (dedupnet's daemons still connected, each connection with its buffers), and once every
@@ -158,6 +160,7 @@ async def one_run(side: str, args, logdir: Path) -> dict:
     return {"pages_s": len(answered) / (last - t0), "first_1000": first_k,
             "exit": (max(exits.values()) - last) if len(exits) == len(procs) else None,
             "duplicates": web.duplicate_fetches(), "missed": len(reach.fetched - answered),
+            "disallowed": sum(1 for u in answered if web.disallowed(u)),
             "keys_b": keys / urls, "used_b": (used - base) / urls,
             "alone_b": (used_alone - base) / urls, "urls": urls}
 
@@ -179,6 +182,8 @@ def main() -> None:
     p.add_argument("--sites", type=int, default=60)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--runs", type=int, default=2, help="runs of each side, alternating")
+    p.add_argument("--side", choices=("both", "scrapy-redis", "dedupnet"), default="both",
+                   help="run one side only (e.g. the 20-run robots.txt check)")
     p.add_argument("--idle-close", type=float, default=10.0, help="seconds idle before a spider closes (fallback)")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds a run may take")
     p.add_argument("--kill", type=float, default=0.0, metavar="FRACTION",
@@ -187,26 +192,28 @@ def main() -> None:
     args = p.parse_args()
     if args.spiders % args.networks:
         p.error("--spiders must be a multiple of --networks (one host per spider, as many per network)")
-    results: dict[str, list[dict]] = {"scrapy-redis": [], "dedupnet": []}
+    results: dict[str, list[dict]] = {side: [] for side in ("scrapy-redis", "dedupnet")
+                                      if args.side in ("both", side)}
     with tempfile.TemporaryDirectory() as logdir:
         for run in range(args.runs):
             for side in results:
                 row = trio.run(one_run, side, args, Path(logdir))
                 results[side].append(row)
                 print(f"run {run + 1} {side}: {row}", file=sys.stderr)
-    urls = results["dedupnet"][0]["urls"]
+    urls = next(iter(results.values()))[0]["urls"]
     kill = f"; the last spider SIGKILLed at {args.kill:.0%} of the URLs and started again" if args.kill else ""
     print(f"{args.pages} pages over {args.sites} sites ({urls} URLs to request), {args.spiders} spiders, "
           f"dedupnet in {args.networks} network(s); medians of {args.runs} runs{kill}")
     print("| | N | pages/s (start → last fetch) | first 1,000 pages (s) | exit after last page (s) "
-          "| duplicates | missed | Redis bytes per URL (keys; `used_memory` growth, daemons connected; "
+          "| duplicates | missed | disallowed (sum) | Redis bytes per URL (keys; `used_memory` growth, daemons connected; "
           "every client gone) |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for side, rows in results.items():
         name = side if side == "scrapy-redis" else f"dedupnet, {args.networks} network{'s' * (args.networks > 1)}"
         print(f"| {name} | {args.spiders} | {fmt(median(rows, 'pages_s'), '.0f')} | "
               f"{fmt(median(rows, 'first_1000'), '.2f')} | {fmt(median(rows, 'exit'), '.1f')} | "
               f"{fmt(median(rows, 'duplicates'), 'g')} | {fmt(median(rows, 'missed'), 'g')} | "
+              f"{sum(r['disallowed'] for r in rows)} in {len(rows)} runs | "
               f"{fmt(median(rows, 'keys_b'), '.0f')}; {fmt(median(rows, 'used_b'), '.0f')}, "
               f"{fmt(median(rows, 'alone_b'), '.0f')} |")
 
