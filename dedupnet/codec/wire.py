@@ -443,10 +443,6 @@ class Decoder:
         return self._unread + len(self._buf) + sum(map(len, self._deflated)) + tail
 
     @property
-    def inflating(self) -> bool:
-        return self._inflater is not None
-
-    @property
     def error(self) -> ProtocolError | None:
         """The error that poisoned the decoder, if any."""
         return self._error

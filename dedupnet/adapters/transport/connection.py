@@ -402,13 +402,13 @@ class Connection:
             self._switch_expected = True
         self.compression = compression
         self._decoder.allow_compressed = compression == "zstd"
-        self._send_ch.send_nowait(data)  # the first message: the queue has room
+        self._queue(data)  # the first message
 
     def _on_welcome(self, msg: Welcome) -> None:
         """A Welcome: the server's answer to our offer (client side), or, on a server
         that chose ``deflate-stream``, the client's switch (once); anywhere else it is
         bad input."""
-        if self._switch_expected:
+        if self._switch_expected and msg.compress == (STREAM_COMPRESSION,):
             self._switch_expected = False
             self._decoder.start_inflate()
             return
