@@ -34,7 +34,11 @@ from dedupnet.codec.auth import Keyring
 from dedupnet.codec.messages import Error, Heartbeat, Register, Status
 
 #: Seconds between the two passes that must agree before a crawl is called complete.
-SETTLE = 1.0
+#: The gap only has to put the second pass after the first: work one pass missed (a
+#: set stored by a center already asked, released by a host asked after) is, at the
+#: second, in flight somewhere or admitted (and the admitted counts moved), since all
+#: work is counted somewhere. So a crawler that waits on the verdict exits soon.
+SETTLE = 0.25
 #: Seconds one daemon may take to answer a crawler that asks (it is idle while it waits).
 ASK_TIMEOUT = 2.0
 #: The verdict of a crawl that has admitted nothing yet: every pool is empty because
