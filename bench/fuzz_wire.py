@@ -3,13 +3,16 @@
 The decoder (:class:`dedupnet.codec.wire.Decoder`) is what every byte from the network meets
 first, so it must turn *any* input into messages or a :class:`ProtocolError` — never
 another exception, never a hang, never a buffer above :attr:`Decoder.max_buffer`.
-This runs it in three configurations, round robin:
+This runs it in four configurations, round robin:
 
 * ``plain``: compression not negotiated (``allow_compressed=False``);
 * ``compressed``: compression negotiated;
 * ``keyed``: compression negotiated and a LAN keyring (every message needs a valid HMAC
   tag, dedupnet/codec/auth.py); half of its mutated inputs are re-signed with the right key
-  after mutating, so the body parser behind the tag check is fuzzed too.
+  after mutating, so the body parser behind the tag check is fuzzed too;
+* ``stream``: a ``deflate-stream`` connection after its switch (the decoder inflates
+  first): most inputs are mutated messages deflated (so they reach the framing layer
+  through the inflater), the rest deflated streams mutated (garbage to the inflater).
 
 Inputs: a corpus of valid messages of every kind (frames of 0-400 URLs, odd URLs and
 IPs, plain and zstd bodies, tagged and not), mutated by a hand-rolled, seeded mutator
@@ -50,7 +53,7 @@ from dedupnet.codec.auth import Keyring
 from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Kind, Register, Status, Task, Welcome
 
-MODES = ("plain", "compressed", "keyed")
+MODES = ("plain", "compressed", "keyed", "stream")
 MAX_FRAME = 256 * 1024  # small enough to fuzz fast, large enough for every corpus message
 KEY = bytes(range(32))
 
@@ -168,6 +171,10 @@ def decoder_for(mode: str, keyring: Keyring) -> wire.Decoder:
         return wire.Decoder(MAX_FRAME, 1000, allow_compressed=False)
     if mode == "compressed":
         return wire.Decoder(MAX_FRAME, 1000, allow_compressed=True)
+    if mode == "stream":
+        decoder = wire.Decoder(MAX_FRAME, 1000, allow_compressed=False)
+        decoder.start_inflate()
+        return decoder
     return wire.Decoder(MAX_FRAME, 1000, allow_compressed=True, keyring=keyring)
 
 
@@ -235,6 +242,9 @@ def fuzz(inputs: int | None, seconds: float | None, seed: int = 1, *, crash_dir:
                     data = keyring.sign(data)  # a mutated body with a valid tag: fuzz past the check
                 except ValueError:
                     pass  # not whole messages any more
+        if mode == "stream":
+            data = (wire.Deflater().compress(data) if rnd.random() < 0.7
+                    else mutate(wire.Deflater().compress(rnd.choice(pool)), rnd, pool))
         stats.by_mode[mode] += 1
         run_one(data, mode, rnd, keyring, stats, crash_dir)
         stats.inputs += 1
