@@ -216,8 +216,9 @@ _LIST = (
        "to Redis' AOF (when the Redis has its AOF on)", *_D, SIM,
        role_help={role: "send acknowledgements, answers and tasks without waiting for their writes to be "
                         "fsynced to Redis' AOF (default: wait, when the Redis has its AOF on)" for role in _D}),
-    _s("compress", bool, True, "offer and accept zstd-compressed bodies (negotiated per connection)", *_D,
-       role_help={role: "never offer or accept zstd-compressed bodies (default: negotiated per connection)"
+    _s("compress", bool, True, "offer and accept compression (a deflate stream per connection, else zstd "
+       "bodies; negotiated per connection)", *_D,
+       role_help={role: "never offer or accept compression (default: negotiated per connection)"
                   for role in _D}),
     _s("recrawl_after", float, None, "re-crawl by age: a URL counts as crawled for S seconds only, then it is "
        "admitted again when found again, never twice within S anywhere (default: never again; every daemon the "
