@@ -213,11 +213,9 @@ class _Pipe:
             if raw:
                 self._push(d, _Item(self._release(d, 0.0), next(self.seqs), bytes(data)))
                 continue
-            try:
-                buf += data if self.inflaters[d] is None else self.inflaters[d].decompress(data)
-            except zlib.error:
-                self.reset("bad-compression")
+            if (plain := self._inflate(d, data)) is None:
                 return
+            buf += plain
             while buf:
                 n = min(len(buf), len(MAGIC))
                 if buf[:n] != MAGIC[:n]:  # not our framing: forward as it comes
@@ -238,11 +236,20 @@ class _Pipe:
                 self._decide(d, message, message[3], switch)
                 if switch:  # what follows in this direction is deflated
                     self.inflaters[d] = zlib.decompressobj(-zlib.MAX_WBITS)
-                    try:
-                        buf[:] = self.inflaters[d].decompress(bytes(buf))
-                    except zlib.error:
-                        self.reset("bad-compression")
+                    if (plain := self._inflate(d, bytes(buf))) is None:
                         return
+                    buf[:] = plain
+
+    def _inflate(self, d: int, data: bytes) -> bytes | None:
+        """``data`` as direction ``d``'s messages (inflated once its Welcome switched it);
+        None, and the pipe reset, if it is not deflate."""
+        if self.inflaters[d] is None:
+            return data
+        try:
+            return self.inflaters[d].decompress(data)
+        except zlib.error:
+            self.reset("bad-compression")
+            return None
 
     def _release(self, d: int, jittered_delay: float) -> float:
         """When a message may go: after its delay, and not before the one ahead of it."""
