@@ -67,17 +67,19 @@ from dedupnet.adapters.store_choice import on_trio
 from dedupnet.codec.errors import BadURL
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import AgedSet
-from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import until_stored
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Batch, Store
 from dedupnet.codec.urls import URLGate, normalize, site_of
 
+from .crawl_settings import CrawlerSettings
 from .crawl_records import (DEPTH, FAILED, SEEDS, Failure, Outcome, depth_of, fill_done, internal_failure,
                             requeue_seeds, add_seeds, seed_urls)
 from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError, Politeness, Response, RobotsCache,
                     RobotsUnavailable, client_factory, fetch_robots, get_page, retry_after)
 from .links import decode_html, extract_links, in_scope
-from .tasks import GROUP, take_tasks
+from . import sites
+from .sites import Pace
+from .tasks import GROUP, take_ready, take_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
@@ -90,67 +92,6 @@ PARSE_IN_THREAD = 256 * 1024
 PENDING_RESCAN = 5.0
 #: Most done tasks written in one transaction (see ``Crawler._commit_loop``).
 COMMIT_GROUP = 256
-
-@dataclass
-class CrawlerSettings:
-    #: Requests on the wire at once, all sites together.
-    concurrency: int = 32
-    #: Requests on the wire at once to one site (host); 0 = no per-site bound.
-    per_site_concurrency: int = 2
-    #: Minimum seconds between the starts of two requests to one site; 0 = none.
-    per_site_delay: float = 0.25
-    #: robots.txt ``Crawl-delay`` is honoured up to this many seconds; 0 ignores it.
-    max_crawl_delay: float = 10.0
-    respect_robots: bool = True
-    #: How long a fetched robots.txt is trusted (RFC 9309: at most 24 h).
-    robots_ttl: float = 86400.0
-    user_agent: str = "dedupnet-crawler/0.1"
-    #: The product token robots.txt groups are matched against.
-    robots_agent: str = "dedupnet"
-    #: Largest body read (bytes, after content decoding); a larger page is cut off.
-    max_body: int = 2 * 1024 * 1024
-    #: Retries of a request after a 5xx in ``retry_statuses``, a timeout or a connection error.
-    max_retries: int = 3
-    #: Back-off before retry k is ``retry_base * 2**(k-1)`` seconds (at most ``retry_max_delay``).
-    retry_base: float = 0.5
-    retry_max_delay: float = 30.0
-    retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
-    #: httpx connect / read / write / pool timeout, seconds.
-    timeout: float = 10.0
-    #: One whole request including its body, seconds (a slow-drip server).
-    page_timeout: float = 60.0
-    #: Hosts (and their subdomains) links may point to; empty = any.
-    allowed_domains: frozenset[str] = frozenset()
-    #: Links of a page at depth ``max_depth`` are not followed; None = no limit.
-    max_depth: int | None = None
-    #: Depth hash key (full key, no prefix added); default ``<prefix>:depth``.
-    depth_key: str | None = None
-    #: Seconds between re-crawls of the seeds; None = off.
-    recrawl_interval: float | None = None
-    #: Re-crawl by age (the host's ``recrawl_after``; the daemon fills it in): finish_URL
-    #: forgets a URL after its age, and re-crawled seeds go through URL_pool. None: off.
-    recrawl: RecrawlPolicy | None = None
-    #: Write fetched pages as JSON lines to ``store_dir/pages-<consumer>.jsonl``.
-    store_dir: str | None = None
-    #: Source address of HTTP connections (e.g. the host's IP); None = any.
-    local_address: str | None = None
-    #: Honour HTTP(S)_PROXY / NO_PROXY from the environment.
-    trust_env: bool = False
-    #: HTTP clients kept open (per site, each with a few keep-alive connections);
-    #: beyond this the least recently used idle ones are closed.
-    max_clients: int = 256
-    #: Tasks taken from task_pool and not yet done (waiting for a site or a slot included).
-    max_leased: int = 256
-    #: Entries asked for by one XREADGROUP.
-    take_batch: int = 64
-    #: XREADGROUP BLOCK, seconds: how long an idle crawler waits in Redis for work
-    #: (also the longest a cancellation waits for the blocked thread).
-    block_timeout: float = 1.0
-    #: Seconds between progress lines at INFO.
-    progress_interval: float = 10.0
-
-
-
 
 @dataclass
 class _Task:
@@ -195,7 +136,10 @@ class Crawler:
         self.depth_key = s.depth_key or store.key(DEPTH)
         self._finished = AgedSet(store, FINISH_URL, s.recrawl) if s.recrawl is not None else None
         self._clients: ClientPool | None = None
-        self._leases = trio.Semaphore(max(1, s.max_leased))
+        self._leases = trio.Semaphore(max(1, s.max_leased or 2 * s.concurrency))
+        self._pace = Pace(s.per_site_delay, s.per_site_concurrency or s.concurrency)
+        #: Crawl-delays learned from robots.txt, for the frontier at the next take.
+        self._site_delays: dict[str, float] = {}
         self._drained = False
         self._taken: set[bytes] = set()  # task entry ids in progress here
         #: While this consumer's pending entries are read: the ids of tasks finished
@@ -273,10 +217,30 @@ class Crawler:
                 self._page_file = None
 
     # -- taking tasks ----------------------------------------------------------------------
-    def _read(self, count: int, start: bytes, block_ms: int | None) -> tuple[list[tuple[bytes, str]], bytes | None]:
-        """One XREADGROUP (in a worker thread): entries, and the last id read (for paging
-        through this consumer's pending entries)."""
-        return take_tasks(self.store, self.consumer, count, start, block_ms)
+    def _read(self, count: int, start: bytes) -> tuple[list[tuple[bytes, str]], bytes | None]:
+        """This consumer's pending entries from ``start`` (in a worker thread), and the
+        last id read (to page on through them)."""
+        return take_tasks(self.store, self.consumer, count, start)
+
+    def _take_ready(self, count: int) -> sites.Taken:
+        """Tasks of sites whose politeness allows one now (in a worker thread), with the
+        Crawl-delays learned since the last take."""
+        delays, self._site_delays = self._site_delays, {}
+        try:
+            return take_ready(self.store, self.consumer, count, self._pace, delays=delays)
+        except BaseException:
+            self._site_delays = {**delays, **self._site_delays}
+            raise
+
+    async def _wait_for_work(self, taken: sites.Taken) -> None:
+        """Nothing could be taken: wait in Redis for a new task, at most until the next
+        site's politeness allows one (or ``block_timeout``)."""
+        wait = self.settings.block_timeout
+        if taken.next_ready is not None:
+            wait = min(wait, taken.next_ready - time.time())
+        if wait >= 0.002:
+            await until_stored(self._reader, self.counters, sites.wait_for_new, self.store, taken.last,
+                               int(wait * 1000))
 
     def stop_taking(self) -> None:
         """Take no new task, and give up at once every task whose request has not gone
@@ -300,7 +264,6 @@ class Crawler:
 
     async def _take(self, nursery: trio.Nursery) -> None:
         s = self.settings
-        block_ms = max(1, int(s.block_timeout * 1000))
         cursor: bytes | None = b"0"  # first this consumer's pending entries (a restart)
         resumed = 0
         rescan_at = trio.current_time() + PENDING_RESCAN
@@ -319,7 +282,7 @@ class Crawler:
                 # _taken) before its reply is back, and is not taken up again.
                 self._finished_during_read = set()
                 try:
-                    entries, cursor = await until_stored(self._reader, self.counters, self._read, n, cursor, None)
+                    entries, cursor = await until_stored(self._reader, self.counters, self._read, n, cursor)
                     entries = [(eid, url) for eid, url in entries
                                if eid not in self._taken and eid not in self._finished_during_read]
                 finally:
@@ -330,10 +293,12 @@ class Crawler:
                              "reply lost with a Redis connection) are fetched again", self.consumer, resumed)
                     self.counters.inc("tasks_resumed", resumed)
                     resumed = 0
+                taken = None
             else:
-                entries, _ = await until_stored(self._reader, self.counters, self._read, n, b">", block_ms)
-                self._drained = not entries
-                if not entries and trio.current_time() >= rescan_at:
+                taken = await until_stored(self._reader, self.counters, self._take_ready, n)
+                entries = taken.entries
+                self._drained = not entries and taken.next_ready is None and not taken.more
+                if self._drained and trio.current_time() >= rescan_at:
                     # Idle: look for entries delivered to this consumer whose reply never
                     # reached it (Redis went away mid-reply): pending, but not in progress.
                     cursor, rescan_at = b"0", trio.current_time() + PENDING_RESCAN
@@ -343,6 +308,8 @@ class Crawler:
                 self.in_progress += 1
                 self._taken.add(eid)
                 nursery.start_soon(self._process, eid, url)
+            if taken is not None and not entries and not taken.more and cursor is None:
+                await self._wait_for_work(taken)
 
     # -- one task --------------------------------------------------------------------------
     async def _process(self, eid: bytes, url: str) -> None:
@@ -535,7 +502,11 @@ class Crawler:
             return task.failed(reason, status)
         task.retries += 1
         self.counters.inc("retries")
-        await self._retry_later(task.eid, self._backoff(task.retries, after))
+        delay = self._backoff(task.retries, after)
+        # The site's other tasks wait too, for every taker of the host: its server is in trouble.
+        await until_stored(self._writer, self.counters, sites.back_off, self.store, site_of(task.url),
+                           time.time() + delay)
+        await self._retry_later(task.eid, delay)
         return None
 
     def _redirected(self, task: _Task, status: int, location: str) -> Outcome:
@@ -630,7 +601,9 @@ class Crawler:
         except Exception:  # a malformed Crawl-delay must not cost the page
             delay = None
         if delay:
-            self.politeness.set_delay(site_of(origin + "/"), min(float(delay), self.settings.max_crawl_delay))
+            site, delay = site_of(origin + "/"), min(float(delay), self.settings.max_crawl_delay)
+            self.politeness.set_delay(site, delay)
+            self._site_delays[site] = delay
 
     # -- page store ------------------------------------------------------------------------
     async def _store_page(self, url: str, resp: Response, html: str | None) -> None:

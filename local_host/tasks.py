@@ -2,8 +2,9 @@
 recorded, for every crawler front end of a host (dedupnet's crawler, the URLFrontier
 service) so that they cannot drift apart.
 
-A task is leased, not popped: reading it with ``XREADGROUP`` in the group ``crawl``
-leaves the entry in the stream, pending for the consumer that read it. It leaves
+A task is leased, not popped: it is handed out by site, as politeness allows
+(local_host/sites.py), by claiming its entry in the group ``crawl`` for the consumer
+that takes it; the entry stays in the stream, pending for that consumer. It leaves
 ``task_pool`` only in the transaction that records its URL in ``finish_URL``
 (:func:`finish_tasks`), with whatever else the crawler writes for the page: a crawler
 killed at any point loses no task, and fetches again at most what it had in hand.
@@ -24,26 +25,25 @@ from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
 from dedupnet.codec.urls import fingerprint_many
 
+from . import sites
 from .pools import TASK_FP
+from .sites import Pace
 
 #: Consumer group of every crawler of a host on ``task_pool``.
 GROUP = "crawl"
 
 
 def take_tasks(store: Store, consumer: str, count: int, start: bytes,
-               block_ms: int | None = None) -> tuple[list[tuple[bytes, str]], bytes | None]:
-    """One ``XREADGROUP`` for ``consumer``: new entries (``start`` ``>``) or its own
-    pending ones from ``start`` on. Returns the entries ``(id, url)`` and the last id
-    read (to page on through the pending ones; None when nothing was read). Entries
-    deleted under us are acknowledged and skipped; a ``task_pool`` deleted under us is
-    started again, empty."""
+               pace: Pace = Pace()) -> tuple[list[tuple[bytes, str]], bytes | None]:
+    """Up to ``count`` tasks for ``consumer``: with ``start`` ``>``, tasks of sites whose
+    politeness allows one now (:func:`take_ready`); else its own pending ones from
+    ``start`` on (a restart). Returns the entries ``(id, url)`` and the last id read (to
+    page on through the pending ones; None when nothing was read, and after ``>``)."""
+    if start == b">":
+        return take_ready(store, consumer, count, pace).entries, None
     key = store.key(TASK_POOL)
-    args: list = [b"XREADGROUP", b"GROUP", GROUP, consumer, b"COUNT", count]
-    if block_ms:
-        args += [b"BLOCK", block_ms]
-    args += [b"STREAMS", key, start]
     try:
-        reply = store.command(*args)
+        reply = store.command(b"XREADGROUP", b"GROUP", GROUP, consumer, b"COUNT", count, b"STREAMS", key, start)
     except ResponseError as e:
         if "NOGROUP" not in str(e):
             raise
@@ -62,6 +62,18 @@ def take_tasks(store: Store, consumer: str, count: int, start: bytes,
     if gone:
         store.stream_done(TASK_POOL, GROUP, gone)
     return entries, raw[-1][0]
+
+
+def take_ready(store: Store, consumer: str, count: int, pace: Pace = Pace(), **kw) -> sites.Taken:
+    """The one way a task is taken new (local_host/sites.py: by site, as politeness
+    allows); a ``task_pool`` deleted under us is started again, empty."""
+    try:
+        return sites.take(store, GROUP, consumer, count, pace, **kw)
+    except ResponseError as e:
+        if "NOGROUP" not in str(e):
+            raise
+    store.ensure_group(TASK_POOL, GROUP)
+    return sites.Taken([], None, False)
 
 
 def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequence[str],

@@ -559,9 +559,9 @@ async def test_a_rescan_does_not_take_up_again_a_task_that_finished_while_it_rea
     reads = []
     real_read = Crawler._read
 
-    def slow_read(self, count, start, block_ms):
+    def slow_read(self, count, start):
         reads.append(start)
-        result = real_read(self, count, start, block_ms)
+        result = real_read(self, count, start)
         if start == b"0" and result[0]:  # a rescan that found this consumer's pending entries
             read.set()
             go_on.wait(10)

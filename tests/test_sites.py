@@ -1,0 +1,108 @@
+"""The per-site frontier (local_host/sites.py) driven directly on a real Redis, its clock
+given by the test: who is handed out when, and that nothing is handed out twice or lost."""
+
+from __future__ import annotations
+
+from dedupnet.adapters.store import TASK_POOL
+from local_host import sites
+from local_host.sites import Pace
+from local_host.tasks import GROUP, take_ready
+
+T0 = 1_800_000_000.0
+
+
+def _queue(store, urls):
+    store.ensure_group(TASK_POOL, GROUP)
+    store.stream_add(TASK_POOL, urls)
+
+
+def _take(store, n, pace=Pace(), now=T0, taker="c", **kw):
+    return take_ready(store, taker, n, pace, now=now, **kw)
+
+
+def test_small_sites_are_not_held_behind_a_big_one(store):
+    """10,000 tasks of one site queued before 10 of each of 50 small sites: the first
+    takes hand out every small site at once, one task of the big site per delay."""
+    _queue(store, [f"http://big.example/p{i}" for i in range(10_000)])
+    _queue(store, [f"http://s{k}.example/p{i}" for i in range(10) for k in range(50)])
+    seen: dict[str, int] = {}
+    now = T0
+    for _ in range(40):  # 40 takes, 0.25 s apart: 10 s of crawl
+        taken = _take(store, 64, Pace(delay=0.25), now=now)
+        for _, url in taken.entries:
+            site = url.split("/")[2]
+            seen[site] = seen.get(site, 0) + 1
+        now += 0.25
+    assert sum(1 for s in seen if s.startswith("s")) == 50
+    assert all(seen[f"s{k}.example"] == 10 for k in range(50))
+    assert seen["big.example"] == 40  # one per 0.25 s: never two in one delay
+
+
+def test_a_site_is_handed_out_once_per_delay_and_crawl_delay_raises_it(store):
+    _queue(store, [f"http://a.example/{i}" for i in range(10)] + [f"http://b.example/{i}" for i in range(10)])
+    first = _take(store, 10, Pace(delay=0.25), delays={"b.example": 2.0})
+    assert sorted(u.split("/")[2] for _, u in first.entries) == ["a.example", "b.example"]
+    assert _take(store, 10, Pace(delay=0.25), now=T0 + 0.1).entries == []  # neither is due
+    got = {u.split("/")[2] for _, u in _take(store, 10, Pace(delay=0.25), now=T0 + 0.25).entries}
+    assert got == {"a.example"}  # b waits out its Crawl-delay of 2 s
+    assert {u.split("/")[2] for _, u in _take(store, 10, Pace(delay=0.25), now=T0 + 1.99).entries} == {"a.example"}
+    assert "b.example" in {u.split("/")[2] for _, u in _take(store, 10, Pace(delay=0.25), now=T0 + 2.0).entries}
+
+
+def test_back_off_holds_a_site_back_for_every_taker(store):
+    _queue(store, [f"http://a.example/{i}" for i in range(5)])
+    assert len(_take(store, 1).entries) == 1
+    sites.back_off(store, "a.example", T0 + 30)
+    assert _take(store, 5, now=T0 + 29.9, taker="other").entries == []
+    taken = _take(store, 5, now=T0 + 30, taker="other")
+    assert len(taken.entries) == 1  # burst 1, no delay: one a call
+    assert taken.next_ready == T0 + 30
+
+
+def test_no_delay_hands_out_a_burst_and_next_ready_says_when(store):
+    _queue(store, [f"http://a.example/{i}" for i in range(10)])
+    taken = _take(store, 10, Pace(delay=0, burst=4))
+    assert [u for _, u in taken.entries] == [f"http://a.example/{i}" for i in range(4)]
+    assert taken.next_ready == T0
+    polite = _take(store, 10, Pace(delay=0.5), now=T0 + 1)
+    assert len(polite.entries) == 1 and polite.next_ready == T0 + 1.5
+
+
+def test_every_task_is_handed_out_exactly_once(store):
+    urls = [f"http://s{i % 37}.example/{i}" for i in range(3000)]  # more than one sort batch
+    _queue(store, urls)
+    got: list[str] = []
+    now = T0
+    for i in range(2000):
+        taken = _take(store, 50, Pace(delay=0.25), now=now, taker=f"c{i % 3}")
+        got += [u for _, u in taken.entries]
+        if taken.next_ready is None and not taken.more:
+            break
+        now = max(now, taken.next_ready or now)
+    assert sorted(got) == sorted(urls)
+
+
+def test_entries_gone_under_the_frontier_are_skipped_not_handed_out(store):
+    _queue(store, ["http://a.example/1", "http://a.example/2"])
+    assert _take(store, 0).entries == []  # sorted into a.example's list, nothing handed out
+    first_id = store.redis.xrange(store.key(TASK_POOL))[0][0]
+    store.stream_done(TASK_POOL, GROUP, [first_id])  # handed back, reassigned: gone
+    assert [u for _, u in _take(store, 5).entries] == ["http://a.example/2"]
+    assert _take(store, 5, now=T0 + 1).entries == [] and _take(store, 5, now=T0 + 1).next_ready is None
+
+
+def test_a_claimed_task_is_not_handed_out_again_when_its_id_comes_up_twice(store):
+    _queue(store, ["http://a.example/1"])
+    assert len(_take(store, 0).entries) == 0
+    (eid,) = store.redis.lrange(store.key(sites.QUEUE) + "a.example", 0, -1)
+    store.redis.rpush(store.key(sites.QUEUE) + "a.example", eid)  # a stale copy of its id
+    assert len(_take(store, 5, taker="x").entries) == 1
+    assert _take(store, 5, now=T0 + 1, taker="y").entries == []
+
+
+def test_counts(store):
+    _queue(store, [f"http://a.example/{i}" for i in range(3)] + ["http://b.example/1"])
+    _take(store, 10, Pace(delay=1.0))
+    c = sites.counts(store, GROUP, now=T0 + 0.5)
+    assert (c.sites_queued, c.sites_waiting) == (1, 1)  # b is done; a waits for its delay
+    assert c.oldest_age > 0
