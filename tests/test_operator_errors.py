@@ -3,6 +3,7 @@
 Redis), checked on stderr and the exit status. Configuration errors exit with 2; a
 traceback appears only with ``--log-level DEBUG``."""
 
+import os
 import re
 import signal
 import socket
@@ -203,3 +204,107 @@ def test_status_cluster_tries_each_key_file_until_one_is_taken(tmp_path, keyed_c
               cwd=tmp_path)
     assert out.returncode == 0, out.stderr
     assert "verdict: complete" in out.stdout and f"center {address}" in out.stdout
+
+
+# -- the data directory, Ctrl-C -----------------------------------------------------------
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port, proc, host="127.0.0.1", timeout=30):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"{proc.args[3:5]} exited with {proc.returncode}"
+        with socket.socket() as s:
+            if s.connect_ex((host, port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port} after {timeout} s")
+
+
+def start(*args, cwd, log=None, **kw):
+    out = open(log, "w") if log else subprocess.DEVNULL
+    return subprocess.Popen([*DEDUPNET, *args], cwd=cwd, stdout=out, stderr=subprocess.STDOUT if log else out, **kw)
+
+
+def test_a_second_daemon_on_a_data_directory_names_the_one_holding_it(tmp_path):
+    port = free_port()
+    first = start("center", "--network", "1", "--listen", f"127.0.0.1:{port}", "--data-dir", "c1", cwd=tmp_path)
+    try:
+        wait_listening(port, first)
+        out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--data-dir", "c1", cwd=tmp_path)
+        assert out.returncode == 2
+        line = only_line(out, "dedupnet center")
+        assert "data directory c1" in line and f"pid {first.pid}" in line and "--data-dir" in line
+    finally:
+        first.kill()  # no clean-up runs: the kernel alone releases the lock
+        first.wait(timeout=20)
+    again = start("center", "--network", "1", "--listen", f"127.0.0.1:{port}", "--data-dir", "c1", cwd=tmp_path)
+    try:
+        wait_listening(port, again)
+    finally:
+        again.send_signal(signal.SIGTERM)
+        assert again.wait(timeout=20) == 0
+
+
+def test_ctrl_c_stops_a_host_cleanly_with_its_redis(tmp_path):
+    """The terminal sends SIGINT to the whole foreground process group: the embedded
+    Redis must not get it, or the host loses it while its pages on the wire finish and
+    it hands its tasks back."""
+    from .procs import server_processes
+
+    port, web_port, host_port = free_port(), free_port(), free_port()
+    web = start("web", "--pages", "200", "--sites", "2", "--port", str(web_port), "--latency", "1.5", cwd=tmp_path,
+                log=tmp_path / "web.log")
+    center = start("center", "--network", "1", "--listen", f"127.0.1.1:{port}", cwd=tmp_path,
+                   log=tmp_path / "center.log")
+    host = None
+    try:
+        wait_listening(port, center, "127.0.1.1")
+        wait_listening(web_port, web, "127.77.0.1")
+        host = start("local", "--network", "1", "--ip", "127.0.1.10", "--center", f"127.0.1.1:{port}", "--listen",
+                     f"127.0.1.10:{host_port}", "--seed", f"http://127.77.0.1:{web_port}/", cwd=tmp_path,
+                     log=tmp_path / "host.log", start_new_session=True)
+        wait_listening(host_port, host, "127.0.1.10")
+        servers = server_processes(lambda ppid, cwd, cmd: ppid == host.pid)
+        assert len(servers) == 1
+        assert os.getpgid(servers[0][0]) != host.pid  # not in the group the terminal signals
+        time.sleep(3)  # crawling: pages on the wire
+        os.killpg(host.pid, signal.SIGINT)
+        assert host.wait(timeout=30) == 0
+    finally:
+        for p in (host, center, web):
+            if p is not None and p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+                p.wait(timeout=20)
+    log = (tmp_path / "host.log").read_text()
+    assert "SIGINT received" in log and "handed back to the center" in log, log
+    assert "died" not in log and "WARNING" not in log and "ERROR" not in log, log
+    assert not server_processes(lambda ppid, cwd, cmd: cwd.startswith(str(tmp_path)))
+
+
+@pytest.mark.parametrize("seed", ["example.com/page", "htp:/bad url"])
+def test_a_seed_that_is_not_a_url_is_named(tmp_path, seed):
+    out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--seed", seed,
+              cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet local")
+    assert f"--seed {seed!r}" in line and "http://" in line
+
+
+def test_a_seed_that_is_not_a_url_is_named_with_its_line(tmp_path):
+    (tmp_path / "seeds.txt").write_text("# the two sites\nhttp://a.example/\n\nexample.com/page\n")
+    out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--seeds-file",
+              "seeds.txt", cwd=tmp_path)
+    assert out.returncode == 2
+    assert "seeds_file seeds.txt line 4: 'example.com/page'" in only_line(out, "dedupnet local")
+
+
+def test_a_center_given_another_networks_certificate_stops_at_start(tmp_path, certs):
+    out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(certs / "center-2.pem"),
+              "--tls-key", str(certs / "center-2-key.pem"), "--tls-ca", str(certs / "ca.pem"), cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet center")
+    assert str(certs / "center-2.pem") in line and "dedupnet://network/2" in line and "--network" in line

@@ -100,8 +100,10 @@ class EmbeddedRedis:
     exit). If this process dies without running them (SIGKILL, ``os._exit``),
     Linux sends the server SIGTERM, on which it shuts down cleanly (flushing
     the AOF when persistent); a temporary data dir is then left behind.
-    The server stays in our process group, so a terminal's Ctrl-C reaches it
-    too.
+    The server runs in a session of its own: a terminal's Ctrl-C (SIGINT to
+    the whole foreground process group) reaches the daemon, which then stops
+    its server when it has finished with it (a host hands its tasks back
+    first, through this server), instead of losing it mid-way.
 
     :meth:`start` blocks (~tens of ms; longer when loading a big AOF); async
     callers should run it in a worker thread. That is safe: the process is
@@ -362,7 +364,8 @@ class EmbeddedRedis:
             log_offset = out.tell()
             t0 = time.monotonic()
             try:
-                proc = spawn(self._argv(binary, port), stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+                proc = spawn(self._argv(binary, port), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                             start_new_session=True)
             except OSError as exc:
                 raise EmbeddedRedisError(f"could not run {binary}: {exc}", reason="redis-start-failed") from exc
         try:

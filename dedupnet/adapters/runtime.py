@@ -18,6 +18,7 @@ import trio
 from redis.exceptions import RedisError
 
 from dedupnet.codec import wire
+from dedupnet.adapters import datadir
 from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.messages import Heartbeat, Status
@@ -41,6 +42,8 @@ def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, buck
     (docs/DECISIONS.md, "Durable acknowledgements")."""
     with contextlib.ExitStack() as stack:
         server = None
+        if redis_url is None and data_dir is not None:  # one daemon per data dir (dedupnet/adapters/datadir.py)
+            stack.enter_context(datadir.hold(data_dir))
         if redis_url is None:
             config = {"appendfsync": "always"} if durable_acks and data_dir is not None else None
             server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir, config=config)

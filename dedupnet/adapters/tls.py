@@ -127,6 +127,29 @@ class TLSConfig:
             raise SettingsError(f"tls_cert {self.cert} and tls_key {self.key}: not a PEM certificate and its "
                                 f"key ({exc.reason or exc})") from None
 
+    def check_names(self, role: str, network: int, ip: str | None = None) -> None:
+        """The certificate must name this daemon's network (a host's, its network and
+        IP): its peers would refuse every handshake with ``wrong-network``, which no
+        retry cures, so say so at start, naming the file."""
+        if self.cert is None:
+            return
+        x509 = _x509()[0]
+        try:
+            cert = x509.load_pem_x509_certificate(Path(self.cert).read_bytes())
+            san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            uris = san.get_values_for_type(x509.UniformResourceIdentifier)
+        except x509.ExtensionNotFound:
+            uris = []
+        except ValueError as exc:
+            raise SettingsError(f"tls_cert {self.cert}: not a PEM certificate ({exc})") from None
+        want = center_uri(network) if role == "center" else host_uri(network, ip) if ip else None
+        if want is None or want in uris:
+            return
+        names = ", ".join(u for u in uris if u.startswith(URI_PREFIX)) or "no dedupnet network"
+        raise SettingsError(f"tls_cert {self.cert} names {names}, not {want}: it is another "
+                            f"{'network' if role == 'center' else 'host'}'s certificate (check --network, "
+                            f"{'--ip, ' if role != 'center' else ''}--tls-cert)", reason="wrong-network")
+
     @classmethod
     def from_settings(cls, tls_cert: str | None, tls_key: str | None, tls_ca: str | None,
                       lan_tls: bool = False, *, role: str) -> "TLSConfig | None":

@@ -29,7 +29,8 @@ from dedupnet.service.config import Settings, endpoint, frontier_endpoint, load_
 from dedupnet.service.exposure import check_exposure, check_frontier_exposure, warn_while_running
 from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
-from dedupnet.codec.errors import DiscoveryError
+from dedupnet.codec.errors import BadURL, DiscoveryError, SettingsError
+from dedupnet.codec.urls import normalize
 from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
@@ -75,9 +76,14 @@ def http_endpoint(settings: Settings) -> tuple[str, int] | None:
     return endpoint(text) if text else None
 
 
-def _tls(settings: Settings, role: str) -> TLSConfig | None:
-    """The daemon's TLS files, checked now (ValueError names what is missing)."""
-    return TLSConfig.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.lan_tls, role=role)
+def _tls(settings: Settings, role: str, network: int, ip: str | None = None) -> TLSConfig | None:
+    """The daemon's TLS files, checked now (ValueError names what is missing), and that
+    its certificate is this daemon's (SettingsError names the file)."""
+    config = TLSConfig.from_settings(settings.tls_cert, settings.tls_key, settings.tls_ca, settings.lan_tls,
+                                     role=role)
+    if config is not None:
+        config.check_names(role, network, ip)
+    return config
 
 
 def run_center(settings: Settings) -> int:
@@ -88,7 +94,7 @@ def run_center(settings: Settings) -> int:
     warning = check_exposure(settings, "center", (listen_host, port), has_peers=bool(peers))
     center = CenterSettings(
         network=settings.network, ip=ip, port=port, lan=lan, peers=peers, listen_host=listen_host,
-        metrics=http_endpoint(settings), tls=_tls(settings, "center"),
+        metrics=http_endpoint(settings), tls=_tls(settings, "center", settings.network),
         discovery_port=settings.discovery_port if settings.discovery else None,
         recrawl=settings.recrawl(), weights=parse_weights(settings.weights),
         previous_weights=tuple(parse_weights(w) for w in settings.previous_weights),
@@ -140,7 +146,7 @@ def run_local(settings: Settings) -> int:
         network=network, ip=ip, lan=settings.lan or lan_of(ip), center=center, listen_port=port,
         listen_host=listen_host, metrics=http_endpoint(settings),
         crawler=crawler_settings(settings, ip) if settings.crawl else None, seeds=_seeds(settings),
-        tls=_tls(settings, "host"), recrawl=settings.recrawl(), frontier=frontier,
+        tls=_tls(settings, "host", network, ip), recrawl=settings.recrawl(), frontier=frontier,
         **values_for(settings, LocalSettings),
     )
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
@@ -234,10 +240,24 @@ def crawler_settings(settings: Settings, ip: str) -> CrawlerSettings:
 
 
 def _seeds(settings: Settings) -> list[str]:
-    seeds = list(settings.seeds)
+    """The seeds, each checked now: one the pools would refuse (``example.com/page``, no
+    scheme) would otherwise be dropped in silence, and the host would sit idle."""
+    seeds = [_seed(url, f"--seed {url!r}", settings) for url in settings.seeds]
     if settings.seeds_file:
-        seeds += [line.strip() for line in Path(settings.seeds_file).read_text().splitlines() if line.strip()]
+        for number, line in enumerate(Path(settings.seeds_file).read_text().splitlines(), 1):
+            line = line.strip()
+            if line and not line.startswith("#"):
+                seeds.append(_seed(line, f"seeds_file {settings.seeds_file} line {number}: {line!r}", settings))
     return seeds
+
+
+def _seed(url: str, where: str, settings: Settings) -> str:
+    try:
+        normalize(url, max_length=settings.max_url_length)
+    except BadURL as exc:
+        raise SettingsError(f"{where} is not a seed URL: {exc} (a seed is a whole http:// or https:// URL)",
+                            reason="bad-seed") from None
+    return url
 
 
 async def _until_signalled(daemon) -> None:
