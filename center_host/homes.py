@@ -26,10 +26,14 @@ class Homes:
 
     def _routed_in(self, sender: Peer, frame: Frame, origin: int | None) -> list[Action]:
         """A peer's URLs of sites homed here (flag=1, as from a host): decided here, as
-        an own set; acknowledged once stored, which lets the peer drop them. The peer's
-        own hosts' set, or one it passes on because it was routed to it under an earlier
-        map: its IP and number need only agree with each other."""
-        self._check_origin(sender, frame, origin)
+        an own set; acknowledged once stored, which lets the peer drop them. A set routed
+        here is never routed on, so every routed set is one of the sender's own: its IP
+        in the sender's LAN (``not-a-peer``) and its number the sender's
+        (``number-not-sender``)."""
+        if origin != sender.network:
+            raise Rejected("not-a-peer", f"flag=1 number {frame.number} from {sender}: IP {frame.IP} is not of "
+                                         f"that network")
+        self._check_number(sender, frame.number)
         held = self.sets.get(frame.number)
         if held is not None:
             if held.digest != set_digest(frame.URL_set):
@@ -37,6 +41,12 @@ class Homes:
             self.counters.inc("repeated_frames")
             return [Send((sender,), wire.encode(Ack(frame.number, "duplicate")))]
         return self._start_own(sender, frame)
+
+    def _decided_here(self, url: str) -> bool:
+        """A set a peer routed here holds ``url``: it will be admitted here whatever the
+        map says now (a routed set is never routed on)."""
+        holder = self.sets.get(self.claims.get(url, 0))
+        return holder is not None and holder.origin.startswith("net:")
 
     def _checked_here(self, sender: Peer, frame: Frame, origin: int | None) -> list[Action]:
         """A peer that is the new home of sites once homed here asks whether this center
@@ -62,10 +72,13 @@ class Homes:
         admitted now; the others go, one frame per home network, to their home center,
         which decides them. The set stays in ``dist_reduce_pool`` (stage HOME) until each
         home has acknowledged its URLs, so a home that is down delays only its own
-        sites. URLs routed to a network no longer configured are routed again by the
-        current map. A set a peer routed here is routed by the same map: all of it is
-        homed here, unless it was routed under an earlier map (then it goes on)."""
-        if rec.stage is Stage.LAN and self.previous:
+        sites. URLs routed to a network no longer their home are routed again by the
+        current map (:meth:`_reroute_stale`). A set a peer routed here is decided here
+        whole and never routed on: routed under an earlier map, its URLs not homed here
+        now are admitted here, and their new home asks here first (a previous home's
+        answer counts them, :meth:`_decided_here`). Routing it on under its number,
+        which its origin still holds, lost it: the origin took it back as a duplicate."""
+        if rec.stage in (Stage.LAN, Stage.HOME) and self.previous and not rec.routes:
             moved = self._moved_in(rec)
             if moved:
                 return self._advance(rec, Step.TO_PREVIOUS_HOMES, moved)
@@ -74,13 +87,14 @@ class Homes:
         for network in [n for n in rec.routes if str(Peer(n)) not in rec.awaiting]:
             del rec.routes[network]
         routed = {url for urls in rec.routes.values() for url in urls}
+        routed_in = rec.origin.startswith("net:")
         here: list[str] = []
         away: dict[int, list[str]] = {}
         for url in rec.frame.URL_set:
             if url in routed:
                 continue
             home = self.homes.home_of(url)
-            if home == self.config.network:
+            if home == self.config.network or routed_in:
                 here.append(url)
             else:
                 away.setdefault(home, []).append(url)
@@ -174,9 +188,23 @@ class Homes:
         self.counters.inc("urls_checked", amount=sum(map(len, moved.values())))
         log.info("set %d: %d URLs of sites that moved here; asking their previous homes %s", rec.number,
                  sum(map(len, moved.values())), sorted(moved))
-        return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()),
+        drop = [Drop(LOCAL_REDUCE_POOL, rec.number)] if before is Stage.LAN else []
+        return [*drop, Save(DIST_REDUCE_POOL, rec.number, rec.dump()),
                 *self._send_to(rec, rec.awaiting), SetTimer(rec.number, self._resend_delay(rec)),
                 *self._start_waiting()]
+
+    def _reroute_stale(self, rec: SetRecord) -> list[Action]:
+        """A set stored with its homes under an earlier map (the map changes only across
+        a restart): if a URL's route is not to its home now, the set is routed again
+        whole by the current map — the URLs that moved here checked with their previous
+        homes first, as a new set's are. A previous home may have stored them before
+        the change with its ack lost: it decides them then, and its answer says so."""
+        if not any(self.homes.home_of(url) != network for network, urls in rec.routes.items() for url in urls):
+            return self._queue_routes(rec, rec.routes)
+        log.warning("set %d: routed under an earlier map; routed again by the current one", rec.number)
+        self.counters.inc("sets_rerouted")
+        rec.routes, rec.awaiting, rec.answered = {}, set(), set()
+        return self._route(rec)
 
     def _home_acked(self, sender: Member, ack: Ack) -> list[Action]:
         """A home network holds (or had decided) the URLs of the frame out with it: they

@@ -205,7 +205,7 @@ class Membership:
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
         key = task_key(number, sender.ip)
         if self.tasks.pop(key, None) is None:
-            self.counters.inc("repeated_answers")
+            self.counters.inc("repeated_acks")
             return []
         return [DropTask(key)]
 
@@ -231,7 +231,7 @@ class Membership:
                 for url in rec.frame.URL_set:
                     self.claims[url] = rec.number
             if rec.stage is Stage.HOME:
-                actions += self._queue_routes(rec, rec.routes)
+                actions += self._reroute_stale(rec)
             actions.append(SetTimer(rec.number, self.config.resume_grace))
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)

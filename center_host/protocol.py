@@ -48,7 +48,7 @@ import logging
 from dedupnet.codec import wire
 from dedupnet.codec.counters import Counters
 from dedupnet.codec.messages import Ack, Frame, Task
-from dedupnet.codec.numbers import split_number
+from dedupnet.codec.numbers import MAX_SEQUENCE, split_number
 from dedupnet.codec.urls import canonical_set
 
 from .config import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS, CenterConfig
@@ -199,6 +199,10 @@ class CenterProtocol(Stages, Homes, Membership):
         sequence lived in. Its set is refused, never acknowledged as a duplicate (that
         would lose its URLs); it numbers the set again above what is stored here."""
         sequence = self.sequences.get(sender.ip, 0) + 1
+        if sequence > MAX_SEQUENCE:  # no number is left to name: the host keeps the set
+            self.counters.inc("rejected", reason="numbers-exhausted")
+            log.error("set %d from %s: number used before, and the host's sequences are used up", number, sender)
+            return [Send((sender,), wire.encode(Ack(number, "rejected", "numbers-exhausted")))]
         self.counters.inc("rejected", reason="number-reused")
         log.warning("set %d from %s: number used before for another set; asking it to number its sets from %d",
                     number, sender, sequence)

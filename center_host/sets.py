@@ -75,7 +75,8 @@ TRANSITIONS: dict[Stage, dict[Step, tuple[Stage | None, str]]] = {
     },
     Stage.DIST: {Step.ADMIT: (None, "_admit")},
     Stage.CHECK: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.ADMIT: (None, "_admit")},
-    Stage.HOME: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.ADMIT: (None, "_admit")},
+    Stage.HOME: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.TO_PREVIOUS_HOMES: (Stage.CHECK, "_check_previous"),
+                 Step.ADMIT: (None, "_admit")},
     Stage.FOREIGN: {Step.LOOK_UP: (Stage.FOREIGN, "_look_up_foreign"), Step.REPLY: (None, "_reply_foreign")},
 }
 

@@ -213,7 +213,10 @@ class Stages:
         if frame.flag == FLAG_NEW_SET and self.homes is not None:
             return self._routed_in(sender, frame, origin)
         if frame.flag == FLAG_ANSWER:
-            if origin != self.config.network and self.homes is None:
+            # Under home routing a set of ours may carry a peer's IP (its URLs routed here):
+            # a flag=3 with another network's IP is ours only while we hold its number.
+            held = frame.number in self.sets or frame.number in self.recently_concluded
+            if origin != self.config.network and (self.homes is None or not held):
                 raise Rejected("not-our-set", f"flag=3 number {frame.number} from {sender} for IP {frame.IP} of another network")
             return self._answer(sender, frame)
         if frame.flag != FLAG_LOOKUP:
@@ -350,9 +353,11 @@ class Stages:
                 if answer[url]:
                     continue
                 if self.homes is not None:
-                    # A previous home says only what it admitted (_checked_here): what it
-                    # claims, it is routing to the asker, which decides it there.
-                    answer[url] = int(admitted)
+                    # A previous home says what it admitted or will admit (_checked_here): a
+                    # set a peer routed here is decided here, never routed on, so its claims
+                    # count; what an own set claims, it is routing to the asker, which
+                    # decides it there.
+                    answer[url] = int(admitted or self._decided_here(url))
                     continue
                 own = self.claims.get(url)
                 holder = own if own is not None else self.held_elsewhere.get(url)

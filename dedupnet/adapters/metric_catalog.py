@@ -141,6 +141,8 @@ _ALL = (
     _c("urls_routed", "URLs sent to their home network to decide.", role="center"),
     _c("urls_checked", "URLs whose earlier home network was asked after the map moved their site here.",
        role="center"),
+    _c("sets_rerouted", "Sets found at a restart routed under an earlier map, routed again by the current one.",
+       role="center"),
     _c("routed_refused", "Sets a home network refused, by reason.", "reason", role="center"),
     _c("repeated_frames", "Frames received again (answered from what is stored).", role="center"),
     _c("repeated_answers", "Answers received again or for a set no longer in flight.", role="center"),
