@@ -11,23 +11,23 @@ from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.harness.web import SyntheticWeb
 
-__all__ = ["check_extracted", "finished_twice", "refetch_gap", "window_counts"]
+__all__ = ["carriers", "check_extracted", "finished_twice", "refetch_gap", "window_counts"]
 
 
-def _carriers(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
+def carriers(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
               max_depth: int | None) -> dict[str, list[str]]:
     """Every URL a crawler extracted, with what carried it: "(seed)", or the fetched pages
     that link or redirect to it."""
-    carriers: dict[str, list[str]] = {}
+    found: dict[str, list[str]] = {}
     for s in seeds:
-        carriers.setdefault(normalize(s), []).append("(seed)")
+        found.setdefault(normalize(s), []).append("(seed)")
     for page in sorted(web.answer_counts):
         if max_depth is not None and depth.get(page, 0) >= max_depth:
             continue  # its links are not followed (the crawler stores the depth with the URL)
         redirect = web.redirect_of(page)
         for link in dict.fromkeys([redirect[1]] if redirect else web.links_of(page)):
-            carriers.setdefault(link, []).append(page)
-    return carriers
+            found.setdefault(link, []).append(page)
+    return found
 
 
 def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
@@ -48,7 +48,7 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     the request is a side effect outside its store. Who made a request is the client
     address the web saw (the daemons' crawlers send from their host's IP). With
     ``windows`` K (re-crawl by age, ``--windows``) "once" is K times: once in each window."""
-    carriers = _carriers(web, seeds, depth, max_depth)
+    extracted = carriers(web, seeds, depth, max_depth)
     times: dict[str, list[float]] = {}
     origin = dict(zip(web.hosts, web.origins))
     for t, host, path, _client in web.request_log:
@@ -59,14 +59,14 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     out = []
 
     def seen(url: str) -> str:
-        via = carriers.get(url, [])
+        via = extracted.get(url, [])
         at = ", ".join(f"{t:.1f}" for t in times.get(url, [])[:5])
         by = ", ".join(web.answered_by.get(url, [])[:5])
         return (f"; carried by {len(via)} page(s), e.g. {', '.join(via[:3])}" if via else "") + \
                (f"; requested at t={at}" if at else "") + (f" by {by}" if by else "")
 
     excused = 0
-    for url in sorted(carriers):
+    for url in sorted(extracted):
         n = web.answer_counts.get(url, 0)
         by = set(web.answered_by.get(url, ()))
         if n > windows and len(by) == 1 and by <= killed:
@@ -81,7 +81,7 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
             out.append(f"{url}: crawled {n} times (duplicate{f' over {windows} windows' if windows > 1 else ''}){seen(url)}")
         elif n < windows:
             out.append(f"{url}: crawled {n} of {windows} times (missed a window){seen(url)}")
-    for url in sorted(set(web.answer_counts) - set(carriers)):
+    for url in sorted(set(web.answer_counts) - set(extracted)):
         out.append(f"{url}: crawled, but no fetched page or seed led to it{seen(url)}")
     return out, excused
 

@@ -18,9 +18,11 @@ from dedupnet.codec.settings import SETTINGS
 from dedupnet.harness.cluster import network_of_host
 from dedupnet.harness.crawlchecks import check_extracted, finished_twice, refetch_gap, window_counts
 from dedupnet.harness.faults import LINK_FAULTS, Fault
+from dedupnet.harness.pacing import pacing, pacing_lines
+from dedupnet.harness.verdict import runs_with, verdict
 from dedupnet.adapters.redis_cluster import merged_info
 from dedupnet.adapters.status_page import key_family, key_memory
-from dedupnet.harness.web import SyntheticWeb
+from dedupnet.harness.web import SyntheticWeb, WebSpec
 from dedupnet.harness.weblog import load_spread
 
 
@@ -54,10 +56,15 @@ class SimConfig:
     faults: tuple[Fault, ...] = ()
     seeds: int = 6
     max_depth: int | None = None
-    #: Politeness per site: the simulation is about de-dup, so it is light by default.
+    #: The light workload the tests (and the tables measured before ``dedupnet sim`` ran
+    #: as deployed) build on: politeness light, no durable acknowledgements, the classic
+    #: web. ``dedupnet sim`` itself runs the deployed daemons' values and the real web
+    #: (dedupnet/harness/simcli.py ``deployed``) unless told otherwise (``--light``).
     per_site_delay: float = 0.0
     per_site_concurrency: int = 4
     concurrency: int = 16
+    #: The synthetic web's shape: a name of dedupnet/harness/webgraph.py ``SHAPES``.
+    web_shape: str = "classic"
     progress_every: float = 1.0
     #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/adapters/bloom.py): every false
     #: positive of the filter is a URL never crawled, counted in ``lost URLs``.
@@ -87,8 +94,8 @@ class SimConfig:
     weights: tuple[str, ...] = ()
     #: Seconds every answer of the synthetic web waits, as on the real web (0: at once).
     web_latency: float = 0.0
-    #: Every daemon's ``durable_acks``: off by default, as the simulation's own server
-    #: keeps nothing on disk; on, it runs that server with its AOF on (simcli.py).
+    #: Every daemon's ``durable_acks``: off here (the light workload); ``dedupnet sim``
+    #: turns it on, as deployed, and runs its own server with its AOF on (simcli.py).
     durable_acks: bool = False
     #: The daemons' other settings marked ``sim`` (dedupnet/codec/settings.py), by name,
     #: that this config has no field of its own for; absent: the setting's default.
@@ -182,6 +189,22 @@ class Report:
     sites_multi_host: int = 0
     max_hosts_per_site_1s: int = 0
     longest_pause: float = 0.0
+    #: Pacing against politeness (dedupnet/harness/pacing.py): the politeness bound, the
+    #: crawl's time over it, fetch slots in use, sites with work and being fetched, and
+    #: the sites whose last page came late against their own bound.
+    politeness_bound: float | None = None
+    bound_largest_site: float | None = None
+    bound_slots: float | None = None
+    bound_ratio: float | None = None
+    fetch_slots: int = 0
+    slots_in_use_web: float | None = None
+    slots_in_use_crawlers: float | None = None
+    slots_over_time: list = field(default_factory=list)
+    sites_over_time: list[dict] = field(default_factory=list)
+    late_sites: int | None = None
+    worst_site_ratio: float | None = None
+    worst_site_excess: float | None = None
+    worst_site: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -278,6 +301,11 @@ def secure_certs(cfg: SimConfig):
     return made()
 
 
+def web_spec(cfg: SimConfig) -> WebSpec:
+    """The synthetic web of a run (both runners build the same one)."""
+    return WebSpec.shaped(cfg.web_shape, pages=cfg.pages, sites=cfg.sites, seed=cfg.seed)
+
+
 def seed_count(cfg: SimConfig) -> int:
     """Seed URLs a run starts from: ``cfg.seeds``, but at least one per network, so that
     no network of a wide layout (8x4 with the default 6 seeds) sits idle."""
@@ -346,7 +374,8 @@ def progress_line(sample: dict) -> str:
 def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
             memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset(),
-            windows: list[dict] | None = None) -> Report:
+            windows: list[dict] | None = None, web_t0: float | None = None) -> Report:
+    """A run's report; ``web_t0``: its start on trio's clock, for the pacing figures (None: the bound only)."""
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
     k = cfg.windows
@@ -382,6 +411,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     )
     extra["bad_input"] = _refused(daemons)
     extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
+    extra.update(pacing(cfg, web, seeds, reach, wall, web_t0, timeline) if k == 1 else {})
     if windows:
         extra.update(windows=windows, min_refetch_gap=refetch_gap(web), window_counts=window_counts(web, expected, k))
     return Report(
@@ -491,6 +521,7 @@ def format_report(r: Report) -> str:
     return f"""dedupnet sim: {c['networks']} networks x {c['hosts']} hosts, {c['mode']} mode{routing}, scenario {c['scenario']}, seed {c['seed']}
   web: {c['pages']:,} pages over {c['sites']} sites{latency}; {r.reachable_pages:,} pages reachable from {seeds} seeds ({r.reachable_urls:,} URLs to request)
   run: {status} after {r.wall_time:.1f} s; each host's crawler fetches {c.get('concurrency', '?')} at once
+{runs_with(c)}
 
   URLs fetched                {r.fetched_urls:>10,} of {r.reachable_urls:,}
   duplicate fetches           {r.duplicate_fetches:>10,}
@@ -520,7 +551,9 @@ def format_report(r: Report) -> str:
   most hosts on a site in 1 s {r.max_hosts_per_site_1s:>10,}
   longest pause between pages {r.longest_pause:>10.1f} s
   URLs admitted per network   {' '.join(f'{k}:{v}' for k, v in r.per_network_admitted.items()) or 'n/a'}
-  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + _windows_lines(r) + _faults_lines(r) + _links_text(r) + _auth_lines(r)
+  seeds per network           {' '.join(f'{k}:{v}' for k, v in r.seeds_per_network.items()) or 'n/a'}""" + \
+        pacing_lines(r) + _windows_lines(r) + _faults_lines(r) + _links_text(r) + _auth_lines(r) + "\n" + verdict(r)[0]
+
 
 
 def _ratio(a: float | None, b: float | None) -> str:

@@ -42,10 +42,10 @@ from dedupnet.codec.homes import parse_weights
 from dedupnet.harness.faults import LINK_FAULTS
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import TASK_POOL, URL_POOL
-from dedupnet.harness.web import SyntheticWeb, WebSpec
+from dedupnet.harness.web import SyntheticWeb
 from dedupnet.harness.report import (
     SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs,
-    seed_count, assign_seeds, check_routing, check_windows, progress_line, build_report,
+    seed_count, assign_seeds, check_routing, check_windows, progress_line, build_report, web_spec,
 )
 
 
@@ -149,7 +149,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
 
 async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: str | None,
                     tls_dir: str | None) -> Report:
-    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0, latency=cfg.web_latency)
+    web = SyntheticWeb(web_spec(cfg), port=0, latency=cfg.web_latency)
     server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
     crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
@@ -192,7 +192,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             if during is not None:
                 crawling.start_soon(during, system, web)
             plan = await _seed(system, seeds, cfg.scenario)
-            t0 = time.perf_counter()
+            t0, web_t0 = time.perf_counter(), trio.current_time()
             timeline: list[dict] = []
             timed_out, windows = await _run_windows(cfg, system, crawlers, web, timeline, t0, out, meter, links,
                                                     seeds, observer)
@@ -200,7 +200,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
             report = build_report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
                              center_cpu=meter.seconds - meter_start if meter else None, memory=memory,
-                             windows=windows)
+                             windows=windows, web_t0=web_t0)
             if links is not None:
                 report.links = links.summary(t0=trio.current_time() - wall)
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
@@ -355,7 +355,9 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
                     print(f"  Redis unavailable: {e}; waiting", file=out, flush=True)
             now = time.perf_counter() - t0
             fetched = sum(web.answer_counts.values())
-            sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
+            current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
+            sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes,
+                      "web_in_flight": web.in_flight, "on_the_wire": _on_the_wire(current)}
             timeline.append(sample)
             await _scenario_events(cfg, system, fetched, events)
             if links is not None:
@@ -363,7 +365,6 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
             if meter is not None:
                 for c in getattr(system, "centers", {}).values():
                     meter.attach(c)  # a restarted center is a new daemon
-            current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
             idle = all(c.idle for c in current.values() if c is not None)
             done = idle and not any(sizes.values()) and await system.quiescent()
             done = done and (links is None or links.settled)
@@ -372,6 +373,11 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
                 next_print = now + cfg.progress_every
                 print(progress_line(sample), file=out, flush=True)
     return scope.cancelled_caught
+
+
+def _on_the_wire(crawlers: dict) -> int:
+    """Requests the crawlers have on the wire now: their fetch slots in use."""
+    return sum(getattr(c, "on_the_wire", 0) for c in crawlers.values() if c is not None)
 
 
 async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str]) -> None:

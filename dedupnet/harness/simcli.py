@@ -17,13 +17,31 @@ from dedupnet.codec.settings import CENTER, LOCAL, SETTINGS, SIM
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault
 from dedupnet.harness.report import (
     SCENARIOS, MODES, Report, SimConfig, check_routing, check_secure, check_windows, format_report, format_comparison,
-    plot,
+    plot, seed_count, web_spec,
 )
+from dedupnet.harness.simranges import DEFAULT_TIMEOUT, check_ranges
+from dedupnet.harness.verdict import verdict
+from dedupnet.harness.webgraph import SHAPES
 from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
 
 
+def deployed() -> dict:
+    """What ``dedupnet sim`` runs with unless told otherwise: the deployed daemons'
+    politeness and durable acknowledgements, from where they are declared
+    (dedupnet/codec/settings.py), and the real web's shape."""
+    return {**{name: SETTINGS[name].default for name in ("concurrency", "per_site_concurrency", "per_site_delay",
+                                                          "durable_acks")}, "web_shape": "real"}
+
+
+def light() -> dict:
+    """``--light``: the same fields as SimConfig() itself has them, the workload of the
+    tests and of every table measured before ``dedupnet sim`` ran as deployed."""
+    return {name: getattr(SimConfig, name) for name in deployed()}
+
+
 def config_from(args) -> SimConfig:
-    """The run's config from ``dedupnet sim``'s flags."""
+    """The run's config from ``dedupnet sim``'s flags: what they give, else the deployed
+    values (``--light``: the light ones)."""
     own = dict(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
                seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
                max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
@@ -34,13 +52,16 @@ def config_from(args) -> SimConfig:
                bloom_error_rate=args.bloom_error_rate,
                lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
                recrawl_after=args.recrawl_after, windows=args.windows, routing=args.routing,
-               weights=tuple(args.weights or ()), web_latency=args.web_latency, concurrency=args.concurrency,
-               durable_acks=args.durable_acks)
+               weights=tuple(args.weights or ()), web_latency=args.web_latency)
     # The flags of add_daemon_settings: into the config's field of that name, else its settings.
     given = {s.name: getattr(args, s.name) for s in _daemon_settings()
              if s.name not in own and getattr(args, s.name, None) is not None}
+    for name in ("concurrency", "durable_acks", "web_shape"):
+        if getattr(args, name, None) is not None:
+            given[name] = getattr(args, name)
     fields = {f.name for f in dataclasses.fields(SimConfig)}
-    return SimConfig(**own, **{k: v for k, v in given.items() if k in fields},
+    preset = light() if getattr(args, "light", False) else deployed()
+    return SimConfig(**own, **{**preset, **{k: v for k, v in given.items() if k in fields}},
                      settings={k: v for k, v in given.items() if k not in fields})
 
 
@@ -52,7 +73,9 @@ def run(args) -> int:
 
     base = config_from(args)
     try:
+        check_ranges(args, base)
         _check_flags(args, base)
+        base = _with_timeout(args, base)
     except ValueError as e:
         print(f"dedupnet sim: {e}", file=sys.stderr)
         return 2
@@ -68,7 +91,21 @@ def run(args) -> int:
     if reports is None:
         return 2
     _write_outputs(args, reports)
-    return 1 if any(r.timed_out for r in reports) else 0
+    return 0 if all(verdict(r)[1] for r in reports) else 1
+
+
+def _with_timeout(args, cfg: SimConfig) -> SimConfig:
+    """``--timeout`` not given: 120 s, or twice the run's politeness bound and a minute
+    more when that is longer (a polite crawl of a big site is long, not stuck)."""
+    if args.timeout is not None:
+        return cfg
+    from dedupnet.harness.pacing import politeness_bound
+    from dedupnet.harness.web import SyntheticWeb
+
+    web = SyntheticWeb(web_spec(cfg), port=0)
+    fetched = web.reachable_detail(web.seeds(seed_count(cfg)), max_depth=cfg.max_depth).fetched
+    bound = politeness_bound(cfg, web, fetched)["bound"]
+    return dataclasses.replace(cfg, timeout=max(DEFAULT_TIMEOUT, round(2 * bound + 60)))
 
 
 def _check_flags(args, base: SimConfig) -> None:
@@ -172,7 +209,7 @@ def _sweep(args) -> int:
 
     argv = ["--layouts", args.sweep, "--pages", str(args.pages), "--sites", str(args.sites), "--seed", str(args.seed),
             "--seeds", str(args.seeds), "--mode", args.mode]
-    if args.timeout != SimConfig.timeout:
+    if args.timeout is not None:
         argv += ["--timeout", str(args.timeout)]
     if args.routing:
         argv += ["--routing", args.routing]
@@ -180,12 +217,14 @@ def _sweep(args) -> int:
         argv += ["--weight", w]
     if args.web_latency:
         argv += ["--web-latency", str(args.web_latency)]
-    if args.concurrency != SimConfig.concurrency:
+    if args.concurrency is not None:
         argv += ["--concurrency", str(args.concurrency)]
     if args.processes:
         argv.append("--processes")
-    if args.durable_acks:
-        argv.append("--sim-args=--durable-acks")
+    more = (["--durable-acks"] if args.durable_acks else []) + (["--web-shape", args.web_shape] if args.web_shape
+                                                                 else [])
+    if more:  # the sweep runs the light workload on both checkouts; these go to this one's runs on top
+        argv.append("--sim-args=" + " ".join(more))
     if args.baseline_python:
         argv += ["--baseline-python", args.baseline_python]
     if args.json:
@@ -245,7 +284,7 @@ def add_daemon_settings(p) -> None:
     for s in _daemon_settings():
         if s.name not in known:
             who = " and ".join(name for role, name in ((CENTER, "center"), (LOCAL, "host")) if role in s.roles)
-            default = getattr(SimConfig, s.name, s.default)
+            default = deployed().get(s.name, getattr(SimConfig, s.name, s.default))
             shown = "" if default is None or s.type in (bool, list) else f" (default {default})"
             p.add_argument(s.option, help=f"every {who}'s: {s.help}{shown}", **s.argparse_options())
 
@@ -268,13 +307,20 @@ def _add_layout_arguments(p) -> None:
     p.add_argument("--networks", type=int, default=3, help="networks (LANs), each with a center (default 3)")
     p.add_argument("--hosts", type=int, default=3, help="crawler hosts per network (default 3)")
     p.add_argument("--pages", type=int, default=3000, help="pages of the synthetic web (default 3000)")
-    p.add_argument("--sites", type=int, default=30, help="sites of the synthetic web (default 30)")
+    p.add_argument("--sites", type=int, default=300,
+                   help="sites of the synthetic web (default 300: a real web has many, mostly small)")
     p.add_argument("--mode", choices=MODES, default="exact",
                    help="exact: no URL admitted twice; paper: the paper's look-ups only; owner: the hash-partitioned "
                         "baseline (default: exact)")
     p.add_argument("--seed", type=int, default=1, help="seeds the web and the run (default 1)")
     p.add_argument("--seeds", type=int, default=6, help="seed URLs the crawl starts from (default 6)")
     p.add_argument("--max-depth", type=int, help="links deeper than this are not followed")
+    p.add_argument("--web-shape", choices=tuple(SHAPES),
+                   help="real (default): 85%% of links stay on their site, site sizes by Zipf's law; classic: 30%% "
+                        "of links leave their site, sizes mildly skewed (the web of the older tables)")
+    p.add_argument("--light", action="store_true",
+                   help="the light workload of the tests and the older tables: 16 requests per host, 4 per site, no "
+                        "per-site delay, no durable acks, the classic web (flags given win)")
 
 
 def _add_protocol_arguments(p) -> None:
@@ -292,8 +338,9 @@ def _add_protocol_arguments(p) -> None:
     p.add_argument("--web-latency", type=_seconds, default=SimConfig.web_latency, metavar="S",
                    help="seconds every answer of the synthetic web waits, as on the real web: the crawlers are "
                         "then bound by --concurrency over it, not by this machine (default %(default)s)")
-    p.add_argument("--concurrency", type=_positive, default=SimConfig.concurrency, metavar="N",
-                   help="requests each host's crawler keeps in flight (default %(default)s)")
+    p.add_argument("--concurrency", type=_positive, metavar="N",
+                   help=f"requests each host's crawler keeps in flight (default {deployed()['concurrency']}, the "
+                        f"daemons')")
     p.add_argument("--partition-policy", choices=PARTITION_POLICIES,
                    help="a late answer or a network that is down: wait (exact mode's default) or admit")
     p.add_argument("--answer-timeout", type=float, default=SimConfig.answer_timeout, metavar="S",
@@ -318,7 +365,9 @@ def _add_fault_arguments(p) -> None:
 
 def _add_run_arguments(p) -> None:
     """How long, how many runs, in how many processes."""
-    p.add_argument("--timeout", type=float, default=120.0, help="give up (and say so) after this many seconds")
+    p.add_argument("--timeout", type=float, metavar="S",
+                   help=f"give up (and say so) after this many seconds (default {DEFAULT_TIMEOUT:g}, or twice the "
+                        "run's politeness bound and 60 more when that is longer)")
     p.add_argument("--compare", action="store_true", help="run exact, paper and owner on the same seed, side by side")
     p.add_argument("--processes", action="store_true",
                    help="every center and host as its own OS process (dedupnet center / dedupnet local)")
@@ -351,9 +400,12 @@ def _add_feature_arguments(p) -> None:
                         "the report checks that every URL was fetched exactly K times")
     p.add_argument("--windows", type=int, default=1, metavar="K",
                    help="with --recrawl-after: crawl K windows (default %(default)s)")
-    p.add_argument("--durable-acks", action="store_true",
-                   help="every daemon sends what depends on a write only once Redis has fsynced it (WAITAOF); "
-                        "the embedded server then keeps an AOF in a temporary directory")
+    acks = p.add_mutually_exclusive_group()
+    acks.add_argument("--durable-acks", action="store_const", const=True, dest="durable_acks",
+                      help="every daemon sends what depends on a write only once Redis has fsynced it (WAITAOF), as "
+                           "deployed daemons do; the embedded server keeps an AOF in a temporary directory (default)")
+    acks.add_argument("--no-durable-acks", action="store_const", const=False, dest="durable_acks",
+                      help="the daemons send without waiting for the disk, and the embedded server keeps nothing on it")
 
 
 def _add_output_arguments(p) -> None:

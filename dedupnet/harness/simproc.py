@@ -63,9 +63,9 @@ from dedupnet.harness.procplan import center_ports, daemon_env, make_disks, plan
 from dedupnet.harness.relay import LinkFaults, schedule_link_faults, start_link_relays
 from dedupnet.harness.report import (
     Observer, Report, SimConfig, build_report, assign_seeds, check_routing, check_secure, progress_line,
-    redis_memory, seed_count, wants_lan_key,
+    redis_memory, seed_count, wants_lan_key, web_spec,
 )
-from dedupnet.harness.web import SyntheticWeb, WebSpec
+from dedupnet.harness.web import SyntheticWeb
 from local_host.pools import HostPools
 
 __all__ = ["PROCESS_MODES", "PROCESS_SCENARIOS", "DaemonFailed", "simulate_processes"]
@@ -198,7 +198,8 @@ async def _run_to_quiescence(cfg: SimConfig, centers, hosts, web: SyntheticWeb, 
                 sizes = pool_sizes(daemons, st)
                 now = time.perf_counter() - t0
                 fetched = sum(web.answer_counts.values())
-                sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes}
+                sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes,
+                          "web_in_flight": web.in_flight}
                 timeline.append(sample)
                 if cfg.scenario == "restart" and not restarted and fetched >= cfg.pages // 3:
                     restarted = True
@@ -273,7 +274,7 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
         faults.not_started()
         killed = faults.killed_hosts()
     report = _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, plan=plan,
-                           center_cpu=cpu, memory=memory, killed=killed)
+                           center_cpu=cpu, memory=memory, killed=killed, web_t0=trio_t0)
     if faults is not None:
         report.faults = [r.to_json() for r in faults.records]
     if links is not None:
@@ -296,7 +297,7 @@ async def simulate_processes(cfg: SimConfig, redis_url: str, *, out=sys.stdout, 
     if is_cluster_url(redis_url) and any(f.kind == "kill-redis" for f in cfg.faults):
         raise ValueError("kill-redis kills the run's own single server, not a cluster's node: run it without "
                          "--redis-cluster (tests/test_redis_cluster.py kills a cluster master)")
-    web = SyntheticWeb(WebSpec(pages=cfg.pages, sites=cfg.sites, seed=cfg.seed), port=0, latency=cfg.web_latency)
+    web = SyntheticWeb(web_spec(cfg), port=0, latency=cfg.web_latency)
     prefix = f"simproc-{cfg.mode}-{cfg.seed}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     logdir = Path(tempfile.mkdtemp(prefix="dedupnet-simproc-"))
     killable = None

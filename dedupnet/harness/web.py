@@ -88,7 +88,9 @@ class SyntheticWeb(WebPages):
 
     * ``fetch_counts[url]``: every request for a page URL (normalised ``http://host:port/path``),
       whatever the answer (503, 404, 301/302 and 200 alike);
-    * ``answer_counts[url]``: the requests not answered 503 (what :meth:`duplicate_fetches` uses);
+    * ``answer_counts[url]``: the requests not answered 503 (what :meth:`duplicate_fetches` uses),
+      ``answered_at[url]`` when each arrived (the politeness figures of dedupnet/harness/pacing.py);
+    * ``in_flight``: requests being answered now, ``busy_seconds`` their time summed (slots in use);
     * ``robots_fetches[url]``: requests for ``http://host:port/robots.txt``;
     * ``request_log``: ``(trio.current_time(), host, target, client)`` per request
       (robots.txt included; ``client`` is the client's address, ``"?"`` if unknown), when
@@ -111,6 +113,12 @@ class SyntheticWeb(WebPages):
         #: Per URL, the client address of every answered request (not 503), in order: which
         #: crawler fetched it (a crawler that binds its host's IP, as the daemons do).
         self.answered_by: dict[str, list[str]] = collections.defaultdict(list)
+        #: Per URL, when (``trio.current_time()``) each answered request arrived, in order.
+        self.answered_at: dict[str, list[float]] = collections.defaultdict(list)
+        #: Requests read and not yet answered (robots.txt included), now; and the seconds
+        #: they spent so, summed: a crawler's fetch slots in use, as the sites see them.
+        self.in_flight = 0
+        self.busy_seconds = 0.0
         self.robots_fetches: collections.Counter[str] = collections.Counter()
         self.request_log: collections.deque[tuple[float, str, str, str]] = collections.deque(
             maxlen=self.spec.request_log_size)
@@ -122,6 +130,8 @@ class SyntheticWeb(WebPages):
         self.fetch_counts.clear()
         self.answer_counts.clear()
         self.answered_by.clear()
+        self.answered_at.clear()
+        self.busy_seconds = 0.0
         self.robots_fetches.clear()
         self.request_log.clear()
 
@@ -153,6 +163,7 @@ class SyntheticWeb(WebPages):
             return 503, [(b"content-type", b"text/plain")], b"Service Unavailable\n"
         self.answer_counts[url] += 1
         self.answered_by[url].append(peer or "?")
+        self.answered_at[url].append(trio.current_time())
         return self.expected_response(url)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
@@ -185,16 +196,7 @@ class SyntheticWeb(WebPages):
                         break
                     elif isinstance(event, h11.ConnectionClosed):
                         return
-                status, headers, body = self._answer(site, request.method, request.target, peer)
-                if self.latency:
-                    await trio.sleep(self.latency)
-                headers = [*headers, (b"content-length", str(len(body)).encode()), (b"server", SERVER_NAME)]
-                out = conn.send(h11.Response(status_code=status, headers=headers))
-                if request.method != b"HEAD":
-                    out += conn.send(h11.Data(data=body))
-                out += conn.send(h11.EndOfMessage())
-                with trio.move_on_after(self.idle_timeout) as cs:
-                    await stream.send_all(out)
+                cs = await self._respond(conn, stream, site, request, peer)
                 if cs.cancelled_caught or conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
                     return
                 conn.start_next_cycle()
@@ -212,6 +214,28 @@ class SyntheticWeb(WebPages):
             pass
         finally:
             await trio.aclose_forcefully(stream)
+
+    async def _respond(self, conn: h11.Connection, stream: trio.abc.Stream, site: int, request: h11.Request,
+                       peer: str | None) -> trio.CancelScope:
+        """Answer one request (after ``latency``), counted in flight until it is sent;
+        returns the send's cancel scope (cancelled: the client did not take it in time)."""
+        self.in_flight += 1
+        start = trio.current_time()
+        try:
+            status, headers, body = self._answer(site, request.method, request.target, peer)
+            if self.latency:
+                await trio.sleep(self.latency)
+            headers = [*headers, (b"content-length", str(len(body)).encode()), (b"server", SERVER_NAME)]
+            out = conn.send(h11.Response(status_code=status, headers=headers))
+            if request.method != b"HEAD":
+                out += conn.send(h11.Data(data=body))
+            out += conn.send(h11.EndOfMessage())
+            with trio.move_on_after(self.idle_timeout) as cs:
+                await stream.send_all(out)
+            return cs
+        finally:
+            self.in_flight -= 1
+            self.busy_seconds += trio.current_time() - start
 
     async def _open_listeners(self, port: int) -> list[trio.SocketListener]:
         """One listener per site address, all on ``port``; ``port=0``: a port free on every address."""

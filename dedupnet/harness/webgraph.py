@@ -17,7 +17,7 @@ from typing import Any, Sequence, TypeVar
 from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import normalize, site_of
 
-__all__ = ["DEFAULT_BIND", "DEFAULT_PORT", "Reach", "WebGraph", "WebSpec", "site_host"]
+__all__ = ["DEFAULT_BIND", "DEFAULT_PORT", "Reach", "SHAPES", "WebGraph", "WebSpec", "site_host"]
 
 DEFAULT_PORT = 8077
 DEFAULT_BIND = "127.77.0.0/16"
@@ -65,14 +65,14 @@ class _Dice:
     whose sequence Python keeps stable across versions; the draws are made in a fixed
     order, so the same spec gives the same graph."""
 
-    def __init__(self, seed: int, sites: int):
+    def __init__(self, seed: int, sites: int, skew: float = 0.5):
         self.random = random.Random(seed).random
         self.sites = sites
-        # Site sizes are skewed by weight 1/sqrt(k+1).
+        # Site k is drawn with weight (k+1) ** -skew: 0.5 (the classic web) is mild, 1 is Zipf's law.
         self._cum: list[float] = []
         self._total = 0.0
         for k in range(sites):
-            self._total += (k + 1) ** -0.5
+            self._total += (k + 1) ** -skew
             self._cum.append(self._total)
 
     def pick(self, seq: Sequence[_T]) -> _T:
@@ -92,7 +92,10 @@ class _Dice:
 
 @dataclass
 class WebSpec:
-    """The shape of a synthetic web. Shares are probabilities in [0, 1]."""
+    """The shape of a synthetic web. Shares are probabilities in [0, 1]; ``site_skew`` is
+    the exponent of the site sizes (site ``k`` gets pages in proportion to
+    ``(k+1) ** -site_skew``). The defaults are the classic web every older test and
+    benchmark was measured on; :data:`SHAPES` names it and the real-web one."""
 
     pages: int = 2000
     sites: int = 20
@@ -108,6 +111,14 @@ class WebSpec:
     private_share: float = 0.05
     huge_size: int = 3_500_000
     request_log_size: int = 1_000_000
+    site_skew: float = 0.5
+
+    @classmethod
+    def shaped(cls, shape: str, **fields: Any) -> "WebSpec":
+        """The spec of a named shape (:data:`SHAPES`), with ``fields`` on top."""
+        if shape not in SHAPES:
+            raise ValueError(f"web shape must be one of {', '.join(SHAPES)}, not {shape!r}")
+        return cls(**{**SHAPES[shape], **fields})
 
     def __post_init__(self) -> None:
         if self.sites < 1 or self.sites > 250 * 256:
@@ -124,6 +135,20 @@ class WebSpec:
             raise ValueError("mean_out_degree and max_out_degree must be >= 1")
         if self.flaky_failures < 0:
             raise ValueError("flaky_failures must be >= 0")
+        if not 0.0 <= self.site_skew <= 4.0:
+            raise ValueError("site_skew must be in [0, 4]")
+
+
+#: Named shapes of the synthetic web. ``classic``: 30 % of the links leave their site and
+#: site sizes differ mildly (weight 1/sqrt(k+1)); every test and table measured before
+#: the real shape existed used it. ``real``: as on real sites, most links stay on their
+#: site (85 %), and site sizes follow Zipf's law (weight 1/(k+1)): a few large sites and
+#: many small ones, so that one host's work is mostly one big site's pages while small
+#: sites wait beside it -- what per-site politeness makes slow.
+SHAPES: dict[str, dict[str, float]] = {
+    "classic": {},
+    "real": {"cross_site_share": 0.15, "site_skew": 1.0},
+}
 
 
 @dataclass
@@ -159,7 +184,7 @@ class WebGraph:
     def _build(self) -> None:
         """Draw the whole graph, one step after the other (the order is part of the seed's meaning)."""
         sp = self.spec
-        dice = _Dice(sp.seed, sp.sites)
+        dice = _Dice(sp.seed, sp.sites, sp.site_skew)
         # Sites: homes first, then sizes skewed.
         self.site = list(range(sp.sites)) + [dice.site() for _ in range(sp.pages - sp.sites)]
         private = self._draw_kinds(dice)
