@@ -308,3 +308,43 @@ def test_a_center_given_another_networks_certificate_stops_at_start(tmp_path, ce
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")
     assert str(certs / "center-2.pem") in line and "dedupnet://network/2" in line and "--network" in line
+
+
+# -- refusals no retry cures, and the ones a retry may -------------------------------------
+@pytest.mark.parametrize("args, reason, setting", [
+    (["--network", "2", "--lan-key-file", "conf/lan1.keys"], "wrong-network", "--network"),
+    (["--network", "1"], "bad-tag", "--lan-key-file"),
+])
+def test_a_host_the_center_refuses_for_good_stops(tmp_path, keyed_center, args, reason, setting):
+    config, address = keyed_center
+    out = run("local", "--ip", "127.0.0.1", "--lan", "127.0.0.0/24", "--center", address, "--no-crawl", *args,
+              cwd=tmp_path, timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert "Traceback" not in out.stderr
+    line = out.stderr.splitlines()[-1]
+    assert f"dedupnet local: the center at {address} refuses this host: {reason}" in line and f"check {setting}" in line
+
+
+def lines_while_running(tmp_path, seconds, *args):
+    """A daemon's warnings and errors in its first ``seconds``, stopped with SIGTERM."""
+    proc = start(*args, cwd=tmp_path, log=tmp_path / "daemon.log")
+    time.sleep(seconds)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=20)
+    return [line for line in (tmp_path / "daemon.log").read_text().splitlines() if " WARNING " in line
+            or " ERROR " in line]
+
+
+def test_an_unreachable_redis_is_named_every_few_seconds_not_every_retry(tmp_path):
+    lines = lines_while_running(tmp_path, 7, "local", "--network", "1", "--ip", "127.0.1.10", "--center",
+                                "127.0.1.1:1", "--no-crawl", "--redis", f"redis://127.0.0.1:{free_port()}/0")
+    assert 1 <= len(lines) <= 3, lines
+    assert all("check --redis" in line for line in lines), lines
+
+
+def test_an_unreachable_center_is_named_with_its_setting(tmp_path):
+    port = free_port()
+    lines = lines_while_running(tmp_path, 7, "local", "--network", "1", "--ip", "127.0.1.10", "--center",
+                                f"127.0.1.1:{port}", "--no-crawl")
+    dials = [line for line in lines if f"cannot connect to 127.0.1.1:{port}" in line]
+    assert 1 <= len(dials) <= 3 and all("check --center" in line for line in dials), lines

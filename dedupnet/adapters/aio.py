@@ -107,7 +107,7 @@ class AsyncStore:
                 if delay is None:
                     raise StoreUnavailable(f"Redis at {self.store.url} unreachable: {e!r}") from e
                 self.store.reconnects += 1
-                log.warning("Redis at %s: %r; retrying in %.2fs", self.store.url, e, delay)
+                log.debug("Redis at %s: %r; retrying in %.2fs", self.store.url, e, delay)
                 await trio.sleep(delay)
 
     async def command(self, *args: Any) -> Any:

@@ -52,6 +52,7 @@ def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, buck
                 url_file = Path(data_dir) / "redis.url"
                 url_file.write_text(redis_url + "\n")
                 stack.callback(url_file.unlink, missing_ok=True)
+        _origins[redis_url] = "--redis" if server is None else f"the embedded Redis's log, {server.log_path}"
         store = store_for(redis_url, prefix, bucket_bits=bucket_bits)
         stack.callback(store.close)
         yield store, server
@@ -120,18 +121,33 @@ async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
     counted, and go on when Redis is back (back-off up to 5 s). A generator function
     (a sans-I/O ``*_steps`` operation) runs on trio with ``astore.drive``, started
     afresh on each attempt; anything else in a worker thread."""
-    delay, last_log = 0.1, -math.inf
+    delay = 0.1
     native = inspect.isgeneratorfunction(fn)
     while True:
         try:
             return await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
         except (DedupnetError, RedisError) as e:
             counters.inc("store_errors")
-            if trio.current_time() - last_log > 10:
-                log.error("Redis call %s failed: %s; retrying until it answers", getattr(fn, "__name__", fn), e)
-                last_log = trio.current_time()
+            _complain(astore.store.url, getattr(fn, "__name__", fn), e)
             await trio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+#: Seconds between two lines about one Redis that does not answer, however many calls wait on it.
+COMPLAIN_EVERY = 5.0
+_last_complaint: dict[str, float] = {}
+#: What to check for a store's URL, by URL (open_store fills it): the flag that named it.
+_origins: dict[str, str] = {}
+
+
+def _complain(url: str, call: str, exc: BaseException) -> None:
+    now = time.monotonic()
+    if now - _last_complaint.get(url, -math.inf) < COMPLAIN_EVERY:
+        return
+    _last_complaint[url] = now
+    text = str(exc) if url in str(exc) else f"Redis at {url}: {exc}"
+    log.error("Redis call %s failed: %s; retrying until it answers (check %s)", call, text,
+              _origins.get(url, "--redis"))
 
 
 async def check_durable(astore, counters, store: Store) -> None:

@@ -449,7 +449,7 @@ class Store:
                 if delay is None:
                     raise StoreUnavailable(f"Redis at {self.url} unreachable: {e}") from e
                 self.reconnects += 1
-                log.warning("Redis at %s: %s; retrying in %.2fs", self.url, e, delay)
+                log.debug("Redis at %s: %s; retrying in %.2fs", self.url, e, delay)
                 time.sleep(delay)
 
     def transact(self, fill: Callable[[Batch], None]) -> list:

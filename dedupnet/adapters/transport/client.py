@@ -15,6 +15,7 @@ import ssl
 import trio
 
 from dedupnet.codec.auth import Keyring
+from dedupnet.codec.errors import SettingsError
 from dedupnet.codec.messages import Register
 from dedupnet.codec.wire import encode
 from dedupnet.adapters.metrics import Counters
@@ -188,7 +189,8 @@ async def connect_forever(
             now = trio.current_time()
             if now - last_log >= log_interval:
                 log.warning("cannot connect to %s:%d from %s: %s (%d failed attempt(s) since last report); "
-                            "retrying", host, port, local_ip or "any address", exc, failures_unlogged)
+                            "retrying (check %s)", host, port, local_ip or "any address", exc, failures_unlogged,
+                            SETTING_OF_ROLE.get(register.role, "the address"))
                 last_log = now
                 failures_unlogged = 0
         else:
@@ -196,11 +198,42 @@ async def connect_forever(
             started = trio.current_time()
             log.info("connected to %s:%d from %s", host, port, local_ip or "any address")
             await _session(conn, on_connected, silence_timeout, f"{host}:{port}")
+            refused_for_good(conn, register, f"{host}:{port}")
             log.info("connection to %s:%d ended (%s); reconnecting", host, port, conn.close_reason)
             if trio.current_time() - started >= backoff_max:
                 delay = backoff_initial
         await trio.sleep(delay * _jitter.uniform(0.5, 1.0))
         delay = min(delay * 2, backoff_max)
+
+
+class RefusedForGood(SettingsError):
+    """The center refused this host's Register for a reason no retry can cure (its
+    settings and the center's disagree): the host stops, exit status 2, with the
+    setting to check, instead of dialling again for ever."""
+
+
+#: The setting that names the server a client of each role dials, for the log line of a failed dial.
+SETTING_OF_ROLE = {"host": "--center, and that the center runs", "center": "--peer, and that the peer runs"}
+
+#: A host's refusals that only a change of settings cures, and the setting to check.
+PERMANENT_REFUSALS = {
+    "wrong-network": "--network (and --center: is it this network's center?)",
+    "host-not-in-lan": "--ip, and the center's --lan",
+    "source-mismatch": "--ip: the address this host connects from",
+    "bad-tag": "--lan-key-file: the key file of the center's LAN",
+    "bad-role": "--center: it names a daemon that takes no hosts",
+    "tls": "--lan-tls and --tls-ca: the center's TLS settings for its LAN",
+}
+
+
+def refused_for_good(conn: Connection, register: Register, where: str) -> None:
+    """Raise :class:`RefusedForGood` if a host's Register was refused for good. A
+    center's peers keep dialling: one peer misconfigured must not stop a LAN's center."""
+    error = conn.peer_error
+    if register.role != "host" or error is None or error.reason not in PERMANENT_REFUSALS:
+        return
+    raise RefusedForGood(f"the center at {where} refuses this host: {error.reason}: {error.message}; check "
+                         f"{PERMANENT_REFUSALS[error.reason]}", reason=error.reason)
 
 
 async def _session(conn: Connection, on_connected: Handler, silence_timeout: float | None, where: str) -> None:

@@ -127,6 +127,8 @@ class Connection:
         self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
         self.register: Register | None = None
         self.close_reason: str | None = None
+        #: The last Error the peer sent (a refused Register: its reason tells whether a retry can help).
+        self.peer_error: Error | None = None
         self.send_timeout = options.send_timeout
         self.close_timeout = options.close_timeout
         self.error_timeout = options.error_timeout
@@ -432,6 +434,7 @@ class Connection:
             return
         self.counters.inc("frames_received", kind=kind_name(msg.KIND))
         if type(msg) is Error:
+            self.peer_error = msg
             self.note(logging.WARNING, "%s sent error: %s: %s", self.peer, msg.reason, msg.message)
 
     async def _bad_input(self, exc: ProtocolError) -> None:
