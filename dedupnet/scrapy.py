@@ -112,6 +112,7 @@ from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
 from dedupnet.scrapy_settings import safe_url, scheduler_args
 from local_host.fetch import RobotsUnavailable, origin_of
 from local_host.pools import published_recrawl
+from local_host.sites import Pace
 from local_host.tasks import GROUP, finish_tasks, take_tasks
 
 __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
@@ -133,7 +134,8 @@ class Scheduler:
 
     def __init__(self, crawler, store: Store, dupefilter, *, consumer: str, take_batch: int,
                  max_leased: int, flush_interval: float, push_batch: int, max_idle: float,
-                 seed_start_requests: bool, keep_callbacks: bool, robots: RobotsGate | None = None,
+                 pace: Pace = Pace(), seed_start_requests: bool, keep_callbacks: bool,
+                 robots: RobotsGate | None = None,
                  census: CrawlCensus | None = None):
         self.crawler = crawler
         self.stats = crawler.stats
@@ -142,6 +144,8 @@ class Scheduler:
         self.consumer = consumer
         self.take_batch = take_batch
         self.max_leased = max_leased
+        #: How the host's frontier spaces one site's tasks for this spider.
+        self.pace = pace
         self.flush_interval = flush_interval
         self.push_batch = push_batch
         self.max_idle = max_idle
@@ -417,7 +421,7 @@ class Scheduler:
         return len(fresh)
 
     def _read(self, count: int, start: bytes) -> tuple[list[tuple[bytes, str]], bytes | None]:
-        entries, last = take_tasks(self.store, self.consumer, count, start)
+        entries, last = take_tasks(self.store, self.consumer, count, start, self.pace)
         good, bad = [], []
         for eid, value in entries:
             url = normal_url(value)

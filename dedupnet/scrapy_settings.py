@@ -16,6 +16,7 @@ from dedupnet.adapters.store import RetryPolicy, Store
 from dedupnet.adapters.store_choice import store_for
 from dedupnet.scrapy_census import CrawlCensus
 from dedupnet.scrapy_robots import RobotsGate
+from local_host.sites import Pace
 
 
 def scheduler_args(crawler) -> tuple[Store, Any, dict[str, Any]]:
@@ -33,6 +34,7 @@ def scheduler_args(crawler) -> tuple[Store, Any, dict[str, Any]]:
         consumer=consumer,
         take_batch=s.getint("DEDUPNET_TAKE_BATCH", concurrency),
         max_leased=s.getint("DEDUPNET_MAX_LEASED", concurrency),
+        pace=_pace(s),
         flush_interval=s.getfloat("DEDUPNET_FLUSH_INTERVAL", 0.2),
         push_batch=s.getint("DEDUPNET_PUSH_BATCH", 1000),
         max_idle=s.getfloat("DEDUPNET_MAX_IDLE", 0.0),
@@ -42,6 +44,14 @@ def scheduler_args(crawler) -> tuple[Store, Any, dict[str, Any]]:
         if s.getbool("ROBOTSTXT_OBEY") else None,
         census=_census(s),
     )
+
+
+def _pace(s) -> Pace:
+    """How the host's frontier spaces one site's tasks for this spider: Scrapy's own
+    per-domain delay (its shortest, when randomised) and concurrency. Scrapy's
+    downloader still keeps the exact delay; the frontier only hands out no site faster."""
+    delay = s.getfloat("DOWNLOAD_DELAY", 0.0) * (0.5 if s.getbool("RANDOMIZE_DOWNLOAD_DELAY", True) else 1.0)
+    return Pace(delay, max(1, s.getint("CONCURRENT_REQUESTS_PER_DOMAIN", 8)))
 
 
 def _redis_settings(settings) -> tuple[str, str, int]:

@@ -39,7 +39,8 @@ from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import fingerprint_many, normalize, site_of
 
 from .pools import TASK_FP
-from .tasks import GROUP, fill_discovered, finish_tasks
+from .sites import Pace
+from .tasks import GROUP, fill_discovered, finish_tasks, take_ready
 
 log = logging.getLogger("dedupnet.frontier")
 
@@ -59,11 +60,13 @@ DEFAULT_LEASE = 30
 #: hands out; Lua's ``unpack`` takes at most some 8,000 values).
 WINDOW = 4096
 
+#: New entries one site gives a refill of the window (the queues' own delays apply after).
+PER_SITE_REFILL = 64
+
 OK, SKIPPED, FAIL = 0, 1, 2  # AckMessage.Status
 
 # KEYS[1] task_pool; ARGV: group, consumer, window ms, most entries. The waiting entries
-# (oldest first) as a flat list id, url, ...; if fewer than asked, new entries are read
-# into the consumer and marked waiting.
+# (oldest first) as a flat list id, url, ...
 _WAITING = b"""
 local key, group, consumer = KEYS[1], ARGV[1], ARGV[2]
 local window, want = tonumber(ARGV[3]), tonumber(ARGV[4])
@@ -80,24 +83,6 @@ for _, p in ipairs(pending) do
     out[#out + 1] = p[1]; out[#out + 1] = url
   else
     redis.call('XACK', key, group, p[1])
-  end
-end
-local room = want - #pending
-if room > 0 then
-  local got = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', room, 'STREAMS', key, '>')
-  if got then
-    local ids = {}
-    for _, e in ipairs(got[1][2]) do
-      local url = e[2] and url_of(e[2])
-      ids[#ids + 1] = e[1]
-      if url then out[#out + 1] = e[1]; out[#out + 1] = url end
-    end
-    if #ids > 0 then
-      local claim = {'XCLAIM', key, group, consumer, 0}
-      for _, id in ipairs(ids) do claim[#claim + 1] = id end
-      claim[#claim + 1] = 'IDLE'; claim[#claim + 1] = window; claim[#claim + 1] = 'JUSTID'
-      redis.call(unpack(claim))
-    end
   end
 end
 return out
@@ -194,9 +179,19 @@ class FrontierQueues:
         return out
 
     def _waiting(self) -> list[tuple[bytes, str]]:
+        """The entries waiting here, oldest first; if fewer than ``WINDOW``, new ones from
+        the host's frontier, a few per site in turn (local_host/sites.py), marked waiting:
+        a big site's pages never fill the window while small sites have work."""
         reply = self.store.command(b"EVAL", _WAITING, 1, self.store.key(TASK_POOL), GROUP, CONSUMER,
                                    LEASE_WINDOW_MS, WINDOW)
-        return [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(0, len(reply), 2)]
+        waiting = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(0, len(reply), 2)]
+        more = True
+        while more and len(waiting) < WINDOW:
+            taken = take_ready(self.store, CONSUMER, WINDOW - len(waiting), Pace(burst=PER_SITE_REFILL),
+                               idle_ms=LEASE_WINDOW_MS)
+            waiting += taken.entries
+            more = taken.more
+        return waiting
 
     def _lease(self, chosen: list[tuple[bytes, str, str]], delay_ms: int) -> list[bytes]:
         args = [x for eid, url, _ in chosen for x in (eid, url)]

@@ -31,8 +31,11 @@ from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import URLGate, fingerprint_many
 
 from . import protocol as hp
+from . import sites
 
 GROUP = "dedup"
+#: The crawlers' group on ``task_pool`` (local_host/tasks.py reads with it).
+TASKS_GROUP = "crawl"
 WALKER = "walker"
 UNACKED = f"{URL_POOL}:unacked"
 UNACKED_IDS = f"{URL_POOL}:unacked_ids"
@@ -110,6 +113,7 @@ class HostPools(CoreWrites):
             elif isinstance(a, hp.AddTasks) and a.urls:
                 for url in a.urls:
                     batch.add(b"XADD", key(TASK_POOL), b"*", b"u", url)
+                sites.sort_new(batch, self.store, TASKS_GROUP, len(a.urls))
                 batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
 
     def released_steps(self) -> Steps[list[bytes]]:

@@ -36,7 +36,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from dedupnet.adapters.store import TASK_POOL, Store
+from dedupnet.adapters.store import TASK_POOL, Batch, Store
 
 #: The consumer of the crawlers' group that holds every task waiting in a site's list.
 QUEUED = "queued"
@@ -165,6 +165,14 @@ def take(store: Store, group: str, taker: str, count: int, pace: Pace = Pace(), 
     head, more, last = int(reply[0]), bool(int(reply[1])), reply[2]
     entries = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(3, len(reply), 2)]
     return Taken(entries, None if head < 0 else head / 1000, more, last)
+
+
+def sort_new(batch: Batch, store: Store, group: str, count: int) -> None:
+    """Queue into ``batch``, after the ``XADD`` of ``count`` new tasks, their sorting
+    into their sites: a writer that sorts what it adds keeps a big backlog from standing
+    between the frontier and the sites queued after it."""
+    batch.add(b"EVAL", _TAKE, 3, store.key(TASK_POOL), store.key(SITES), store.key(DELAYS), group,
+              store.key(QUEUE), QUEUED, int(time.time() * 1000), 0, 0, 1, 0, max(1, count))
 
 
 def wait_for_new(store: Store, after: bytes, block_ms: int) -> None:

@@ -26,11 +26,11 @@ from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Stor
 from dedupnet.codec.urls import fingerprint_many
 
 from . import sites
-from .pools import TASK_FP
+from .pools import TASK_FP, TASKS_GROUP
 from .sites import Pace
 
 #: Consumer group of every crawler of a host on ``task_pool``.
-GROUP = "crawl"
+GROUP = TASKS_GROUP
 
 
 def take_tasks(store: Store, consumer: str, count: int, start: bytes,

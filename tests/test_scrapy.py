@@ -30,6 +30,7 @@ from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
 from dedupnet.adapters.store import FINISH_URL, Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
+from local_host.sites import QUEUED  # noqa: E402
 
 SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
 CRAWLER_HOST = "127.0.1.11"
@@ -87,7 +88,8 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
                 while not killed:
                     await trio.sleep(0.02)
                     if sum(victim.ip in by for by in web.answered_by.values()) >= kill_after:
-                        pending = server.xpending(f"{by_ip[victim.ip].prefix}:task_pool", GROUP)["pending"]
+                        info = server.xpending(f"{by_ip[victim.ip].prefix}:task_pool", GROUP)
+                        pending = sum(c["pending"] for c in info["consumers"] if c["name"] != QUEUED.encode())
                         if pending:
                             killed = pending
                             victim.stop(signal.SIGKILL)
@@ -339,8 +341,9 @@ def test_a_finished_task_counts_against_the_lease_bound_until_it_is_written(redi
     DEDUPNET_MAX_LEASED."""
     sched, spider, stats = _scheduler(redis_url, store.prefix, DEDUPNET_TAKE_BATCH=2, DEDUPNET_MAX_LEASED=2)
 
-    def pending() -> int:
-        return store.redis.xpending(store.key("task_pool"), GROUP)["pending"]
+    def pending() -> int:  # leased: pending for a consumer other than the frontier's queue
+        info = store.redis.xpending(store.key("task_pool"), GROUP)
+        return sum(c["pending"] for c in info["consumers"] if c["name"] != QUEUED.encode())
 
     try:
         store.stream_add("task_pool", [f"http://a.example/{i}" for i in range(6)])
@@ -446,4 +449,19 @@ def test_a_finished_task_keeps_one_fingerprint_and_stays_seen(redis_url, store):
             assert pools.lookup(hp.Lookup((kind, 1), (u,))).seen == [True]
     finally:
         sched.close("finished")
+        sched.store.close()
+
+
+def test_a_small_site_is_not_starved_behind_a_big_one(redis_url, store):
+    """The scheduler takes from the host's per-site frontier: 3,000 tasks of one site
+    queued before two of each of ten small sites, and every small site is among the
+    first tasks the spider gets (first in, first out it would wait for all 3,000)."""
+    sched, spider, stats = _scheduler(redis_url, store.prefix, DEDUPNET_TAKE_BATCH=16, DEDUPNET_MAX_LEASED=16,
+                                      DOWNLOAD_DELAY=0.5, RANDOMIZE_DOWNLOAD_DELAY=False)
+    try:
+        store.stream_add("task_pool", [f"http://big.example/{i}" for i in range(3000)])
+        store.stream_add("task_pool", [f"http://s{k}.example/{i}" for i in range(2) for k in range(10)])
+        first = [sched.next_request() for _ in range(11)]
+        assert {r.url.split("/")[2] for r in first} == {"big.example"} | {f"s{k}.example" for k in range(10)}
+    finally:
         sched.store.close()
