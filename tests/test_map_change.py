@@ -179,3 +179,40 @@ def test_a_map_change_with_urls_waiting_on_both_sides_admits_each_once(new_weigh
     for u, n in where.items():
         if u not in stored_at_b:
             assert n == new.home_of(u), (u, n)
+
+
+# -- real daemons ---------------------------------------------------------------------
+async def test_retiring_a_network_that_is_down_loses_none_of_the_urls_waiting_for_it(redis_url):
+    """The retirement as an operator does it, on real daemons and Redis: center 2 is down
+    while center 1 holds 10 URLs homed at 2; both restart with network 2 retired and the
+    old map as the previous one. All 10 are admitted once, by network 1."""
+    import random
+
+    import trio
+
+    from dedupnet.harness.cluster import open_cluster
+
+    old = {1: 1.0, 2: 1.0}
+    waiting = [f"http://{s}/w" for s in SITES if HomeMap(old).home_of_site(s) == 2][:10]
+    async with open_cluster(redis_url, 2, 1, set_size=20, prefix=f"retire{random.random()}") as system:
+        with trio.fail_after(30):
+            await system.wait_connected()
+        two = system.centers[2].port
+        await system.kill("center2")
+        one = system.hosts["127.0.1.10"]
+        await one.store.run(one.pools.push, waiting)
+        with trio.fail_after(30):
+            while system.centers[1].core.routed_waiting() != {2: 10}:
+                await trio.sleep(0.05)
+        system.timing["weights"] = {2: 0.0}
+        system.timing["previous_weights"] = (old,)
+        await system.restart_center(1)
+        await system.start_center(2, 2, port=two)
+        with trio.fail_after(60):
+            await system.wait_connected()
+            await system.wait_quiescent()
+        tasks = {ip: [u for _, u in await h.store.run(h.pools.all_tasks)] for ip, h in system.hosts.items()}
+    queued = Counter(u for urls in tasks.values() for u in urls)
+    assert set(waiting) <= set(queued), f"lost: {len(set(waiting) - set(queued))} of 10"
+    assert max(queued.values()) == 1
+    assert set(waiting) <= set(tasks["127.0.1.10"])
