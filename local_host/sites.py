@@ -72,7 +72,13 @@ local function site_of(url)
   return string.lower(host)
 end
 local more = 0
-local got = redis.call('XREADGROUP', 'GROUP', group, 'queued', 'COUNT', batch, 'STREAMS', stream, '>')
+local read = {'XREADGROUP', 'GROUP', group, 'queued', 'COUNT', batch, 'STREAMS', stream, '>'}
+local got = redis.pcall(unpack(read))
+if type(got) == 'table' and got.err then
+  if not string.find(got.err, 'NOGROUP') then return redis.error_reply(got.err) end
+  redis.call('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')  -- no crawler has started yet
+  got = redis.call(unpack(read))
+end
 if got then
   local entries = got[1][2]
   if #entries >= batch then more = 1 end
