@@ -341,8 +341,9 @@ class Crawler:
             self.counters.inc("links_pushed", len(outcome.links))
             if outcome.failure is not None:
                 f = outcome.failure
-                if outcome.kind == "skipped":
-                    log.info("skipped %s: %s", url, f.reason)
+                if outcome.kind == "skipped" or f.status in (404, 410):  # routine, counted: pages_done, pages_fetched
+                    log.debug("%s %s: %s%s", outcome.kind, url, f.reason,
+                              f" {f.status}" if f.status is not None else "")
                 else:
                     log.warning("failed %s: %s%s after %d attempt(s)", url, f.reason,
                                 f" {f.status}" if f.status is not None else "", outcome.attempts)
