@@ -203,7 +203,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "sim":  # its own flags; the daemons' settings do not apply
         from dedupnet.harness import simcli
 
-        logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(args.log_level)
         return simcli.run(args)
     if args.command == "simulate":
         from dedupnet.harness.dst import cli as dst_cli
@@ -216,7 +216,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "status":  # its own output says what went wrong; the transport's warnings would repeat it
         from dedupnet.service.daemons import print_status, status_target
 
-        logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(logging.ERROR)
 
         address, key_files = status_target(args.address, args.config, args.key_file)
         if args.cluster:
@@ -228,13 +228,13 @@ def _run(args: argparse.Namespace) -> int:
         from dedupnet.service.daemons import status_target
         from dedupnet.service.reassign import run_reassign
 
-        logging.basicConfig(level=logging.ERROR, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        setup_logging(logging.ERROR)
         address, key_files = status_target(args.address, args.config, [args.key_file] if args.key_file else None)
         return run_reassign(address, args.host, key_file=key_files[0] if key_files else None, data_dir=args.data_dir,
                             redis_url=args.redis_url, prefix=args.prefix, leave_task_pool=args.leave_task_pool)
     overrides = {k: v for k, v in vars(args).items() if k in SETTINGS}
     settings = load_settings(getattr(args, "config", None), **overrides)
-    logging.basicConfig(level=settings.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    setup_logging(settings.log_level)
     if args.command == "demo":
         from dedupnet.harness import demo
 
@@ -246,6 +246,20 @@ def _run(args: argparse.Namespace) -> int:
     from dedupnet.service.daemons import run_center, run_local
 
     return run_center(settings) if args.command == CENTER else run_local(settings)
+
+
+#: Libraries that log a line per request at INFO: below DEBUG their lines are noise (the
+#: crawler's counters and status page say what the requests did).
+CHATTY_LIBRARIES = ("httpx", "httpcore", "hpack", "h2")
+
+
+def setup_logging(level: int | str) -> None:
+    """Every command's log lines: timestamped, on stderr, ``level`` and up; a library's
+    per-request lines only with DEBUG."""
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLogger().getEffectiveLevel() > logging.DEBUG:
+        for name in CHATTY_LIBRARIES:
+            logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def fatal(who: str, exc: BaseException, *, debug: bool = False) -> int:
