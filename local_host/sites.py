@@ -199,7 +199,7 @@ class SiteCounts:
 
     sites_queued: int  # sites with tasks waiting
     sites_waiting: int  # of those, sites whose politeness does not allow one now
-    oldest_age: float  # seconds the oldest waiting task has waited (0: none)
+    oldest_task_age: float  # seconds the oldest queued task has waited (0: none)
 
 
 def counts(store: Store, group: str, now: float | None = None) -> SiteCounts:

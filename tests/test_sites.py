@@ -105,4 +105,4 @@ def test_counts(store):
     _take(store, 10, Pace(delay=1.0))
     c = sites.counts(store, GROUP, now=T0 + 0.5)
     assert (c.sites_queued, c.sites_waiting) == (1, 1)  # b is done; a waits for its delay
-    assert c.oldest_age > 0
+    assert c.oldest_task_age > 0

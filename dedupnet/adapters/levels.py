@@ -33,7 +33,8 @@ LEVELS_TIMEOUT = 2.0
 LEVELS = frozenset({
     "info", "store_up", "pool_entries", "members", "member_up", "member_silent_seconds", "sets_in_flight",
     "sets_oldest_age_seconds", "sets_held_back", "sets_waiting", "urls_waiting", "task_urls",
-    "reported_task_pool", "center_connected", "pages_in_progress",
+    "reported_task_pool", "center_connected", "pages_in_progress", "fetch_slots_in_use", "frontier_sites",
+    "frontier_oldest_task_age_seconds",
 })
 VERDICTS = ("complete", "in progress", "stuck", "unknown")
 
@@ -53,6 +54,12 @@ def levels_of(body: dict) -> Series:
         crawler = body.get("crawler")
         if crawler is not None:
             out.append(("pages_in_progress", {}, crawler.get("in_progress", 0)))
+            out.append(("fetch_slots_in_use", {}, crawler.get("on_the_wire", 0)))
+        frontier = body.get("frontier")
+        if frontier is not None:
+            out += [("frontier_sites", {"state": "queued"}, frontier["sites_queued"]),
+                    ("frontier_sites", {"state": "waiting"}, frontier["sites_waiting"]),
+                    ("frontier_oldest_task_age_seconds", {}, frontier["oldest_task_age"])]
     return out
 
 

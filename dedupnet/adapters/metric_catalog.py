@@ -80,10 +80,16 @@ _ALL = (
     _g("reported_task_pool", "A host's task_pool size as its last heartbeat gave it (kept while it is "
                              "down: what it holds).", "host", role="center"),
     _g("crawl_verdict", "This network's crawl as its center judges it, asking its live hosts: 1 for the "
-                        "current verdict (complete, in progress, stuck, unknown: not judged in time).",
+                        "current verdict (complete, in progress, stuck, not started, unknown: not judged "
+                        "in time).",
        "verdict", role="center"),
     _g("center_connected", "1 while this host is connected to its center.", role="host"),
     _g("pages_in_progress", "Pages this host's crawler is fetching or writing.", role="host"),
+    _g("fetch_slots_in_use", "Requests this host's crawler has on the wire (of its concurrency).", role="host"),
+    _g("frontier_sites", "Sites with tasks queued in this host's frontier; state=\"waiting\": those whose "
+                         "politeness allows none now.", "state", role="host"),
+    _g("frontier_oldest_task_age_seconds", "How long the oldest task queued in this host's frontier has "
+                                           "waited.", role="host"),
     _g("durable_acks", "1 if this daemon's Redis confirms writes on disk before a dependent message goes "
                        "(WAITAOF), 0 if it cannot."),
     # -- transport (dedupnet/adapters/transport/, tls.py) --
