@@ -58,7 +58,7 @@ def certs(tmp_path_factory):
 def test_a_port_in_use_names_the_address(tmp_path, taken_port):
     out = run("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", cwd=tmp_path)
     assert out.returncode == 2
-    line = the_line(out, "dedupnet center")
+    line = only_line(out, "dedupnet center")  # said before Redis starts: no lines about it
     assert f"127.0.0.1:{taken_port}" in line and "--listen" in line and "in use" in line
     quiet = run("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", "--log-level", "WARNING",
                 cwd=tmp_path)
@@ -69,7 +69,7 @@ def test_a_port_in_use_for_http_names_the_address(tmp_path, taken_port):
     out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{taken_port}",
               cwd=tmp_path)
     assert out.returncode == 2
-    line = the_line(out, "dedupnet center")
+    line = only_line(out, "dedupnet center")
     assert f"127.0.0.1:{taken_port}" in line and "--http" in line and "in use" in line
 
 
@@ -348,3 +348,28 @@ def test_an_unreachable_center_is_named_with_its_setting(tmp_path):
                                 f"127.0.1.1:{port}", "--no-crawl")
     dials = [line for line in lines if f"cannot connect to 127.0.1.1:{port}" in line]
     assert 1 <= len(dials) <= 3 and all("check --center" in line for line in dials), lines
+
+
+def test_a_quick_start_crawl_logs_less_than_a_line_per_ten_pages(tmp_path):
+    """The default level shows what the operator follows: no line per request (httpx's
+    own), none per routine 404 or robots.txt refusal, and no WARNING that needs no action."""
+    port, web_port = free_port(), free_port()
+    web = start("web", "--pages", "600", "--sites", "12", "--port", str(web_port), cwd=tmp_path,
+                log=tmp_path / "web.txt")
+    center = start("center", "--network", "1", "--listen", f"127.0.1.1:{port}", cwd=tmp_path)
+    try:
+        wait_listening(port, center, "127.0.1.1")
+        wait_listening(web_port, web, "127.77.0.1")
+        out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", f"127.0.1.1:{port}", "--seed",
+                  f"http://127.77.0.1:{web_port}/", "--per-site-delay", "0.01", "--exit-when-complete",
+                  cwd=tmp_path, timeout=120)
+    finally:
+        for p in (center, web):
+            p.send_signal(signal.SIGTERM)
+            p.wait(timeout=20)
+    assert out.returncode == 0, out.stderr
+    lines = out.stderr.splitlines()
+    pages = int(re.search(r"reachable from the seeds: (\d+) pages", (tmp_path / "web.txt").read_text())[1])
+    assert pages > 400
+    assert len(lines) < pages / 10, out.stderr
+    assert not [line for line in lines if " WARNING " in line or " ERROR " in line], out.stderr

@@ -7,6 +7,8 @@ through the daemon's nursery."""
 
 from __future__ import annotations
 
+import socket
+
 import trio
 
 from dedupnet.codec.errors import SettingsError
@@ -19,3 +21,27 @@ async def open_listeners(host: str | None, port: int, what: str) -> list[trio.So
     except OSError as exc:
         address = f"[{host}]" if host and ":" in host else (host or "*")
         raise SettingsError(f"cannot listen on {address}:{port} ({what}): {exc.strerror or exc}") from exc
+
+
+def check_free(host: str | None, port: int, what: str) -> None:
+    """Bind ``host:port`` for a moment, as :func:`open_listeners` will (SO_REUSEADDR),
+    and let it go: an address in use, or not this machine's, is said before the daemon
+    starts its Redis, not after a page of lines about starting and stopping it. Port 0
+    is always free. A port taken between this check and the daemon's bind is still
+    reported, by :func:`open_listeners`."""
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror:
+        return  # a name that does not resolve: open_listeners says so
+    for family, kind, proto, _, address in infos:
+        with socket.socket(family, kind, proto) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                shown = f"[{host}]" if host and ":" in host else (host or "*")
+                raise SettingsError(f"cannot listen on {shown}:{port} ({what}): {exc.strerror or exc}") from exc

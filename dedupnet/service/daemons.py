@@ -35,6 +35,7 @@ from dedupnet.codec.numbers import check_network
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
 from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.listen import check_free
 from dedupnet.adapters.runtime import RedisDied, open_store, stop_on_signals, supervise_redis
 from dedupnet.adapters.store_choice import store_for
 from dedupnet.adapters.tls import TLSConfig
@@ -76,6 +77,13 @@ def http_endpoint(settings: Settings) -> tuple[str, int] | None:
     return endpoint(text) if text else None
 
 
+def _check_addresses(listen: tuple[str, int], http: tuple[str, int] | None) -> None:
+    """The addresses the daemon will listen on are free, before its Redis starts."""
+    check_free(*listen, "--listen")
+    if http is not None:
+        check_free(*http, "--http")
+
+
 def _tls(settings: Settings, role: str, network: int, ip: str | None = None) -> TLSConfig | None:
     """The daemon's TLS files, checked now (ValueError names what is missing), and that
     its certificate is this daemon's (SettingsError names the file)."""
@@ -100,6 +108,7 @@ def run_center(settings: Settings) -> int:
         previous_weights=tuple(parse_weights(w) for w in settings.previous_weights),
         **values_for(settings, CenterSettings),
     )
+    _check_addresses((listen_host, port), center.metrics)
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
                     data_dir=data_dir, bucket_bits=settings.bucket_bits,
@@ -149,6 +158,7 @@ def run_local(settings: Settings) -> int:
         tls=_tls(settings, "host", network, ip), recrawl=settings.recrawl(), frontier=frontier,
         **values_for(settings, LocalSettings),
     )
+    _check_addresses((listen_host, port), local.metrics)
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks) as (store, server):
@@ -387,7 +397,8 @@ def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: s
 
 def print_cluster_status(address: tuple[str, int], *, as_json: bool = False, key_files: list[str] = ()) -> int:
     """``dedupnet status --cluster``: every reachable center and its hosts, and one
-    verdict (dedupnet/adapters/census.py); exit status 0 complete, 3 in progress, 4 stuck."""
+    verdict (dedupnet/adapters/census.py); exit status 0 complete, 3 in progress, 4 stuck,
+    5 not started."""
     keyrings = [keyring_from(f) for f in key_files] or [None]
     report = trio.run(survey, address, keyrings)
     if not report["networks"] and report["unreachable"]:
@@ -395,7 +406,7 @@ def print_cluster_status(address: tuple[str, int], *, as_json: bool = False, key
         print(f"dedupnet status: no answer from {u['address']}: {u['why']}", file=sys.stderr)
         return 1
     print(orjson.dumps(report, option=orjson.OPT_INDENT_2).decode() if as_json else format_report(report))
-    return {"complete": 0, "in progress": 3, "stuck": 4}[report["verdict"]]
+    return {"complete": 0, "in progress": 3, "stuck": 4, "not started": 5}[report["verdict"]]
 
 
 def format_status(body: dict) -> str:
