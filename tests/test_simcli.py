@@ -27,8 +27,9 @@ def test_sim_runs_with_the_declared_politeness_and_durable_acks_unless_told_othe
     cfg = config()
     for name in ("concurrency", "per_site_concurrency", "per_site_delay", "durable_acks"):
         assert getattr(cfg, name) == SETTINGS[name].default, name
-    assert cfg.web_shape == "real"
+    assert cfg.web_shape == "real" and cfg.web_latency == simcli.REAL_WEB_LATENCY > 0
     light = config("--light")
+    assert light.web_latency == 0
     assert (light.concurrency, light.per_site_concurrency, light.per_site_delay, light.durable_acks,
             light.web_shape) == (SimConfig.concurrency, SimConfig.per_site_concurrency, SimConfig.per_site_delay,
                                  False, "classic")
@@ -114,13 +115,17 @@ def test_a_site_held_behind_another_is_late_on_its_own_bound():
 
 async def test_a_polite_run_reports_its_bound_and_never_beats_it(redis_url):
     cfg = SimConfig(networks=2, hosts=1, pages=300, sites=30, seeds=4, timeout=120, web_shape="real",
-                    per_site_delay=0.1, per_site_concurrency=2, concurrency=32)
+                    per_site_delay=0.1, per_site_concurrency=2, concurrency=32, web_latency=0.05)
     r = await simulate(cfg, redis_url, out=None)
     line, ok = verdict(r)
     assert ok and line == f"exact: 0 duplicates, 0 lost, {r.reachable_urls:,} of {r.reachable_urls:,} URLs"
     assert r.politeness_bound > 1 and r.wall_time >= 0.95 * r.politeness_bound, (r.wall_time, r.politeness_bound)
     assert r.bound_ratio == pytest.approx(r.wall_time / r.politeness_bound, abs=0.01)
-    assert r.slots_in_use_crawlers is not None and r.fetch_slots == 64 and len(r.slots_over_time) == 10
+    assert r.fetch_slots == 64 and len(r.slots_over_time) == 10
+    # Every request holds a slot for the web's latency at least: the mean is no less than
+    # requests x latency over the crawl, as the web saw it and as the crawlers counted.
+    assert r.slots_in_use_web >= 0.9 * r.requests * 0.05 / r.wall_time
+    assert 0 < r.slots_in_use_crawlers <= 64
     assert max(p["sites_with_work"] for p in r.sites_over_time) > 0 and r.late_sites is not None
     text = format_report(r)
     assert "runs with: politeness 2 per site, 0.1 s between requests" in text and "web real: 85%" in text

@@ -161,12 +161,12 @@ def _slots(cfg, web: SyntheticWeb, wall: float, timeline: list[dict]) -> dict:
     """Fetch slots in use: the mean as the web saw it (requests being answered), the
     crawlers' own count when the run could sample it, and both per part of the crawl."""
     total = max(cfg.networks * cfg.hosts * cfg.concurrency, 1)
-    wire = [s["on_the_wire"] for s in timeline if "on_the_wire" in s]
+    wire = [s["slots_in_use"] for s in timeline if "slots_in_use" in s]
     parts = []
     for k in range(PARTS):
         lo, hi = wall * k / PARTS, wall * (k + 1) / PARTS
         inside = [s for s in timeline if lo <= s["t"] < hi and "web_in_flight" in s]
-        key = "on_the_wire" if wire else "web_in_flight"
+        key = "slots_in_use" if wire else "web_in_flight"
         parts.append(round(sum(s[key] for s in inside) / len(inside), 1) if inside else None)
     return {"fetch_slots": total, "slots_in_use_web": round(web.busy_seconds / wall, 2) if wall else None,
             "slots_in_use_crawlers": round(sum(wire) / len(wire), 2) if wire else None,

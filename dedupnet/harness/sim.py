@@ -357,7 +357,7 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
             fetched = sum(web.answer_counts.values())
             current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes,
-                      "web_in_flight": web.in_flight, "on_the_wire": _on_the_wire(current)}
+                      "web_in_flight": web.in_flight, "slots_in_use": _slots_in_use(current)}
             timeline.append(sample)
             await _scenario_events(cfg, system, fetched, events)
             if links is not None:
@@ -375,9 +375,15 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
     return scope.cancelled_caught
 
 
-def _on_the_wire(crawlers: dict) -> int:
-    """Requests the crawlers have on the wire now: their fetch slots in use."""
-    return sum(getattr(c, "on_the_wire", 0) for c in crawlers.values() if c is not None)
+def _slots_in_use(crawlers: dict) -> int:
+    """The crawlers' fetch slots in use now: requests holding one of a host's
+    ``concurrency`` slots (``Politeness.active``; a crawler without it: its requests on
+    the wire)."""
+    used = 0
+    for c in crawlers.values():
+        politeness = getattr(c, "politeness", None)
+        used += politeness.active if politeness is not None else getattr(c, "on_the_wire", 0)
+    return used
 
 
 async def _scenario_events(cfg: SimConfig, system, fetched: int, done: set[str]) -> None:

@@ -25,12 +25,18 @@ from dedupnet.harness.webgraph import SHAPES
 from dedupnet.harness.sim import INPROCESS_FAULTS, faults_refused, simulate
 
 
+#: Seconds a site of the real web takes to answer, about: what makes a host's fetch
+#: slots worth counting (at 0 a request holds its slot for no time at all).
+REAL_WEB_LATENCY = 0.1
+
+
 def deployed() -> dict:
     """What ``dedupnet sim`` runs with unless told otherwise: the deployed daemons'
     politeness and durable acknowledgements, from where they are declared
-    (dedupnet/codec/settings.py), and the real web's shape."""
+    (dedupnet/codec/settings.py), and a web of the real one's shape and latency."""
     return {**{name: SETTINGS[name].default for name in ("concurrency", "per_site_concurrency", "per_site_delay",
-                                                          "durable_acks")}, "web_shape": "real"}
+                                                          "durable_acks")},
+            "web_shape": "real", "web_latency": REAL_WEB_LATENCY}
 
 
 def light() -> dict:
@@ -52,11 +58,11 @@ def config_from(args) -> SimConfig:
                bloom_error_rate=args.bloom_error_rate,
                lan_key=getattr(args, "lan_key", False), secure=args.secure, lan_tls=args.lan_tls,
                recrawl_after=args.recrawl_after, windows=args.windows, routing=args.routing,
-               weights=tuple(args.weights or ()), web_latency=args.web_latency)
+               weights=tuple(args.weights or ()))
     # The flags of add_daemon_settings: into the config's field of that name, else its settings.
     given = {s.name: getattr(args, s.name) for s in _daemon_settings()
              if s.name not in own and getattr(args, s.name, None) is not None}
-    for name in ("concurrency", "durable_acks", "web_shape"):
+    for name in ("concurrency", "durable_acks", "web_shape", "web_latency"):
         if getattr(args, name, None) is not None:
             given[name] = getattr(args, name)
     fields = {f.name for f in dataclasses.fields(SimConfig)}
@@ -215,7 +221,7 @@ def _sweep(args) -> int:
         argv += ["--routing", args.routing]
     for w in args.weights or ():
         argv += ["--weight", w]
-    if args.web_latency:
+    if args.web_latency is not None:
         argv += ["--web-latency", str(args.web_latency)]
     if args.concurrency is not None:
         argv += ["--concurrency", str(args.concurrency)]
@@ -335,9 +341,10 @@ def _add_protocol_arguments(p) -> None:
                         "broadcast asks every network (default: the center's, home)")
     p.add_argument("--weight", dest="weights", action="append", metavar="NET=W",
                    help="a network's share of the sites under --routing home (default 1; repeat), every center's")
-    p.add_argument("--web-latency", type=_seconds, default=SimConfig.web_latency, metavar="S",
+    p.add_argument("--web-latency", type=_seconds, metavar="S",
                    help="seconds every answer of the synthetic web waits, as on the real web: the crawlers are "
-                        "then bound by --concurrency over it, not by this machine (default %(default)s)")
+                        f"then bound by --concurrency over it, not by this machine (default {REAL_WEB_LATENCY:g}; "
+                        "--light: 0)")
     p.add_argument("--concurrency", type=_positive, metavar="N",
                    help=f"requests each host's crawler keeps in flight (default {deployed()['concurrency']}, the "
                         f"daemons')")
