@@ -208,14 +208,12 @@ def counts(store: Store, group: str, now: float | None = None) -> SiteCounts:
     batch.add(b"ZCARD", store.key(SITES))
     batch.add(b"ZCOUNT", store.key(SITES), f"({int(now * 1000)}".encode(), b"+inf")
     batch.add(b"XPENDING", store.key(TASK_POOL), group, b"-", b"+", 1, QUEUED)
-    try:
-        queued, waiting, oldest = store.execute(batch)
-    except Exception as e:  # no task_pool group yet: nothing queued
-        if "NOGROUP" not in str(e):
-            raise
-        return SiteCounts(0, 0, 0.0)
+    queued, waiting, oldest = store.execute(batch)
     age = 0.0
-    if oldest:
+    if isinstance(oldest, Exception):  # no task_pool group yet: nothing queued
+        if "NOGROUP" not in str(oldest):
+            raise oldest
+    elif oldest:
         age = max(0.0, now - int(oldest[0][0].split(b"-")[0]) / 1000)
     return SiteCounts(int(queued), int(waiting), age)
 

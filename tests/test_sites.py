@@ -106,3 +106,10 @@ def test_counts(store):
     c = sites.counts(store, GROUP, now=T0 + 0.5)
     assert (c.sites_queued, c.sites_waiting) == (1, 1)  # b is done; a waits for its delay
     assert c.oldest_task_age > 0
+
+
+def test_counts_of_a_host_with_nothing_queued_yet(store):
+    """A host whose crawler has not started: no task_pool, no group (its status must answer)."""
+    assert sites.counts(store, GROUP) == sites.SiteCounts(0, 0, 0.0)
+    store.ensure_group(TASK_POOL, GROUP)
+    assert sites.counts(store, GROUP) == sites.SiteCounts(0, 0, 0.0)
