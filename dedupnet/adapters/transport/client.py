@@ -169,7 +169,8 @@ async def connect_forever(
 
     ``on_connected`` gets a running :class:`Connection`; ConnectionClosed from it is the
     normal end of a session; any other exception is logged with its traceback, counted
-    (``session_error``) and followed by a reconnect. ``connect_options`` are passed to
+    (``session_error``) and followed by a reconnect; a host's Register refused for good
+    (:data:`PERMANENT_REFUSALS`) raises :class:`RefusedForGood`. ``connect_options`` are passed to
     :func:`connect` (``options``, ``keyring``, ``connect_timeout``, ``max_queue``, ...).
 
     ``silence_timeout``: a server that sends nothing (heartbeats, or anything else) for
@@ -188,11 +189,9 @@ async def connect_forever(
             failures_unlogged += 1
             now = trio.current_time()
             if now - last_log >= log_interval:
-                log.warning("cannot connect to %s:%d from %s: %s (%d failed attempt(s) since last report); "
-                            "retrying (check %s)", host, port, local_ip or "any address", exc, failures_unlogged,
-                            SETTING_OF_ROLE.get(register.role, "the address"))
-                last_log = now
-                failures_unlogged = 0
+                log.warning("cannot connect to %s:%d from %s: %s (%d failures since the last line); retrying "
+                            "(check %s)", host, port, local_ip or "any", exc, failures_unlogged, _dialled(register))
+                last_log, failures_unlogged = now, 0
         else:
             failures_unlogged = 0
             started = trio.current_time()
@@ -224,6 +223,10 @@ PERMANENT_REFUSALS = {
     "bad-role": "--center: it names a daemon that takes no hosts",
     "tls": "--lan-tls and --tls-ca: the center's TLS settings for its LAN",
 }
+
+
+def _dialled(register: Register) -> str:
+    return SETTING_OF_ROLE.get(register.role, "the address")
 
 
 def refused_for_good(conn: Connection, register: Register, where: str) -> None:

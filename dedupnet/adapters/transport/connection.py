@@ -127,8 +127,7 @@ class Connection:
         self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
         self.register: Register | None = None
         self.close_reason: str | None = None
-        #: The last Error the peer sent (a refused Register: its reason tells whether a retry can help).
-        self.peer_error: Error | None = None
+        self.peer_error: Error | None = None  # the last Error the peer sent (a refused Register's reason)
         self.send_timeout = options.send_timeout
         self.close_timeout = options.close_timeout
         self.error_timeout = options.error_timeout
