@@ -331,8 +331,8 @@ def lines_while_running(tmp_path, seconds, *args):
     time.sleep(seconds)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=20)
-    return [line for line in (tmp_path / "daemon.log").read_text().splitlines() if " WARNING " in line
-            or " ERROR " in line]
+    return [line.split(": ", 1)[1] for line in (tmp_path / "daemon.log").read_text().splitlines()
+            if " WARNING " in line or " ERROR " in line]
 
 
 def test_an_unreachable_redis_is_named_every_few_seconds_not_every_retry(tmp_path):
@@ -373,3 +373,14 @@ def test_a_quick_start_crawl_logs_less_than_a_line_per_ten_pages(tmp_path):
     assert pages > 400
     assert len(lines) < pages / 10, out.stderr
     assert not [line for line in lines if " WARNING " in line or " ERROR " in line], out.stderr
+
+
+@pytest.mark.parametrize("mode, warned", [(0o644, True), (0o600, False)])
+def test_a_key_file_others_can_read_is_warned_of_once(tmp_path, mode, warned):
+    keys = tmp_path / "lan1.keys"
+    keys.write_text("1 " + "ab" * 32 + " send\n")
+    keys.chmod(mode)
+    lines = lines_while_running(tmp_path, 4, "center", "--network", "1", "--listen", f"127.0.0.1:{free_port()}",
+                                "--lan-key-file", str(keys))
+    assert lines == ([f"lan_key_file {keys} is readable by other users (mode 0644): anyone on this machine can "
+                      f"take the key; chmod 600 {keys}"] if warned else []), lines

@@ -26,7 +26,7 @@ from dedupnet.adapters import bloom
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
 from dedupnet.service.config import Settings, endpoint, frontier_endpoint, load_settings, values_for
-from dedupnet.service.exposure import check_exposure, check_frontier_exposure, warn_while_running
+from dedupnet.service.exposure import check_exposure, check_frontier_exposure, warn_open_secrets, warn_while_running
 from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
 from dedupnet.adapters.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import BadURL, DiscoveryError, SettingsError
@@ -109,6 +109,7 @@ def run_center(settings: Settings) -> int:
         **values_for(settings, CenterSettings),
     )
     _check_addresses((listen_host, port), center.metrics)
+    warn_open_secrets(settings)
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
                     data_dir=data_dir, bucket_bits=settings.bucket_bits,
@@ -159,6 +160,7 @@ def run_local(settings: Settings) -> int:
         **values_for(settings, LocalSettings),
     )
     _check_addresses((listen_host, port), local.metrics)
+    warn_open_secrets(settings)
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks) as (store, server):

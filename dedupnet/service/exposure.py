@@ -22,6 +22,8 @@ What each role needs:
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 import logging
 import socket
 
@@ -114,3 +116,25 @@ async def warn_while_running(text: str, interval: float = INSECURE_WARNING_INTER
     while True:
         log.warning("%s", text)
         await trio.sleep(interval)
+
+
+#: The settings that name a secret: a file anyone on the machine may read gives its key away.
+SECRET_FILES = ("lan_key_file", "peer_key_file", "tls_key")
+
+
+def warn_open_secrets(settings: Settings) -> list[str]:
+    """One WARNING per secret file that other users may read (as ssh says of a private
+    key), at start: the daemon runs all the same, since refusing would stop a deployment
+    over a mode bit, but the operator learns it once, with the command that fixes it."""
+    lines = []
+    for name in SECRET_FILES:
+        path = getattr(settings, name, None)
+        try:
+            mode = os.stat(path).st_mode if path else 0
+        except OSError:
+            continue  # a missing file is reported where it is read
+        if mode & 0o077:
+            lines.append(f"{name} {path} is readable by other users (mode {stat.S_IMODE(mode):04o}): anyone on this "
+                         f"machine can take the key; chmod 600 {path}")
+            log.warning("%s", lines[-1])
+    return lines
