@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import sys
@@ -54,6 +55,26 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):  # noqa: ANN001 - argparse's signature
+        """An unknown flag is named with the subcommand's --help (and the flag it most
+        resembles), not the top command's: argparse gathers the subcommands' leftovers
+        and reports them as the top command's."""
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            sub = self._subcommand(getattr(parsed, "command", None)) or self
+            flags = [f for f in extras if f.startswith("--")]
+            close = difflib.get_close_matches(flags[0].split("=")[0], list(sub._option_string_actions), 1, 0.75) \
+                if flags else []
+            hint = f"; did you mean {close[0]}?" if close else ""
+            sub.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
+        return parsed
+
+    def _subcommand(self, name: str | None) -> argparse.ArgumentParser | None:
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction) and name in action.choices:
+                return action.choices[name]
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -97,6 +97,16 @@ def test_the_traceback_comes_with_debug_only(tmp_path, certs):
     assert out.stderr.splitlines()[-1] == only_line(run(*args, cwd=tmp_path), "dedupnet center")
 
 
+@pytest.mark.parametrize("args, line", [
+    (["local", "--seed-file", "x"], "dedupnet local: unrecognized arguments: --seed-file x; did you mean --seeds-file? "
+                                    "(see dedupnet local --help)"),
+    (["center", "--nope"], "dedupnet center: unrecognized arguments: --nope (see dedupnet center --help)"),
+])
+def test_an_unknown_flag_names_the_subcommands_help(tmp_path, args, line):
+    out = run(*args, cwd=tmp_path)
+    assert out.returncode == 2 and only_line(out, "dedupnet " + args[0]) == line
+
+
 # -- in the config file -----------------------------------------------------------------
 @pytest.mark.parametrize("text, named", [
     ('set_size = "500"\n', ["`set_size`", "an integer", '"500"']),
@@ -202,8 +212,8 @@ def test_status_cluster_tries_each_key_file_until_one_is_taken(tmp_path, keyed_c
     (tmp_path / "other.keys").write_text("1 " + "cd" * 32 + " send\n")
     out = run("status", "--cluster", address, "--key-file", "other.keys", "--key-file", str(config.parent / "lan1.keys"),
               cwd=tmp_path)
-    assert out.returncode == 0, out.stderr
-    assert "verdict: complete" in out.stdout and f"center {address}" in out.stdout
+    assert out.returncode == 5, out.stderr  # nothing was ever admitted: not started
+    assert "verdict: not started" in out.stdout and f"center {address}" in out.stdout
 
 
 # -- the data directory, Ctrl-C -----------------------------------------------------------
