@@ -185,7 +185,9 @@ class CenterDaemon:
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
         self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
-        await self.reactor.process(await until_stored(self.store, self.counters, self.pools.load))
+        resume = await until_stored(self.store, self.counters, self.pools.load)
+        self._say_resumed(resume, await until_stored(self.store, self.counters, self.pools.admitted_total))
+        await self.reactor.process(resume)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             nursery.start_soon(self.reactor.run)
@@ -210,6 +212,17 @@ class CenterDaemon:
             if self.settings.recrawl is not None:
                 log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
             task_status.started(self.port)
+
+    def _say_resumed(self, resume: cp.Resume, admitted: int) -> None:
+        """One line when the store is not new: a center started again on an old data
+        directory goes on from what it holds (and a crawl it finished stays finished),
+        which an operator who meant a fresh start must be told."""
+        if not (admitted or resume.sets or resume.tasks or resume.hosts):
+            return
+        assigned = sum(len(urls) for urls in resume.tasks.values())
+        log.warning("resuming from an existing store (%s, prefix %s): %d URLs admitted before, %d sets in flight, "
+                    "%d task URLs not acknowledged by their hosts, %d known hosts", self.pools.store.url,
+                    self.pools.store.prefix, admitted, len(resume.sets), assigned, len(resume.hosts))
 
     async def _serve(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await serve(self.settings.listen_host or self.settings.ip, self.settings.port, self._on_connection, counters=self.counters,
@@ -406,6 +419,7 @@ class CenterDaemon:
             "role": "center", "network": self.settings.network, "listen": f"{self.settings.ip}:{self.port}",
             "lan": self.settings.lan,
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
+            "admitted_total": await self.store.run(self.pools.admitted_total),
             "members": {str(m): round(now - t, 3) for m, t in sorted(self.last_seen.items(), key=str)},
             "sets_in_flight": stages, "waiting_for": self.core.waiting_for(), "timers": len(self.timers),
             "routing": self.core.config.routing,

@@ -236,6 +236,6 @@ class Membership:
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)
         self.known.update(event.hosts)
-        log.info("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
+        log.debug("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
         return actions
 

@@ -35,6 +35,9 @@ CONCLUDED_DIGEST = "concluded_digest"
 SEQUENCES = "host_sequences"
 #: host IP -> its status address: the LAN's hosts, until they leave or are reassigned.
 HOSTS = "hosts"
+#: URLs admitted here in all, by every run on this store (one INCRBY with each admission):
+#: what tells a crawl that has nothing left to do from one that never started.
+ADMITTED_TOTAL = "admitted_total"
 #: ``task_log:<host>``: the last assignments made to each host (newest first), tagged with
 #: the host's watermark step heard then: re-offered if its store comes back behind.
 TASK_LOG = "task_log"
@@ -64,6 +67,8 @@ class CenterPools(CoreWrites):
             elif isinstance(a, cp.Drop):
                 batch.add(b"HDEL", key(a.pool), a.number)
             elif isinstance(a, cp.Admit):
+                if a.urls:
+                    batch.add(b"INCRBY", key(ADMITTED_TOTAL), len(a.urls))
                 if a.urls and self.admitted is not None:
                     self.admitted.add(batch, a.urls)
                 elif a.urls:
@@ -128,6 +133,10 @@ class CenterPools(CoreWrites):
             number, urls = orjson.loads(untag(entry)[1])
             tasks[number] = tuple(dict.fromkeys([*tasks.get(number, ()), *urls]))
         return entries, tasks
+
+    def admitted_total(self) -> int:
+        """URLs admitted on this store in all (every run; 0 on a store that admitted none)."""
+        return int(self.store.command(b"GET", self.store.key(ADMITTED_TOTAL)) or 0)
 
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()

@@ -31,7 +31,7 @@ from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, 
                                       keep_watermarks, open_watermarks, until_stored)
 from dedupnet.adapters.census import CrawlCensus
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
-from dedupnet.adapters.store import URL_POOL, Store
+from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
 from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 from dedupnet.adapters.status_page import serve_status
@@ -166,6 +166,20 @@ class LocalDaemon:
                                   without="this host keeps running", with_verdict="this host exits once the crawl "
                                   "is complete")
 
+    def _say_resumed(self) -> None:
+        """One line when the store is not new (its sequence has numbered sets): a host
+        started again on an old data directory goes on from what it holds, and seeds it
+        crawled before are dropped as crawled, which an operator who meant a fresh start
+        must be told."""
+        store = self.pools.store
+        numbered = int(store.command(b"GET", store.key("number_seq")) or 0)
+        sizes = self.pools.sizes()
+        if not (numbered or any(sizes.values())):
+            return
+        log.warning("resuming from an existing store (%s, prefix %s): %d sets numbered before, task_pool %d, "
+                    "URL_pool %d, %d sets not acknowledged by the center", store.url, store.prefix, numbered,
+                    sizes[TASK_POOL], sizes[URL_POOL], sizes["unacked_sets"])
+
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         self._rate = (trio.current_time(), 0, 0.0)
         await until_stored(self.store, self.counters, self.pools.setup)
@@ -173,6 +187,7 @@ class LocalDaemon:
             await check_durable(self.store, self.counters, self.pools.store)
         self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
         resume, orphans = await until_stored(self.store, self.counters, self.pools.load)
+        await until_stored(self.store, self.counters, self._say_resumed)
         await self.reactor.process(resume)
         if orphans:
             log.info("%d URLs taken from URL_pool before a restart but never sent: de-duplicating them now", len(orphans))

@@ -115,3 +115,43 @@ def test_a_center_that_does_not_answer_is_never_complete():
     assert report["verdict"] == "stuck"
     assert report["reasons"] == ["center of network 2 at 10.2.0.1:7700 did not answer (Connection refused): its "
                                  "work is unknown"]
+
+
+async def test_nothing_admitted_is_not_started_and_a_restart_on_a_finished_crawl_stays_complete(redis_url, caplog):
+    """0 URLs admitted anywhere is ``not started`` (exit status 5), not ``complete``; a
+    crawl finished and its centers restarted on the same stores is ``complete`` with 0
+    admitted since the start, and each center says at start that it resumes and what it
+    holds."""
+    import logging
+
+    prefix = f"notstarted{random.random()}"
+    async with open_cluster(redis_url, 2, 1, set_size=20, prefix=prefix) as cluster:
+        with trio.fail_after(30):
+            await cluster.wait_connected()
+        report = await survey(cluster.center_address(1), [None], settle=0.1)
+        assert report["verdict"] == "not started", report
+        where = "%s:%d" % cluster.center_address(1)
+        out = await cli("status", "--cluster", where)
+        assert out.returncode == 5 and out.stdout.strip().splitlines()[-1].startswith("verdict: not started"), out.stdout
+
+        urls = site_urls("n", 40)
+        cluster.hosts["127.0.1.10"].pools.push(urls)
+        with trio.fail_after(30):
+            await cluster.wait_quiescent()
+        assert (await survey(cluster.center_address(1), [None], settle=0.1))["verdict"] == "in progress"
+        assert sorted(await crawl(cluster)) == sorted(urls)
+        assert (await survey(cluster.center_address(1), [None], settle=0.1))["verdict"] == "complete"
+
+        with caplog.at_level(logging.WARNING, logger="dedupnet.center"):
+            for n in (1, 2):
+                await cluster.restart_center(n)
+        resumed = [r.getMessage() for r in caplog.records if "resuming from an existing store" in r.getMessage()]
+        before = [int(line.split("): ", 1)[1].split(" URLs admitted before")[0]) for line in resumed]
+        assert len(resumed) == 2 and sum(before) == len(urls), resumed  # each its own sites' share
+        with trio.fail_after(30):
+            await cluster.wait_connected()
+        report = await survey(cluster.center_address(1), [None], settle=0.1)
+        assert report["verdict"] == "complete" and sum(v["admitted"] for v in report["networks"]) == 0
+        assert sum(v["admitted_total"] for v in report["networks"]) == len(urls)
+        out = await cli("status", "--cluster", where)
+        assert out.returncode == 0 and f"admitted 0 URLs since the center started" in out.stdout, out.stdout

@@ -198,7 +198,8 @@ def network_view(center: dict, hosts: dict[str, dict]) -> dict:
         view_hosts.append(row)
     return {
         "network": center.get("network"), "center": center.get("listen"), "mode": center.get("mode"),
-        "admitted": admitted_of(center), "sets_in_flight": center.get("sets_in_flight", {}),
+        "admitted": admitted_of(center), "admitted_total": center.get("admitted_total"),
+        "sets_in_flight": center.get("sets_in_flight", {}),
         "frames_held": center.get("frames_held", 0), "waiting_for": center.get("waiting_for", {}),
         "waiting_for_networks": center.get("waiting_for_networks", {}),
         "unassigned": center.get("task_URL_per_host", {}).get("", 0),
@@ -208,9 +209,11 @@ def network_view(center: dict, hosts: dict[str, dict]) -> dict:
 
 
 def judge(report: dict) -> tuple[str, list[str]]:
-    """``("complete" | "in progress" | "stuck", reasons)``. Stuck: work that cannot go on
-    without an operator (a host down while counted as the LAN's, a daemon that does not
-    answer, a network cut off while sets wait for it); in progress: work anywhere."""
+    """``("complete" | "in progress" | "stuck" | "not started", reasons)``. Stuck: work
+    that cannot go on without an operator (a host down while counted as the LAN's, a
+    daemon that does not answer, a network cut off while sets wait for it); in progress:
+    work anywhere; not started: nothing anywhere and no URL ever admitted on any center's
+    store (no seed got in), which is not a finished crawl."""
     stuck: list[str] = []
     busy: list[str] = []
     for u in report["unreachable"]:
@@ -254,7 +257,16 @@ def judge(report: dict) -> tuple[str, list[str]]:
         return "stuck", stuck
     if busy:
         return "in progress", busy
+    if not sum(ever_admitted(view) for view in report["networks"]):
+        return NOT_STARTED, ["no network has ever admitted a URL: give the hosts seeds (--seed, `dedupnet push`)"]
     return "complete", []
+
+
+def ever_admitted(view: dict) -> int:
+    """URLs a network's center has admitted on its store in all runs (a center that does
+    not report it: those since it started)."""
+    total = view.get("admitted_total")
+    return view["admitted"] if total is None else total
 
 
 def build_report(found: dict) -> dict:
@@ -303,7 +315,7 @@ def format_report(report: dict) -> str:
     lines = []
     for view in report["networks"]:
         lines.append(f"network {view['network']}  center {view['center']}  {view['mode']} mode  "
-                     f"admitted {view['admitted']} URLs (since the center started)")
+                     f"admitted {view['admitted']} URLs since the center started, {ever_admitted(view)} in all")
         sets = ", ".join(f"{k} {v}" for k, v in sorted(view["sets_in_flight"].items()) if v) or "none"
         lines.append(f"  sets in flight: {sets}; held back: {view['frames_held']}; "
                      f"tasks waiting for a host: {view['unassigned']}")
@@ -362,8 +374,6 @@ class CrawlCensus:
         if self._unreachable_logged:
             self.log.info("the center at %s answers again: %s", self.where, self.with_verdict)
             self._unreachable_logged = False
-        if report["verdict"] == "complete" and not sum(view["admitted"] for view in report["networks"]):
-            return NOT_STARTED
         return report["verdict"]
 
     def _unreachable(self, why: str) -> None:

@@ -36,7 +36,7 @@ LEVELS = frozenset({
     "reported_task_pool", "center_connected", "pages_in_progress", "fetch_slots_in_use", "frontier_sites",
     "frontier_oldest_task_age_seconds",
 })
-VERDICTS = ("complete", "in progress", "stuck", "unknown")
+VERDICTS = ("complete", "in progress", "stuck", "not started", "unknown")
 
 Series = list[tuple[str, dict, float]]
 
