@@ -159,18 +159,26 @@ def pacing(cfg, web: SyntheticWeb, seeds: list[str], reach, wall: float, t0: flo
 
 def _slots(cfg, web: SyntheticWeb, wall: float, timeline: list[dict]) -> dict:
     """Fetch slots in use: the mean as the web saw it (requests being answered), the
-    crawlers' own count when the run could sample it, and both per part of the crawl."""
+    crawlers' own count when the run could sample it, and per part of the crawl. Samples
+    are weighted by the time since the one before: a busy process samples less often,
+    and an unweighted mean would count its busy moments less."""
     total = max(cfg.networks * cfg.hosts * cfg.concurrency, 1)
-    wire = [s["slots_in_use"] for s in timeline if "slots_in_use" in s]
+    key = "slots_in_use" if any("slots_in_use" in s for s in timeline) else "web_in_flight"
+    samples = [s for s in timeline if key in s]
+    weighted = [(s["t"], s[key], s["t"] - (samples[i - 1]["t"] if i else 0.0)) for i, s in enumerate(samples)]
     parts = []
     for k in range(PARTS):
         lo, hi = wall * k / PARTS, wall * (k + 1) / PARTS
-        inside = [s for s in timeline if lo <= s["t"] < hi and "web_in_flight" in s]
-        key = "slots_in_use" if wire else "web_in_flight"
-        parts.append(round(sum(s[key] for s in inside) / len(inside), 1) if inside else None)
+        parts.append(_mean([(v, w) for t, v, w in weighted if lo <= t < hi]))
+    crawlers = _mean([(v, w) for _, v, w in weighted]) if key == "slots_in_use" else None
     return {"fetch_slots": total, "slots_in_use_web": round(web.busy_seconds / wall, 2) if wall else None,
-            "slots_in_use_crawlers": round(sum(wire) / len(wire), 2) if wire else None,
-            "slots_over_time": parts}
+            "slots_in_use_crawlers": crawlers, "slots_over_time": parts}
+
+
+def _mean(values: list[tuple[float, float]]) -> float | None:
+    """The mean of (value, weight) pairs, to one decimal; None without weight."""
+    weight = sum(w for _, w in values)
+    return round(sum(v * w for v, w in values) / weight, 1) if weight > 0 else None
 
 
 def _row(values: list) -> str:
