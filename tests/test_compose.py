@@ -32,7 +32,7 @@ EXPECTED_SUBNETS = {"lan1": "10.1.0.0/24", "lan2": "10.2.0.0/24", WAN: "10.0.0.0
 
 # Flags of each daemon as the compose file uses them: required, and the repeatable ones.
 DAEMON_FLAGS = {
-    "center": {"required": {"--network", "--listen", "--lan", "--peer", "--metrics", "--redis", "--prefix",
+    "center": {"required": {"--network", "--listen", "--lan", "--peer", "--http", "--redis", "--prefix",
                             "--tls-cert", "--tls-key", "--tls-ca", "--lan-tls", "--lan-key-file"},
                "repeatable": {"--peer"}},
     "local": {"required": {"--network", "--ip", "--center", "--lan", "--listen", "--redis", "--prefix",
@@ -207,11 +207,11 @@ def test_daemons_get_exactly_their_flags(dep):
         assert set(dep.flags[name]) == DAEMON_FLAGS[dep.role[name]]["required"], name
 
 
-def test_listen_and_metrics_are_endpoints(dep):
+def test_listen_and_http_are_endpoints(dep):
     for name in dep.of_role("center") + dep.of_role("local"):
         parse_endpoint(dep.one(name, "--listen"))
         if dep.role[name] == "center":
-            parse_endpoint(dep.one(name, "--metrics"))
+            parse_endpoint(dep.one(name, "--http"))
 
 
 def test_each_center_serves_its_own_lan_with_a_unique_network_id(dep):

@@ -215,23 +215,22 @@ async def test_page_in_a_headless_browser_shows_members_and_figures(redis_url, t
         assert "connected" in row(dom, "data-host", "127.0.2.11")
 
 
-def test_http_flag_and_its_old_name_metrics():
-    """``--http`` is the documented name; ``--metrics`` (compose files, old configs) still
-    works; both given must name the same endpoint."""
+def test_http_flag_has_one_name():
+    """``--http`` is the one name of the endpoint: there is no older release whose
+    ``--metrics`` would need keeping, and two names for one setting is one too many."""
     from dedupnet.cli import build_parser
     from dedupnet.service.config import load_settings
     from dedupnet.service.daemons import http_endpoint
 
     def settings(*argv):
         args = build_parser().parse_args(["center", "--network", "1", *argv])
-        return load_settings(**{k: v for k, v in vars(args).items() if k in ("http", "metrics")})
+        return load_settings(**{k: v for k, v in vars(args).items() if k == "http"})
 
     assert http_endpoint(settings("--http", "127.0.0.1:9700")) == ("127.0.0.1", 9700)
-    assert http_endpoint(settings("--metrics", "0.0.0.0:9700")) == ("0.0.0.0", 9700)
-    assert http_endpoint(settings("--http", "[::1]:1", "--metrics", "[::1]:1")) == ("::1", 1)
+    assert http_endpoint(settings("--http", "[::1]:1")) == ("::1", 1)
     assert http_endpoint(settings()) is None
-    with pytest.raises(ValueError, match="old name of --http"):
-        http_endpoint(settings("--http", "127.0.0.1:1", "--metrics", "127.0.0.1:2"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["center", "--network", "1", "--metrics", "0.0.0.0:9700"])
 
 
 def test_sim_http_flag(capsys):

@@ -156,7 +156,6 @@ _LIST = (
                   LOCAL: "where the embedded Redis keeps its append-only file (default: dedupnet-data/host-IP)"}),
     _s("http", str, None, "serve the live status page at http://HOST:PORT/, its JSON at /status.json "
        "(docs/STATUS.md) and Prometheus metrics at /metrics (default: off)", *_D, metavar="HOST:PORT"),
-    _s("metrics", str, None, "the old name of --http (both given: they must agree)", *_D, metavar="HOST:PORT"),
     _s("peers", list, None, "another network's center and its LAN (repeat per peer)", CENTER, flag="--peer",
        metavar="NET,HOST:PORT,CIDR", items='"NETWORK,HOST:PORT,CIDR" strings, e.g. ["2,10.2.0.1:7700,10.2.0.0/24"]'),
     # -- the store --------------------------------------------------------------------

@@ -68,13 +68,8 @@ def _data_dir(settings: Settings, default: str) -> str | None:
 
 
 def http_endpoint(settings: Settings) -> tuple[str, int] | None:
-    """``--http``, or its old name ``--metrics`` (one endpoint serves both: given both,
-    they must agree)."""
-    if settings.http and settings.metrics and endpoint(settings.http) != endpoint(settings.metrics):
-        raise ValueError(f"--http {settings.http} and --metrics {settings.metrics} name two endpoints; "
-                         "--metrics is the old name of --http: give one")
-    text = settings.http or settings.metrics
-    return endpoint(text) if text else None
+    """``--http``: the status page, /status.json and /metrics."""
+    return endpoint(settings.http) if settings.http else None
 
 
 def _check_addresses(listen: tuple[str, int], http: tuple[str, int] | None) -> None:
