@@ -113,3 +113,50 @@ def test_counts_of_a_host_with_nothing_queued_yet(store):
     assert sites.counts(store, GROUP) == sites.SiteCounts(0, 0, 0.0)
     store.ensure_group(TASK_POOL, GROUP)
     assert sites.counts(store, GROUP) == sites.SiteCounts(0, 0, 0.0)
+
+
+def test_queued_tasks_and_the_schedule_survive_a_redis_restart(tmp_path):
+    """The per-site lists, the schedule and the leases are Redis data like task_pool:
+    after a restart on the append-only file, every task is handed out once, the one
+    leased before the restart is not handed out again, and a site's time holds."""
+    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.store import Store
+
+    urls = [f"http://s{i % 7}.example/{i}" for i in range(200)]
+    with EmbeddedRedis(persistent=True, data_dir=tmp_path) as url:
+        store = Store(url, "r")
+        _queue(store, urls)
+        first = _take(store, 7, Pace(delay=10.0)).entries  # one of each site, each then waits 10 s
+        store.close()
+    with EmbeddedRedis(persistent=True, data_dir=tmp_path) as url:
+        store = Store(url, "r")
+        assert _take(store, 50, Pace(delay=10.0), now=T0 + 9).entries == []  # the schedule came back
+        got, now = [u for _, u in first], T0 + 10
+        while (taken := _take(store, 50, Pace(delay=10.0), now=now)).entries or taken.more:
+            got += [u for _, u in taken.entries]
+            now += 10
+        assert sorted(got) == sorted(urls)
+        store.close()
+
+
+def test_a_million_queued_urls_cost_the_taker_no_memory(store):
+    """1,000,000 tasks over 100,000 sites wait in Redis; the process that takes from
+    them holds nothing per queued URL or per queued site (only what it takes): its
+    RSS grows by less than 20 MB while it takes from all of them."""
+    import resource
+
+    n, n_sites = 1_000_000, 100_000
+    store.ensure_group(TASK_POOL, GROUP)
+    for start in range(0, n, 50_000):
+        batch = store.batch()
+        for i in range(start, start + 50_000):
+            batch.add(b"XADD", store.key(TASK_POOL), b"*", b"u", f"http://s{i % n_sites}.example/p/{i}")
+        sites.sort_new(batch, store, GROUP, 50_000)
+        store.execute(batch)
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; a peak: it only grows
+    handed = 0
+    for k in range(200):
+        handed += len(_take(store, 64, Pace(delay=0.25), now=T0 + k * 0.01, taker="big").entries)
+    c = sites.counts(store, GROUP, now=T0 + 2)
+    assert handed == 200 * 64 and c.sites_queued == n_sites
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) < 20 * 1024
