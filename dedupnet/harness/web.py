@@ -73,7 +73,7 @@ import trio
 
 from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import normalize
-from dedupnet.harness.webgraph import DEFAULT_BIND, DEFAULT_PORT, Reach, WebSpec, site_host
+from dedupnet.harness.webgraph import DEFAULT_BIND, DEFAULT_PORT, SHAPES, Reach, WebSpec, site_host
 from dedupnet.harness.webpages import WebPages
 
 __all__ = ["Reach", "SyntheticWeb", "WebSpec", "main", "site_host"]
@@ -277,6 +277,9 @@ def build_parser(parser_class: type[argparse.ArgumentParser] = argparse.Argument
                      "(site k at 127.77.{k//250}.{k%250+1}, one port for all sites), or in another network (--bind).")
     p.add_argument("--pages", type=int, default=WebSpec.pages, help="pages of the web (default %(default)s)")
     p.add_argument("--sites", type=int, default=WebSpec.sites, help="sites the pages are spread over (default %(default)s)")
+    p.add_argument("--shape", choices=tuple(SHAPES), default="classic",
+                   help="classic (default): 30%% of links leave their site; real: 85%% stay, site sizes by Zipf's "
+                        "law (as dedupnet sim's default web)")
     p.add_argument("--seed", type=int, default=WebSpec.seed,
                    help="seed of the link graph: the same seed gives the same web (default %(default)s)")
     p.add_argument("--port", type=int, default=DEFAULT_PORT, help="port of every site (0: any free one; default %(default)s)")
@@ -295,8 +298,8 @@ def main(argv: list[str] | None = None, parser_class: type[argparse.ArgumentPars
     p = build_parser(parser_class)
     args = p.parse_args(argv)
     try:
-        web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=args.port,
-                           bind=args.bind, latency=args.latency)
+        spec = WebSpec.shaped(args.shape, pages=args.pages, sites=args.sites, seed=args.seed)
+        web = SyntheticWeb(spec, port=args.port, bind=args.bind, latency=args.latency)
     except ValueError as e:
         p.error(str(e))
 
