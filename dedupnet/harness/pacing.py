@@ -159,13 +159,15 @@ def pacing(cfg, web: SyntheticWeb, seeds: list[str], reach, wall: float, t0: flo
 
 def _slots(cfg, web: SyntheticWeb, wall: float, timeline: list[dict]) -> dict:
     """Fetch slots in use: the mean as the web saw it (requests being answered), the
-    crawlers' own count when the run could sample it, and per part of the crawl. Samples
-    are weighted by the time since the one before: a busy process samples less often,
-    and an unweighted mean would count its busy moments less."""
+    crawlers' own count when the run could sample it, and per part of the crawl. The
+    samples are a curve, each interval between two of them counted at the mean of its
+    ends (trapezoids): a busy process samples less often, and a plain mean of the samples
+    would count its busy moments less. The crawlers hold a slot longer than the web
+    answers (connecting, and waiting for a loaded CPU): their count is the larger."""
     total = max(cfg.networks * cfg.hosts * cfg.concurrency, 1)
     key = "slots_in_use" if any("slots_in_use" in s for s in timeline) else "web_in_flight"
     samples = [s for s in timeline if key in s]
-    weighted = [(s["t"], s[key], s["t"] - (samples[i - 1]["t"] if i else 0.0)) for i, s in enumerate(samples)]
+    weighted = [(b["t"], (a[key] + b[key]) / 2, b["t"] - a["t"]) for a, b in zip(samples, samples[1:])]
     parts = []
     for k in range(PARTS):
         lo, hi = wall * k / PARTS, wall * (k + 1) / PARTS
@@ -190,11 +192,11 @@ def pacing_lines(r) -> str:
     if r.politeness_bound is None:
         return ""
     ratio = "n/a" if r.bound_ratio is None else f"{r.bound_ratio:.2f}x"
-    crawlers = "" if r.slots_in_use_crawlers is None else f", {r.slots_in_use_crawlers:g} by the crawlers' count"
+    crawlers = "" if r.slots_in_use_crawlers is None else f"; {r.slots_in_use_crawlers:g} held by the crawlers"
     lines = [f"  politeness bound            {r.politeness_bound:>10.1f} s   crawl took {r.wall_time:.1f} s = {ratio}"
              f"   (largest site {r.bound_largest_site:.1f} s, all requests over all slots {r.bound_slots:.1f} s)",
-             f"  fetch slots in use (mean)   {_num(r.slots_in_use_web)} of {r.fetch_slots:,}   (as the web saw "
-             f"them{crawlers})",
+             f"  fetch slots in use (mean)   {_num(r.slots_in_use_web)} of {r.fetch_slots:,}   (being answered by "
+             f"the web{crawlers})",
              f"    by tenth of the crawl     {_row(r.slots_over_time)}"]
     if r.sites_over_time:
         lines += [f"  sites with work             {_row([p['sites_with_work'] for p in r.sites_over_time])}"
