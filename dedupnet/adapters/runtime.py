@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from dedupnet.codec import wire
 from dedupnet.adapters import datadir
 from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
-from dedupnet.codec.errors import DedupnetError
+from dedupnet.codec.errors import DedupnetError, SettingsError
 from dedupnet.codec.messages import Heartbeat, Status
 from dedupnet.adapters.watermark import Watermarks, heard_steps, own_steps, save_heard_steps
 from dedupnet.adapters.store import Store
@@ -53,7 +53,10 @@ def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, buck
                 url_file.write_text(redis_url + "\n")
                 stack.callback(url_file.unlink, missing_ok=True)
         _origins[redis_url] = "--redis" if server is None else f"the embedded Redis's log, {server.log_path}"
-        store = store_for(redis_url, prefix, bucket_bits=bucket_bits)
+        try:
+            store = store_for(redis_url, prefix, bucket_bits=bucket_bits)
+        except ValueError as exc:  # a URL redis-py cannot read: the flag that gave it is what to fix
+            raise SettingsError(f"--redis {redis_url}: {exc}") from None
         stack.callback(store.close)
         yield store, server
 

@@ -233,10 +233,15 @@ def refused_for_good(conn: Connection, register: Register, where: str) -> None:
     """Raise :class:`RefusedForGood` if a host's Register was refused for good. A
     center's peers keep dialling: one peer misconfigured must not stop a LAN's center."""
     error = conn.peer_error
-    if register.role != "host" or error is None or error.reason not in PERMANENT_REFUSALS:
+    if error is not None:
+        reason, text = error.reason, error.message
+    elif conn.close_reason == "bad-input:bad-tag":  # its refusal came without our key's tag: it has not our key
+        reason, text = "bad-tag", "its answers are not tagged with this host's LAN key"
+    else:
         return
-    raise RefusedForGood(f"the center at {where} refuses this host: {error.reason}: {error.message}; check "
-                         f"{PERMANENT_REFUSALS[error.reason]}", reason=error.reason)
+    if register.role == "host" and reason in PERMANENT_REFUSALS:
+        raise RefusedForGood(f"the center at {where} refuses this host: {reason}: {text}; check "
+                             f"{PERMANENT_REFUSALS[reason]}", reason=reason)
 
 
 async def _session(conn: Connection, on_connected: Handler, silence_timeout: float | None, where: str) -> None:
