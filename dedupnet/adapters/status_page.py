@@ -47,6 +47,9 @@ POLL_INTERVAL = 2.0
 RATE_WINDOW = 10.0
 #: Redis memory per key family is measured at most this often (SCAN + MEMORY USAGE).
 MEMORY_EVERY = 10.0
+#: The rates' history the page charts: one point every ``HISTORY_STEP`` seconds over the
+#: last ``HISTORY_SPAN``, kept by the daemon so a page opened now shows the minutes before.
+HISTORY_STEP, HISTORY_SPAN = 10.0, 600.0
 #: How long the memory scan may take before the page goes on without it.
 MEMORY_TIMEOUT = 3.0
 #: Sets listed one by one, oldest first.
@@ -198,27 +201,48 @@ class StatusView:
         self.counters = counters
         self.store = store
         self.errors = recent_errors() if errors else None
-        self._samples: deque[tuple[float, int]] = deque()
+        self._samples: deque[tuple[float, int, int]] = deque()
         self._memory: dict[str, int] | None = None
         self._memory_at = -math.inf
         self._memory_error: str | None = None
+        self._history: deque[tuple[float, int, int]] = deque(maxlen=int(HISTORY_SPAN / HISTORY_STEP))
         self.sample()
 
     def sample(self) -> None:
-        """Record the admitted-URL counter (every second, :meth:`run`); the window keeps
-        the latest sample that is at least ``RATE_WINDOW`` old, so at most 11 or so."""
+        """Record the admitted-URL and page counters (every second, :meth:`run`); the
+        window keeps the latest sample that is at least ``RATE_WINDOW`` old, so at most 11
+        or so, and every ``HISTORY_STEP`` seconds one goes into the chart's history."""
         now = time.monotonic()
-        self._samples.append((now, self.counters.total("urls_admitted")))
+        self._samples.append((now, self.counters.total("urls_admitted"), self.counters.total("pages_done")))
         while len(self._samples) > 1 and self._samples[1][0] <= now - RATE_WINDOW:
             self._samples.popleft()
+        if not self._history or now - self._history[-1][0] >= HISTORY_STEP - 0.5:  # one point of the chart's
+            self._history.append(self._samples[-1])
 
     def admitted(self) -> dict:
         """URLs admitted a second over the last ``RATE_WINDOW`` seconds (from the oldest
         sample to now; in a daemon's first seconds, since it started); None in its
         first 0.1 s."""
-        (t0, n0), t1, n1 = self._samples[0], time.monotonic(), self.counters.total("urls_admitted")
+        return self._rate(1, "urls_admitted")
+
+    def pages(self) -> dict:
+        """Pages a host's crawler has done, and a second over the same window."""
+        return self._rate(2, "pages_done")
+
+    def _rate(self, field: int, counter: str) -> dict:
+        t0, n0, t1, n1 = self._samples[0][0], self._samples[0][field], time.monotonic(), self.counters.total(counter)
         rate = (n1 - n0) / (t1 - t0) if t1 - t0 >= 0.1 else None
         return {"total": n1, "per_s": None if rate is None else round(rate, 1), "window": round(t1 - t0, 1)}
+
+    def history(self) -> dict:
+        """URLs admitted and pages crawled a second, per ``step`` seconds, oldest first
+        (the last point: since the latest step, as long as it has lasted)."""
+        points = [*self._history, (time.monotonic(), self.counters.total("urls_admitted"),
+                                   self.counters.total("pages_done"))]
+        pairs = [(a, b) for a, b in zip(points, points[1:]) if b[0] - a[0] >= 0.5]
+        return {"step": HISTORY_STEP,
+                "admitted_per_s": [round((b[1] - a[1]) / (b[0] - a[0]), 1) for a, b in pairs],
+                "pages_per_s": [round((b[2] - a[2]) / (b[0] - a[0]), 1) for a, b in pairs]}
 
     async def run(self) -> None:
         while True:
@@ -250,6 +274,7 @@ class StatusView:
     async def snapshot(self) -> dict:
         body = await self.status()
         body.update(time=round(time.time(), 3), poll_interval=POLL_INTERVAL, admitted=self.admitted(),
+                    history=self.history(), pages=self.pages(),
                     dropped=by_label(body.get("counters", {}), "urls_dropped", "stage"), **await self.memory())
         if self.errors is not None:
             body["recent_errors"] = self.errors.records()
