@@ -368,7 +368,8 @@ def progress_line(sample: dict) -> str:
     t, fetched = sample["t"], sample["pages_fetched"]
     return (f"  t={t:6.1f}s  pages {fetched:>6} ({fetched / max(t, 1e-9):6.0f}/s)  "
             f"URL_pool {sample.get('URL_pool', 0):>5}  task_pool {sample.get('task_pool', 0):>5}  "
-            f"in flight {sample.get('reduce_pools', 0):>3}  duplicates {sample['duplicates']}")
+            f"in flight {sample.get('reduce_pools', 0):>3}  fetching {sample.get('web_in_flight', 0):>3}  "
+            f"duplicates {sample['duplicates']}")
 
 
 def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
