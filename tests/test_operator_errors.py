@@ -385,12 +385,12 @@ def test_a_quick_start_crawl_logs_less_than_a_line_per_ten_pages(tmp_path):
     assert not [line for line in lines if " WARNING " in line or " ERROR " in line], out.stderr
 
 
-@pytest.mark.parametrize("mode, warned", [(0o644, True), (0o600, False)])
+@pytest.mark.parametrize("mode, warned", [(0o644, True), (0o640, False), (0o600, False)])
 def test_a_key_file_others_can_read_is_warned_of_once(tmp_path, mode, warned):
     keys = tmp_path / "lan1.keys"
     keys.write_text("1 " + "ab" * 32 + " send\n")
     keys.chmod(mode)
     lines = lines_while_running(tmp_path, 4, "center", "--network", "1", "--listen", f"127.0.0.1:{free_port()}",
                                 "--lan-key-file", str(keys))
-    assert lines == ([f"lan_key_file {keys} is readable by other users (mode 0644): anyone on this machine can "
-                      f"take the key; chmod 600 {keys}"] if warned else []), lines
+    assert lines == ([f"lan_key_file {keys} is readable by every user of this machine (mode 0644): anyone here "
+                      f"can take the key; chmod o-rwx {keys}"] if warned else []), lines
