@@ -127,6 +127,7 @@ async def test_a_polite_run_reports_its_bound_and_never_beats_it(redis_url):
     assert r.slots_in_use_web >= 0.9 * r.requests * 0.05 / r.wall_time
     assert 0 < r.slots_in_use_crawlers <= 64
     assert max(p["sites_with_work"] for p in r.sites_over_time) > 0 and r.late_sites is not None
+    assert r.requests_made >= r.requests and 0 < r.rate_share <= 1.5, (r.requests_made, r.requests_allowed)
     text = format_report(r)
     assert "runs with: politeness 2 per site, 0.1 s between requests" in text and "web real: 85%" in text
     assert text.splitlines()[-1] == line and "politeness bound" in text
@@ -138,3 +139,22 @@ async def test_a_polite_run_reports_its_bound_and_never_beats_it(redis_url):
     assert verdict(dataclasses.replace(r, duplicate_fetches=3, refetched_after_kill=3))[1]
     paper = dataclasses.replace(r, duplicate_fetches=3, config={**r.config, "mode": "paper"})
     assert verdict(paper)[1] and verdict(paper)[0].startswith("paper: 3 duplicates")
+
+
+def test_what_politeness_allows_follows_the_sites_with_work():
+    """Two sites with work for 10 s, one more for the first 5: at 0.25 s a site, 4 + 4
+    requests a second for 10 s and 4 for 5 s are allowed (100); the record says 50 made."""
+    web = SyntheticWeb(WebSpec(pages=200, sites=4, seed=1), port=8077)
+    a, b, c = (f"http://{web.hosts[k]}:8077/p" for k in range(3))
+    known = {a + "1": 0.0, a + "2": 0.0, b + "1": 0.0, c + "1": 0.0}
+    first = {a + "1": 4.0, a + "2": 10.0, b + "1": 10.0, c + "1": 5.0}
+    steps = pacing._work_steps(known, first)
+    assert steps[1][-1] == 0 and max(steps[1]) == 3
+    web.request_log.extend((0.1 + i * 0.2, web.hosts[0], "/", "?") for i in range(50))
+    cfg = SimConfig(networks=1, hosts=1, per_site_delay=0.25, per_site_concurrency=2, concurrency=32, web_latency=0.0)
+    got = pacing._against_allowed(cfg, web, 0.0, 10.0, steps)
+    assert got["requests_allowed"] == 100 and got["requests_made"] == 50 and got["rate_share"] == 0.5
+    # All slots bound it when they are fewer: 1 host x 1 slot at 0.5 s latency is 2 a second.
+    slow = dataclasses.replace(cfg, concurrency=1, web_latency=0.5)
+    assert pacing._against_allowed(slow, web, 0.0, 10.0, steps)["requests_allowed"] == 20
+    assert pacing._against_allowed(dataclasses.replace(cfg, per_site_delay=0.0), web, 0.0, 10.0, steps) == {}

@@ -29,12 +29,19 @@ redirects to it). A site was held behind others when its last page came later th
 
 **Sites with work** at a moment: sites with a URL known and not yet answered then.
 **Sites being fetched**: sites that answered a request within the second before it.
+
+**What politeness allows**: at a moment with ``W`` sites with work, the system can make
+at most ``min(N·c / λ, W · r)`` requests a second, ``r = 1 / max(d, λ/p)`` a site's
+own rate; summed over the crawl that is the requests it could have made, against the
+requests it made (``rate_share``). It counts a URL as work from the moment it is known,
+before the protocol has admitted it: a share of 1 is out of reach by that much.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from dedupnet.codec.urls import site_of
 from dedupnet.harness.crawlchecks import carriers
@@ -154,7 +161,45 @@ def pacing(cfg, web: SyntheticWeb, seeds: list[str], reach, wall: float, t0: flo
     known = _known_at(web, seeds, reach.depth, cfg.max_depth, first)
     out.update(_late_sites(bound["sites"], known, last))
     out["sites_over_time"] = _over_time(known, first, wall)
+    out.update(_against_allowed(cfg, web, t0, wall, _work_steps(known, first)))
     return out
+
+
+def _work_steps(known: dict[str, float], first: dict[str, float]) -> tuple[list[float], list[int]]:
+    """Sites with work as a step function: the times it changes, and its value from each."""
+    events = []
+    for url, t in known.items():
+        if first.get(url, t) > t:
+            events += [(t, 1, site_of(url)), (first[url], -1, site_of(url))]
+    events.sort(key=lambda e: (e[0], e[1]))
+    open_urls: Counter[str] = Counter()
+    times, values, n = [], [], 0
+    for t, step, site in events:
+        before = open_urls[site] > 0
+        open_urls[site] += step
+        n += (open_urls[site] > 0) - before
+        times.append(t)
+        values.append(n)
+    return times, values
+
+
+def _against_allowed(cfg, web: SyntheticWeb, t0: float, wall: float, steps: tuple[list[float], list[int]],
+                     slices: int = 400) -> dict:
+    """The requests made against those politeness allows (module docstring), the crawl
+    cut in ``slices`` equal slices; {} when nothing bounds the rate (no delay, no latency)."""
+    d, lat, p = cfg.per_site_delay, cfg.web_latency, cfg.per_site_concurrency
+    site_gap = max(d, lat / p if p > 0 else 0.0)
+    if site_gap <= 0 or wall <= 0:
+        return {}
+    cap = cfg.networks * cfg.hosts * cfg.concurrency / lat if lat > 0 else math.inf
+    times, values = steps
+    dt, allowed = wall / slices, 0.0
+    for i in range(slices):
+        k = bisect.bisect_right(times, (i + 0.5) * dt) - 1
+        allowed += min(cap, (values[k] if k >= 0 else 0) / site_gap) * dt
+    made = sum(1 for t, *_ in web.request_log if 0 <= t - t0 <= wall)
+    return {"requests_allowed": round(allowed), "requests_made": made,
+            "rate_share": round(made / allowed, 2) if allowed else None}
 
 
 def _slots(cfg, web: SyntheticWeb, wall: float, timeline: list[dict]) -> dict:
@@ -202,6 +247,10 @@ def pacing_lines(r) -> str:
         lines += [f"  sites with work             {_row([p['sites_with_work'] for p in r.sites_over_time])}"
                   f"   (by tenth of the crawl)",
                   f"  sites fetched within 1 s    {_row([p['sites_fetched_1s'] for p in r.sites_over_time])}"]
+    if r.rate_share is not None:
+        lines.append(f"  requests / politeness allows {r.requests_made:>9,} of {r.requests_allowed:,} = "
+                     f"{r.rate_share:.0%}   (min(all slots / latency, sites with work / a site's gap), "
+                     f"summed over the crawl)")
     if r.late_sites is not None:
         lines.append(f"  sites late on their bound   {r.late_sites:>10,}   (last page after {LATE_FACTOR:g} x own "
                      f"bound + {LATE_SLACK:g} s; worst {r.worst_site_ratio:g}x, {r.worst_site_excess:g} s over"

@@ -205,6 +205,9 @@ class Report:
     worst_site_ratio: float | None = None
     worst_site_excess: float | None = None
     worst_site: str | None = None
+    requests_made: int = 0
+    requests_allowed: int = 0
+    rate_share: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
