@@ -49,7 +49,7 @@ def config_from(args) -> SimConfig:
     """The run's config from ``dedupnet sim``'s flags: what they give, else the deployed
     values (``--light``: the light ones)."""
     own = dict(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
-               seed=args.seed, scenario=args.scenario, timeout=args.timeout, seeds=args.seeds,
+               seed=args.seed, scenario=args.scenario, timeout=_given(args.timeout, DEFAULT_TIMEOUT), seeds=args.seeds,
                max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
                gather_linger=args.gather_linger,
                partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
@@ -69,6 +69,10 @@ def config_from(args) -> SimConfig:
     preset = light() if getattr(args, "light", False) else deployed()
     return SimConfig(**own, **{**preset, **{k: v for k, v in given.items() if k in fields}},
                      settings={k: v for k, v in given.items() if k not in fields})
+
+
+def _given(value, default):
+    return default if value is None else value
 
 
 def run(args) -> int:
