@@ -458,6 +458,16 @@ class CenterDaemon:
         await control_session(conn, self.status, reassign)
 
 
+def host_detail(daemon: "CenterDaemon", ip: str, now: float) -> dict:
+    """What a center's liveness row adds for a LAN host: one of the LAN's hosts (until
+    it leaves), its ledger (URLs given to it, not reported finished: docs/PROTOCOL.md
+    section 12) and the task_pool its last heartbeat gave."""
+    reported = daemon.reported_tasks.get(ip)
+    return {"known": ip in daemon.core.known, "ledger": len(daemon.core.ledger.get(ip, ())),
+            "task_pool": None if reported is None else reported[0],
+            "task_pool_age": None if reported is None else round(now - reported[1], 3)}
+
+
 def center_detail(daemon: "CenterDaemon") -> dict:
     """What ``CenterDaemon.status()`` adds for the page and ``dedupnet status --json``:
     each member's liveness (paper gap 3: a member silent for ``heartbeat_timeout``
@@ -493,7 +503,8 @@ def center_detail(daemon: "CenterDaemon") -> dict:
     addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else  # 0: it dials us (its Register says where)
                  daemon.peer_listen.get(p.network, p.host) for p in s.peers}
     addresses.update({ip: address for ip, address in core.known.items() if address})
-    names = set(silent) | {f"net:{p.network}" for p in s.peers} | set(waiting) | {h for h in tasks if h} | set(core.known)
+    names = (set(silent) | {f"net:{p.network}" for p in s.peers} | set(waiting) | {h for h in tasks if h}
+             | set(core.known) | set(core.ledger))
     liveness = []
     for name in sorted(names, key=lambda n: (n.startswith("net:"), member_order(n))):
         quiet = silent.get(name)
@@ -503,10 +514,7 @@ def center_detail(daemon: "CenterDaemon") -> dict:
                  "silent": None if quiet is None else round(quiet, 3),
                  "waiting_sets": waiting.get(name, 0), "task_urls": tasks.get(name, 0)}
         if entry["kind"] == "host":
-            entry["known"] = name in core.known  # counted among the LAN's hosts until it leaves
-            reported = daemon.reported_tasks.get(name)
-            entry["task_pool"] = None if reported is None else reported[0]  # as its last heartbeat said
-            entry["task_pool_age"] = None if reported is None else round(now - reported[1], 3)
+            entry.update(host_detail(daemon, name, now))
         liveness.append(entry)
     return {
         "heartbeat": {"interval": s.heartbeat_interval, "timeout": s.heartbeat_timeout},
@@ -516,5 +524,6 @@ def center_detail(daemon: "CenterDaemon") -> dict:
                          "age": round(now - since[r.number], 3), "urls": len(r.frame.URL_set),
                          "awaiting": sorted(r.awaiting), "attempts": r.attempts} for r in oldest],
         "task_URL_per_host": dict(sorted(tasks.items())),
+        "ledger": sum(map(len, core.ledger.values())),
         "frames_held": len(core.waiting),
     }

@@ -108,6 +108,7 @@ class Resume:
     tasks: dict[str, list[str]]  # task key "number:host" -> URLs
     sequences: dict[str, int] = field(default_factory=dict)  # host IP -> highest sequence stored
     hosts: dict[str, str] = field(default_factory=dict)  # host IP -> status address (known hosts)
+    ledger: dict[str, list[str]] = field(default_factory=dict)  # host IP -> its unfinished URLs
 
 
 # -- actions ----------------------------------------------------------------------
@@ -202,8 +203,25 @@ class DropTask:
     key: str
 
 
+@dataclass(frozen=True)
+class Ledger:
+    """These URLs were given to ``host``: on its ledger until it reports them finished
+    or they move (docs/PROTOCOL.md section 12)."""
+
+    host: str
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Unledger:
+    """These URLs leave ``host``'s ledger: reported finished, or moved to other hosts."""
+
+    host: str
+    urls: tuple[str, ...]
+
+
 Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, NoteSequence, NoteHost, ForgetHost,
-               SaveTask, DropTask]
+               SaveTask, DropTask, Ledger, Unledger]
 
 
 #: Every event the core takes (:meth:`~center_host.protocol.CenterProtocol.handle`).

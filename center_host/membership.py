@@ -8,10 +8,10 @@ from __future__ import annotations
 import logging
 
 from dedupnet.codec import wire
-from dedupnet.codec.messages import Ack, Task
+from dedupnet.codec.messages import Ack, Done, Task
 
-from .events import (Action, CancelTimer, DropTask, ForgetHost, Host, Member, NoteHost, Peer, Reassign, Reoffer,
-                     Resume, SaveTask, Send, SetTimer, member_from_str)
+from .events import (Action, CancelTimer, DropTask, ForgetHost, Host, Ledger, Member, NoteHost, Peer, Reassign,
+                     Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
 from .sets import GATHER_TIMER, ROUTED, SetRecord, Stage, owner_of, task_key, task_parts
 
 log = logging.getLogger("dedupnet.center")
@@ -147,7 +147,8 @@ class Membership:
         for host, batch in sorted(per_host.items()):
             key = task_key(number, host)
             self.tasks[key] = self.tasks.get(key, []) + batch
-            actions += [SaveTask(key, tuple(self.tasks[key])),
+            self.ledger.setdefault(host, set()).update(batch)
+            actions += [SaveTask(key, tuple(self.tasks[key])), Ledger(host, tuple(batch)),
                         Send((Host(host),), wire.encode(Task(number, tuple(self.tasks[key]))))]
         return actions
 
@@ -156,17 +157,55 @@ class Membership:
         for key in [k for k in self.tasks if task_parts(k)[1] == gone]:
             urls = self.tasks.pop(key)
             actions.append(DropTask(key))
+            if gone:
+                actions += self._unledger(gone, urls)
             actions += self._assign(task_parts(key)[0], urls)
             if gone:
                 self.counters.inc("tasks_reassigned", amount=len(urls))
         return actions
+
+    def _unledger(self, host: str, urls) -> list[Action]:
+        """``urls`` leave ``host``'s ledger (those on it)."""
+        held = self.ledger.get(host)
+        if not held:
+            return []
+        gone = tuple(u for u in dict.fromkeys(urls) if u in held)
+        held.difference_update(gone)
+        if not held:
+            del self.ledger[host]
+        return [Unledger(host, gone)] if gone else []
+
+    def _move_ledger(self, gone: str, number: int, urls: list[str]) -> list[Action]:
+        """A host that is gone (it left, or the operator says so): its ``task_URL`` entries,
+        ``urls`` (what it handed back, or the operator took from its store) and every other
+        URL still on its ledger (fetched and not yet reported, or lost with its disk) go to
+        the live hosts, by site: a site moves whole. What it had fetched and not reported
+        is fetched again: at least once, never lost."""
+        actions = self._reassign(gone)
+        rest = sorted(self.ledger.get(gone, ()))
+        actions += self._unledger(gone, rest)
+        moved = list(dict.fromkeys([*urls, *rest]))
+        self.counters.inc("ledger_moved", amount=len(rest))
+        return actions + self._assign(number, moved)
+
+    def _tasks_done(self, sender: Host, done: Done) -> list[Action]:
+        """A host's report: these tasks of its own are finished, off its ledger (stored
+        before the ack lets it drop the report). URLs not on its ledger (moved meanwhile)
+        change nothing."""
+        urls = list(self._canonical_urls(sender, done.number, dict.fromkeys(done.URLs, 0)))
+        actions = self._unledger(sender.ip, urls)
+        hit = len(actions[0].urls) if actions else 0
+        self.counters.inc("tasks_reported", amount=hit)
+        if hit < len(urls):
+            self.counters.inc("reports_unknown", amount=len(urls) - hit)
+        return actions + [Send((sender,), wire.encode(Ack(done.number, "stored")))]
 
     def _handed_back(self, sender: Host, task: Task) -> list[Action]:
         """A host that leaves for good hands its uncrawled tasks back: it is no longer
         a member, its tasks go to the others (stored before the ack lets it drop them)."""
         self.hosts.discard(sender.ip)
         urls = list(self._canonical_urls(sender, task.number, dict.fromkeys(task.URLs, 0)))
-        actions = self._reassign(sender.ip) + self._assign(task.number, urls) + self._forget(sender.ip)
+        actions = self._move_ledger(sender.ip, task.number, urls) + self._forget(sender.ip)
         self.counters.inc("tasks_handed_back", amount=len(task.URLs))
         log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
         return actions + [Send((sender,), wire.encode(Ack(task.number, "stored")))]
@@ -192,14 +231,15 @@ class Membership:
         if self.config.network_of(ip) != self.config.network:
             return refused("host-not-in-lan", f"not in LAN {self.config.lan}")
         held = sum(len(u) for k, u in self.tasks.items() if task_parts(k)[1] == ip)
-        if ip not in self.known and not held and not event.urls:
+        if ip not in self.known and not held and not event.urls and not self.ledger.get(ip):
             return refused("unknown-host", "this center has no such host and holds nothing for it")
         urls = list(self._canonical_urls(Host(ip), event.number, dict.fromkeys(event.urls, 0)))
-        actions = self._reassign(ip) + self._assign(event.number, urls) + self._forget(ip)
+        unfinished = len(self.ledger.get(ip, ()))
+        actions = self._move_ledger(ip, event.number, urls) + self._forget(ip)
         self.counters.inc("tasks_reassigned", amount=len(urls))
         where = ", ".join(sorted(self.hosts)) or "no live host yet (kept for the first that joins)"
-        log.warning("operator: host %s is gone; %d tasks of task_URL and %d of its task_pool go to %s",
-                    ip, held, len(urls), where)
+        log.warning("operator: host %s is gone; %d tasks of task_URL, %d of its task_pool and %d more of its "
+                    "ledger (unfinished) go to %s", ip, held, len(urls), unfinished, where)
         return actions + [Send(reply, wire.encode(Ack(event.number, "stored")))]
 
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
@@ -214,7 +254,8 @@ class Membership:
         for number, urls in sorted(event.tasks.items()):
             key = task_key(number, event.host)
             self.tasks[key] = list(dict.fromkeys([*self.tasks.get(key, []), *urls]))
-            actions.append(SaveTask(key, tuple(self.tasks[key])))
+            self.ledger.setdefault(event.host, set()).update(urls)
+            actions += [SaveTask(key, tuple(self.tasks[key])), Ledger(event.host, tuple(urls))]
             if event.host in self.hosts:
                 actions.append(Send((Host(event.host),), wire.encode(Task(number, tuple(self.tasks[key])))))
         self.counters.inc("tasks_reoffered", amount=sum(len(u) for u in event.tasks.values()))
@@ -236,6 +277,7 @@ class Membership:
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)
         self.known.update(event.hosts)
+        self.ledger.update({host: set(urls) for host, urls in event.ledger.items() if urls})
         log.debug("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
         return actions
 

@@ -38,12 +38,17 @@ HOSTS = "hosts"
 #: URLs admitted here in all, by every run on this store (one INCRBY with each admission):
 #: what tells a crawl that has nothing left to do from one that never started.
 ADMITTED_TOTAL = "admitted_total"
+#: ``ledger:<host>``: the URLs given to that host it has not reported finished (a set of
+#: their text, to be re-issued); ``ledger_hosts``: the hosts that have one
+#: (docs/PROTOCOL.md section 12).
+LEDGER = "ledger"
+LEDGER_HOSTS = "ledger_hosts"
 #: ``task_log:<host>``: the last assignments made to each host (newest first), tagged with
 #: the host's watermark step heard then: re-offered if its store comes back behind.
 TASK_LOG = "task_log"
 
 WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.NoteHost, cp.ForgetHost, cp.SaveTask,
-          cp.DropTask)
+          cp.DropTask, cp.Ledger, cp.Unledger)
 
 
 class CenterPools(CoreWrites):
@@ -92,6 +97,11 @@ class CenterPools(CoreWrites):
                     batch.add(b"LTRIM", log_key, 0, self.task_log - 1)
             elif isinstance(a, cp.DropTask):
                 batch.add(b"HDEL", key(TASK_URL), a.key)
+            elif isinstance(a, cp.Ledger) and a.urls:
+                batch.add(b"SADD", key(f"{LEDGER}:{a.host}"), *a.urls)
+                batch.add(b"SADD", key(LEDGER_HOSTS), a.host)
+            elif isinstance(a, cp.Unledger) and a.urls:
+                batch.add(b"SREM", key(f"{LEDGER}:{a.host}"), *a.urls)
 
     def lookup(self, number: int, urls: tuple[str, ...]) -> cp.LookupDone:
         return self.store.drive(self.lookup_steps(number, urls))
@@ -120,7 +130,18 @@ class CenterPools(CoreWrites):
             tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
             sequences={k.decode(): int(v) for k, v in _pairs(sequences)},
             hosts={k.decode(): v.decode() for k, v in _pairs(hosts)},
+            ledger=self.ledger(),
         )
+
+    def ledger(self) -> dict[str, list[str]]:
+        """Every host's ledger (host IP -> its unfinished URLs)."""
+        names = sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(LEDGER_HOSTS)))
+        if not names:
+            return {}
+        batch = self.store.batch()
+        for host in names:
+            batch.add(b"SMEMBERS", self.store.key(f"{LEDGER}:{host}"))
+        return {host: sorted(u.decode() for u in urls) for host, urls in zip(names, self.store.execute(batch)) if urls}
 
     def task_log_steps(self, host: str) -> Steps[tuple[list[bytes], dict[int, tuple[str, ...]]]]:
         """The log of ``host``'s assignments (its raw entries, newest first, and number ->

@@ -47,14 +47,14 @@ import logging
 
 from dedupnet.codec import wire
 from dedupnet.codec.counters import Counters
-from dedupnet.codec.messages import Ack, Frame, Task
+from dedupnet.codec.messages import Ack, Done, Frame, Task
 from dedupnet.codec.numbers import MAX_SEQUENCE, split_number
 from dedupnet.codec.urls import canonical_set
 
 from .config import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS, CenterConfig
-from .events import (Action, Admit, CancelTimer, Conclude, Drop, DropTask, Event, ForgetHost, Host, Joined, Left,
-                     Lookup, LookupDone, Member, NoteHost, NoteSequence, Operator, Peer, Reassign, Received, Reoffer,
-                     Resume, Save, SaveTask, Send, SetTimer, TimerFired, member_from_str)
+from .events import (Action, Admit, CancelTimer, Conclude, Drop, DropTask, Event, ForgetHost, Host, Joined, Ledger,
+                     Left, Lookup, LookupDone, Member, NoteHost, NoteSequence, Operator, Peer, Reassign, Received,
+                     Reoffer, Resume, Save, SaveTask, Send, SetTimer, TimerFired, Unledger, member_from_str)
 from .homes import Homes
 from .membership import Membership
 from .sets import (GATHER_TIMER, MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED, TRANSITIONS,
@@ -67,7 +67,7 @@ __all__ = [
     "Host", "Peer", "Member", "Operator", "member_from_str",
     "Event", "Received", "Joined", "Left", "TimerFired", "Reassign", "Reoffer", "LookupDone", "Resume",
     "Action", "Send", "Save", "Drop", "SetTimer", "CancelTimer", "Lookup", "Admit", "Conclude", "NoteSequence",
-    "NoteHost", "ForgetHost", "SaveTask", "DropTask",
+    "NoteHost", "ForgetHost", "SaveTask", "DropTask", "Ledger", "Unledger",
     "Stage", "Step", "TRANSITIONS", "POOL_OF", "ROUTED", "GATHER_TIMER", "MAX_HELD_PER_HOST", "RECENTLY_CONCLUDED",
     "SetRecord", "Rejected", "OwnSetLookup", "ForeignSetLookup", "PendingLookup", "owner_of", "task_key",
     "task_parts",
@@ -93,6 +93,9 @@ class CenterProtocol(Stages, Homes, Membership):
         self.known: dict[str, str] = {}
         self.peers: set[int] = set()  # connected peer networks
         self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
+        #: Host IP -> the URLs given to it that it has not reported finished (durable:
+        #: Ledger/Unledger; docs/PROTOCOL.md section 12).
+        self.ledger: dict[str, set[str]] = {}
         self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
         #: Exact mode, a bounded cache: URL -> the lowest number of another network's set
         #: told here that the URL was unseen (so that set held it). Not needed for
@@ -165,6 +168,8 @@ class CenterProtocol(Stages, Homes, Membership):
             return self._home_acked(sender, message)
         if isinstance(message, Task) and isinstance(sender, Host):
             return self._handed_back(sender, message)
+        if isinstance(message, Done) and isinstance(sender, Host):
+            return self._tasks_done(sender, message)
         raise Rejected("unexpected-message", f"{type(message).__name__} from {sender} is not expected at a center")
 
     def _canonical(self, sender: Member, frame: Frame) -> Frame:

@@ -201,6 +201,7 @@ class LocalDaemon:
             if s.metrics:  # --http: /metrics, the status page and /status.json (dedupnet/adapters/status_page.py)
                 self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
+            nursery.start_soon(self._report_done)
             nursery.start_soon(self._heartbeats)
             nursery.start_soon(keep_watermarks, self.store, self.counters, self.pools.store, self.marks,
                                s.heartbeat_interval)
@@ -359,6 +360,23 @@ class LocalDaemon:
                 await self._pushed.wait()
             self._pushed = trio.Event()
 
+    async def _report_done(self) -> None:
+        """Finished tasks go to the center in reports (docs/PROTOCOL.md section 12), up to
+        ``set_size`` URLs each, a few times a heartbeat interval: the center's ledger
+        holds them until then, and its verdict waits for it. One report is made at a
+        time, so the entries it takes are out of ``tasks_done`` before the next read."""
+        interval = min(1.0, self.settings.heartbeat_interval) / 4
+        while True:
+            await trio.sleep(interval)
+            if self.conn is None:
+                continue
+            urls = await until_stored(self.store, self.counters, self.pools.tasks_done, self.settings.set_size)
+            if not urls:
+                continue
+            await self.reactor.put(hp.Finished(tuple(urls), len(urls)))
+            while not self.reactor.idle:
+                await trio.sleep(0.01)
+
     async def _watch_completion(self) -> None:
         """While idle here, ask the center for the whole crawl's verdict (this host's
         empty pools say nothing of the other hosts' and networks'). "complete" counts
@@ -483,8 +501,9 @@ class LocalDaemon:
                 log.warning("%d pages still in progress after %g s (stop_grace): cut off; handed back, they are "
                             "fetched again by another host", self.crawler.on_the_wire, grace)
             self.crawler_scope.cancel()
-        while self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]:
-            await trio.sleep(0.05)
+        while (self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]
+               or await until_stored(self.store, self.counters, self.pools.tasks_done, 1)):
+            await trio.sleep(0.05)  # every set stored by the center, every finished task reported
         first = True
         while True:
             entries = await until_stored(self.store, self.counters, self.pools.all_tasks)

@@ -69,7 +69,11 @@ RAISE_AND_RESERVE = (b"local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
                      b"if c < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end "
                      b"return redis.call('INCRBY', KEYS[1], ARGV[2])")
 
-WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks)
+#: The finished tasks' URLs not yet in a report to the center, oldest first (a list):
+#: written with ``finish_URL`` (local_host/tasks.py), taken into a report by the daemon.
+TASKS_DONE = "tasks_done"
+
+WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks, hp.TakeDone)
 
 
 class HostPools(CoreWrites):
@@ -110,11 +114,17 @@ class HostPools(CoreWrites):
                     if self.release_log and a.frame and a.ids:  # a re-offered frame is logged already
                         batch.add(b"LPUSH", key(RELEASED), tagged(self.center_step(), a.frame))
                         batch.add(b"LTRIM", key(RELEASED), 0, self.release_log - 1)
+            elif isinstance(a, hp.TakeDone) and a.count:
+                batch.add(b"LTRIM", key(TASKS_DONE), a.count, -1)
             elif isinstance(a, hp.AddTasks) and a.urls:
                 for url in a.urls:
                     batch.add(b"XADD", key(TASK_POOL), b"*", b"u", url)
                 sites.sort_new(batch, self.store, TASKS_GROUP, len(a.urls))
                 batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
+
+    def tasks_done(self, count: int) -> list[str]:
+        """The oldest ``count`` finished tasks' URLs not yet reported."""
+        return [u.decode() for u in self.store.command(b"LRANGE", self.store.key(TASKS_DONE), 0, count - 1)]
 
     def released_steps(self) -> Steps[list[bytes]]:
         """The re-offer log, newest first (raw entries: :func:`untag` gives the frame)."""

@@ -30,7 +30,7 @@ import numpy as np
 
 from dedupnet.codec import wire
 from dedupnet.codec.counters import Counters
-from dedupnet.codec.messages import FLAG_ANSWER, FLAG_LOOKUP, FLAG_NEW_SET, Ack, Frame, Task, normalize_ip
+from dedupnet.codec.messages import FLAG_ANSWER, FLAG_LOOKUP, FLAG_NEW_SET, Ack, Done, Frame, Task, normalize_ip
 from dedupnet.codec.numbers import MAX_SEQUENCE, make_number
 from dedupnet.codec.urls import canonical_set, fingerprint_many
 
@@ -102,6 +102,15 @@ class Reoffer:
 
 
 @dataclass(frozen=True)
+class Finished:
+    """The first ``count`` entries of ``tasks_done`` (the finished tasks' URLs, written
+    with ``finish_URL``): to report to the center (docs/PROTOCOL.md section 12)."""
+
+    urls: tuple[str, ...]
+    count: int
+
+
+@dataclass(frozen=True)
 class Resume:
     """After a restart: frames sent but never acknowledged, number -> (frame bytes, entry ids)."""
 
@@ -155,9 +164,16 @@ class AddTasks:
     urls: tuple[str, ...]
 
 
-Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks]
+@dataclass(frozen=True)
+class TakeDone:
+    """The first ``count`` entries of ``tasks_done`` are in a report now (stored unacknowledged)."""
+
+    count: int
+
+
+Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks, TakeDone]
 #: Every event the core takes (:meth:`HostProtocol.handle`).
-Event = Union[Found, FromCenter, Connected, LookupDone, Reoffer, Resume]
+Event = Union[Found, FromCenter, Connected, LookupDone, Reoffer, Resume, Finished]
 
 
 # -- what a look-up is for (``KIND``: the first part of its token) --------------------
@@ -193,7 +209,16 @@ class Renumbering:
     number: int
 
 
-Pending = Union[FoundBatch, Request, OfferedTask, Renumbering]
+@dataclass(frozen=True)
+class Reporting:
+    """Finished tasks to report: a number only."""
+
+    KIND: ClassVar[str] = "report"
+    urls: tuple[str, ...]
+    count: int
+
+
+Pending = Union[FoundBatch, Request, OfferedTask, Renumbering, Reporting]
 
 
 @dataclass(frozen=True)
@@ -214,6 +239,7 @@ class HostProtocol:
     unacked: dict[int, tuple[bytes, list[bytes]]] = field(default_factory=dict)
     _pending: dict[tuple[str, int], Pending] = field(default_factory=dict)
     _batches: int = 0
+    _reports: int = 0
 
     def __post_init__(self) -> None:
         self.ip = normalize_ip(self.config.ip)
@@ -239,6 +265,11 @@ class HostProtocol:
                 return []
             case Reoffer(frames):
                 return self._reoffer(frames)
+            case Finished(urls, count):
+                self._reports += 1
+                token = (Reporting.KIND, self._reports)
+                self._pending[token] = Reporting(urls, count)
+                return [Lookup(token, (), sets=1)]
         raise TypeError(f"not a host event: {event!r}")
 
     # -- §2.2 --------------------------------------------------------------------------
@@ -363,7 +394,19 @@ class HostProtocol:
                 return self._answer_request(frame, done)
             case OfferedTask(task):
                 return self._take_task(task, done)
+            case Reporting(urls, count):
+                return self._report(urls, count, done)
         raise TypeError(f"no look-up is pending for {done.token!r}")
+
+    def _report(self, urls: tuple[str, ...], count: int, done: LookupDone) -> list[Action]:
+        """Finished tasks become a report kept as an unacknowledged message (sent again on
+        every connection until the center's ack), in the write that takes them out of
+        ``tasks_done``: a report is never lost, and never made twice."""
+        number = make_number(self.config.network, self.config.host_id, done.sequences[0])
+        data = wire.encode(Done(number, urls))
+        self.unacked[number] = (data, [])
+        self.counters.inc("tasks_reported", amount=len(urls))
+        return [SaveUnacked(number, data, ()), TakeDone(count), Send(data)]
 
     def _answer_request(self, frame: Frame, done: LookupDone) -> list[Action]:
         """§2.3: seen URLs get value 1, then flag=3 back to the center."""

@@ -100,6 +100,13 @@ def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequen
     if eids:
         batch.add(b"XACK", key(TASK_POOL), GROUP, *eids)
         batch.add(b"XDEL", key(TASK_POOL), *eids)
+    # Each finished task is reported to the center, whose ledger holds it until then
+    # (docs/PROTOCOL.md section 12): queued here, in the transaction that records it,
+    # so a power cut loses the page and its report together or neither.
+    from .pools import TASKS_DONE
+
+    if urls:
+        batch.add(b"RPUSH", key(TASKS_DONE), *urls)
 
 
 def fill_discovered(batch: Batch, store: Store, urls: Sequence[str]) -> None:

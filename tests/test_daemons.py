@@ -338,11 +338,13 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
             store = center.pools.store
             families = {k.decode()[len(store.prefix) + 1:].split(":")[0]
                         for k in store.redis.scan_iter(match=f"{store.prefix}:*")}
-            # Per URL only the admitted record; the rest is per set or per host (task_log: the
+            # Per URL only the admitted record and the ledger (URLs admitted here and given to
+            # this LAN's hosts, until they report them finished); the rest is per set or per host (task_log: the
             # last assignments per host, capped; the store watermarks: one entry per member;
             # fp_bucket_bits: the store's layout).
             assert families <= {"admitted", "concluded", "concluded_digest", "host_sequences", "hosts", "task_log",
-                                "watermark", "watermarks_heard", "fp_bucket_bits", "admitted_total"}, families
+                                "watermark", "watermarks_heard", "fp_bucket_bits", "admitted_total", "ledger",
+                                "ledger_hosts"}, families
         assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
 
 

@@ -26,6 +26,7 @@ from dedupnet.codec.messages import (
     FLAG_NEW_SET,
     MAX_NUMBER,
     MAX_URLS,
+    Done,
     Ack,
     Error,
     Frame,
@@ -115,6 +116,7 @@ STRATEGIES = {
     Kind.STATUS: st.builds(Status, st.booleans(), st.none() | st.dictionaries(st.text(max_size=10), json_values)),
     Kind.ERROR: st.builds(Error, st.from_regex(r"[a-z0-9][a-z0-9-]{0,30}", fullmatch=True), st.text(max_size=200)),
     Kind.WELCOME: st.builds(Welcome, st.lists(codecs, max_size=1).map(tuple)),
+    Kind.DONE: st.builds(Done, numbers, st.lists(urls, max_size=25).map(tuple)),
 }
 any_message = st.one_of(*STRATEGIES.values())
 tags = st.binary(max_size=MAX_TAG)
@@ -354,7 +356,7 @@ def test_truncated_body_needs_data():
         (frame_bytes(GOOD, version=0), "bad-version"),
         (frame_bytes(GOOD, version=2), "bad-version"),
         (frame_bytes(GOOD, kind=0), "bad-kind"),
-        (frame_bytes(GOOD, kind=9), "bad-kind"),
+        (frame_bytes(GOOD, kind=10), "bad-kind"),
         (frame_bytes(GOOD, kind=255), "bad-kind"),
         (frame_bytes(GOOD, reserved=b"\0\0\0\0\0\0\1"), "bad-header"),
         (frame_bytes(b""), "bad-json"),
@@ -581,7 +583,7 @@ def test_frame_helpers():
             frame.with_flag(bad)
     with pytest.raises(AttributeError):
         frame.flag = 3  # type: ignore[misc]
-    assert [int(k) for k in Kind] == list(range(1, 9))
+    assert [int(k) for k in Kind] == list(range(1, 10))
     assert (FLAG_NEW_SET, FLAG_LOOKUP, FLAG_ANSWER) == (1, 2, 3)
 
 

@@ -185,7 +185,7 @@ def network_view(center: dict, hosts: dict[str, dict]) -> dict:
             continue
         ip = entry["member"]
         row = {"ip": ip, "state": entry["state"], "address": entry.get("address"), "task_URL": entry["task_urls"],
-               "known": entry.get("known", True)}
+               "known": entry.get("known", True), "ledger": entry.get("ledger", 0)}
         body = hosts.get(ip)
         if body is not None:
             pools = body.get("pools", {})
@@ -226,18 +226,25 @@ def judge(report: dict) -> tuple[str, list[str]]:
     for view in report["networks"]:
         n = view["network"]
         for h in view["hosts"]:
-            if h["state"] == "down" and (h["known"] or h["task_URL"]):
+            if h["state"] == "down" and h["ledger"] and not (h["known"] or h["task_URL"]):
+                stuck.append(f"host {h['ip']} is down with {h['ledger']} URLs given to it not reported finished: "
+                             f"start it again, or `dedupnet reassign --host {h['ip']}` at its center")
+            elif h["state"] == "down" and (h["known"] or h["task_URL"]):
                 tasks = h["task_URL"] + (h["task_pool"] or 0)
                 if h["task_pool"] is None:
                     held = f"at least {h['task_URL']} tasks (task_URL; its task_pool is unknown)"
                 else:
                     held = f"{tasks} tasks ({h['task_pool']} in its task_pool when last heard, {h['task_URL']} in task_URL)"
+                if h["ledger"]:
+                    held += f"; {h['ledger']} URLs on its center's ledger"
                 stuck.append(f"host {h['ip']} is down holding {held}: start it again, or `dedupnet reassign "
                              f"--host {h['ip']}` at its center")
             elif h["state"] != "down":
                 for what in ("task_URL", "task_pool", "URL_pool", "unacked_sets", "in_progress"):
                     if h.get(what):
                         busy.append(f"host {h['ip']}: {what} {h[what]}")
+                if h["ledger"] and not any(h.get(w) for w in ("task_URL", "task_pool", "in_progress")):
+                    busy.append(f"host {h['ip']}: {h['ledger']} URLs given to it not reported finished yet")
         if view["unassigned"]:
             live = [h for h in view["hosts"] if h["state"] != "down"]
             (busy if live else stuck).append(f"network {n}: {view['unassigned']} tasks wait in task_URL for a host"

@@ -164,6 +164,11 @@ _ALL = (
        role="center"),
     _c("tasks_reassigned", "Task URLs handed from a gone host to the LAN's other hosts.", role="center"),
     _c("tasks_handed_back", "Task URLs a leaving host handed back to its center.", role="center"),
+    _c("tasks_reported", "Finished tasks reported: sent by a host, taken off its ledger by its center."),
+    _c("reports_unknown", "Reported finished tasks that were not on the host's ledger (moved meanwhile).",
+       role="center"),
+    _c("ledger_moved", "URLs on a gone host's ledger beyond its task_pool (fetched and not reported, or lost "
+                       "with its disk) given to the LAN's other hosts.", role="center"),
     _c("stores_behind", "A member's Redis came back behind what it had reported (a lower step, or "
                         "another store id): noticed from its heartbeats, by member.", "member"),
     _c("rewind_unrepaired", "A member's store came back behind and not all it lost can be offered again "

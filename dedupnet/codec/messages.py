@@ -58,6 +58,7 @@ __all__ = [
     "Status",
     "Error",
     "Welcome",
+    "Done",
     "COMPRESSIONS",
     "Message",
     "MESSAGE_TYPES",
@@ -97,6 +98,7 @@ class Kind(enum.IntEnum):
     STATUS = 6
     ERROR = 7
     WELCOME = 8
+    DONE = 9
 
     @property
     def schema_file(self) -> str:
@@ -227,6 +229,20 @@ class Task:
 
 
 @dataclass(frozen=True, slots=True)
+class Done:
+    """A host's report that these tasks of its own are finished (they left its
+    ``task_pool``): its center takes them off its ledger (docs/PROTOCOL.md section 12)."""
+
+    number: int
+    URLs: tuple[str, ...]
+
+    KIND: ClassVar[Kind] = Kind.DONE
+
+    def to_json(self) -> dict[str, Any]:
+        return {"number": self.number, "URLs": list(self.URLs)}
+
+
+@dataclass(frozen=True, slots=True)
 class Status:
     """Status request (``request=True``) or response (``request=False`` with ``body``)."""
 
@@ -268,7 +284,7 @@ class Welcome:
         return {"compress": list(self.compress)}
 
 
-Message: TypeAlias = Frame | Register | Heartbeat | Ack | Task | Status | Error | Welcome
+Message: TypeAlias = Frame | Register | Heartbeat | Ack | Task | Status | Error | Welcome | Done
 
 MESSAGE_TYPES: dict[Kind, type] = {
     Kind.FRAME: Frame,
@@ -276,6 +292,7 @@ MESSAGE_TYPES: dict[Kind, type] = {
     Kind.HEARTBEAT: Heartbeat,
     Kind.ACK: Ack,
     Kind.TASK: Task,
+    Kind.DONE: Done,
     Kind.STATUS: Status,
     Kind.ERROR: Error,
     Kind.WELCOME: Welcome,
@@ -323,7 +340,7 @@ def _raised_validator(kind: Kind, max_urls: int) -> Callable[[Any], Any]:
     schema = copy.deepcopy(SCHEMAS[kind])
     if kind is Kind.FRAME:
         schema["properties"]["URL_set"]["maxProperties"] = max_urls
-    elif kind is Kind.TASK:
+    elif kind in (Kind.TASK, Kind.DONE):
         schema["properties"]["URLs"]["maxItems"] = max_urls
     return fastjsonschema.compile(schema, formats=_FORMATS)
 
@@ -385,7 +402,7 @@ _FAST_FRAME = _url_set_fast_check()
 def validator(kind: Kind | int, max_urls: int = MAX_URLS) -> Callable[[Any], Any]:
     """The compiled schema validator of ``kind`` (URL ceiling raised if ``max_urls`` > 10000)."""
     kind = Kind(kind)
-    if max_urls > MAX_URLS and kind in (Kind.FRAME, Kind.TASK):
+    if max_urls > MAX_URLS and kind in (Kind.FRAME, Kind.TASK, Kind.DONE):
         return _raised_validator(kind, max_urls)
     return VALIDATORS[kind]
 
@@ -393,7 +410,7 @@ def validator(kind: Kind | int, max_urls: int = MAX_URLS) -> Callable[[Any], Any
 # --- from_json ------------------------------------------------------------------------
 
 _FIELD_REASONS = {"flag": "bad-flag", "IP": "bad-ip"}
-_URL_FIELDS = {Kind.FRAME: ("URL_set", dict), Kind.TASK: ("URLs", list)}
+_URL_FIELDS = {Kind.FRAME: ("URL_set", dict), Kind.TASK: ("URLs", list), Kind.DONE: ("URLs", list)}
 
 
 def _short(value: Any, limit: int = 80) -> str:
@@ -508,6 +525,11 @@ def _task(obj: dict[str, Any]) -> Task:
     return Task(obj["number"], tuple(obj["URLs"]), None if ip is None else _ip(Kind.TASK, ip))
 
 
+def _done(obj: dict[str, Any]) -> Done:
+    _strict_int(Kind.DONE, obj, "number")
+    return Done(obj["number"], tuple(obj["URLs"]))
+
+
 def _status(obj: dict[str, Any]) -> Status:
     return Status(obj["request"], obj.get("body"))
 
@@ -531,6 +553,7 @@ _BUILDERS: dict[Kind, Callable[[dict[str, Any]], Message]] = {
     Kind.STATUS: _status,
     Kind.ERROR: _error,
     Kind.WELCOME: _welcome,
+    Kind.DONE: _done,
 }
 
 

@@ -13,7 +13,7 @@ flag bit 0 says so) and an optional authentication tag::
          2     1  version     1
          3     1  kind        messages.Kind: 1 frame, 2 register, 3 heartbeat, 4 ack,
                               5 task, 6 status, 7 error,
-                              8 welcome
+                              8 welcome, 9 done
          4     4  body_len    uint32, big-endian: bytes of body after the header (as sent:
                               compressed if FLAG_ZSTD)
          8     1  tag_len     bytes of authentication tag after the body: 0 (no key),

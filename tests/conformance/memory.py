@@ -30,6 +30,7 @@ class MemoryCenter:
     outbox: list[tuple[cp.Member, bytes]] = field(default_factory=list)
     admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     hosts: dict[str, str] = field(default_factory=dict)  # the known hosts (NoteHost)
+    ledger: dict[str, set[str]] = field(default_factory=dict)  # host -> URLs given, not reported finished
 
     @classmethod
     def make(cls, **config) -> "MemoryCenter":
@@ -75,6 +76,10 @@ class MemoryCenter:
                 self.task_URL[a.key] = a.urls
             elif isinstance(a, cp.DropTask):
                 self.task_URL.pop(a.key, None)
+            elif isinstance(a, cp.Ledger):
+                self.ledger.setdefault(a.host, set()).update(a.urls)
+            elif isinstance(a, cp.Unledger):
+                self.ledger.get(a.host, set()).difference_update(a.urls)
             else:
                 raise TypeError(a)
         for a in deferred:
@@ -96,9 +101,11 @@ class MemoryCenter:
         with ``changes`` to its configuration (an operator's edit)."""
         fresh = MemoryCenter(cp.CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
                              self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
-                             self.digests, self.sequences, admissions=self.admissions, hosts=self.hosts)
+                             self.digests, self.sequences, admissions=self.admissions, hosts=self.hosts,
+                             ledger=self.ledger)
         fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
-                             {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences), dict(self.hosts)))
+                             {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences), dict(self.hosts),
+                             {h: sorted(u) for h, u in self.ledger.items() if u}))
         return fresh
 
 
@@ -156,6 +163,8 @@ class MemoryHost:
                     self.unacked.pop(a.number, None)
             elif isinstance(a, hp.AddTasks):
                 self.task_pool.extend(a.urls)
+            elif isinstance(a, hp.TakeDone):
+                pass
             else:
                 raise TypeError(a)
         for a in deferred:

@@ -66,7 +66,7 @@ class CenterUnderTest:
             return {n: cp.SetRecord.load(rec).frame.URL_set for n, rec in pool.items()}
         return {"local_reduce_pool": frames(self.m.local_reduce_pool), "dist_reduce_pool": frames(self.m.dist_reduce_pool),
                 "admitted": self.m.admitted, "concluded": self.m.concluded,
-                "task_URL": self.m.task_URL}
+                "task_URL": self.m.task_URL, "ledger": {h: sorted(u) for h, u in self.m.ledger.items() if u}}
 
 
 class HostUnderTest:

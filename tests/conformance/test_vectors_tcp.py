@@ -239,6 +239,7 @@ class CenterUnderTest:
             "admitted": members(ADMITTED, urls, fingerprint_many(urls)),
             "concluded": members(CONCLUDED, numbers, np.array(numbers, dtype=np.uint64)),
             "task_URL": {k.decode(): orjson.loads(v) for k, v in r.hgetall(key(TASK_URL)).items()},
+            "ledger": CenterPools(self.store).ledger(),
         }
 
 

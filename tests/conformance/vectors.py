@@ -164,6 +164,8 @@ def normalise_pools(pools: dict) -> dict:
             out[key] = {str(n): dict(url_set) for n, url_set in value.items()}
         elif key == "task_URL":
             out[key] = {k: list(v) for k, v in value.items()}
+        elif key == "ledger":  # host -> the URLs given to it, not reported finished (a set)
+            out[key] = {k: sorted(v) for k, v in value.items() if v}
         else:
             raise KeyError(key)
     return out
