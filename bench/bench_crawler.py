@@ -54,6 +54,7 @@ import trio
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Store
+from local_host.sites import task_count
 from dedupnet.codec.urls import fingerprint_many
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 from local_host.crawler import FAILED, Crawler, CrawlerSettings
@@ -156,7 +157,7 @@ def run_level(redis_url: str, redis_ps, args, concurrency: int) -> Row:
         seconds, cpu, others, counters = trio.run(
             crawl, store, settings, len(urls), {"web": web_proc.ps, "redis": redis_ps})
         assert store.fp_contains(FINISH_URL, fingerprint_many(urls)).all(), "a task was not recorded"
-        assert store.stream_len(TASK_POOL) == 0
+        assert task_count(store) == 0
         failed = store.redis.hlen(store.key(FAILED))
         store.delete_prefix()
         store.close()

@@ -19,8 +19,9 @@ sites with work:
   allows at that moment (``min(concurrency, sites with work * latency / delay)``);
 * pages/s against ``min(concurrency / latency, sites with work / delay)`` (the target
   is 0.85 of it);
-* each site's last page against its own bound (its pages * delay, from the moment its
-  first page was fetched) — how many sites came later than 1.1 x bound + 5 s.
+* each finished site's last page against its own bound (its pages * delay, from the
+  moment its first page was fetched) — how many came later than 1.1 x bound + 5 s;
+* the crawler process's CPU per page.
 
 ``--baseline ROOT`` runs the same crawl with the crawler of another checkout (its
 ``.venv``; e.g. a worktree of main) first and prints both, side by side. The web and
@@ -120,9 +121,13 @@ def crawl_child(args) -> None:
                 await trio.sleep(0.1)
             nursery.cancel_scope.cancel()
 
+    cpu = time.process_time()
     trio.run(main)
+    cpu = time.process_time() - cpu
+    left = {site for site, n in outstanding.items() if n > 0}
     store.delete_prefix()
-    print(json.dumps({"samples": samples, "first": first, "last": last, "done": done}))
+    print(json.dumps({"samples": samples, "first": first, "last": last, "done": done, "cpu": cpu,
+                      "unfinished": sorted(left)}))
 
 
 # -- the web (a child process) ------------------------------------------------------------------
@@ -164,14 +169,21 @@ def figures(result: dict, args) -> dict:
     if len(rows) >= 2:
         rate = (rows[-1][3] - rows[0][3]) / (rows[-1][0] - rows[0][0])
         expected = sum(min(conc / lat, s[2] / delay) for s in rows) / len(rows)
+    unfinished = set(result["unfinished"])
     late = sum(1 for site, t in result["last"].items()
-               if t - result["first"][site] > 1.1 * result["done"][site] * delay + 5)
+               if site not in unfinished and t - result["first"][site] > 1.1 * result["done"][site] * delay + 5)
     all_rows = result["samples"]
     return {"seconds": all_rows[-1][0] if all_rows else 0, "pages": all_rows[-1][3] if all_rows else 0,
             "window_s": rows[-1][0] - rows[0][0] if len(rows) >= 2 else 0.0,
             "slots_busy": sum(busy) / len(busy) if busy else 0.0,
             "slots_busy_of_allowed": sum(allowed) / len(allowed) if allowed else 0.0,
-            "pages_per_s": rate, "bound_per_s": expected, "sites_fetched": len(result["done"]), "sites_late": late}
+            "pages_per_s": rate, "bound_per_s": expected, "sites_fetched": len(result["done"]), "sites_late": late,
+            "sites_done": len(result["done"]) - len(unfinished),
+            "cpu_ms_per_page": 1000 * result["cpu"] / max(1, all_rows[-1][3] if all_rows else 1)}
+
+
+def late_done(f: dict) -> str:
+    return f"{f['sites_late']:,}/{f['sites_done']:,}"
 
 
 def main() -> None:
@@ -213,11 +225,12 @@ def main() -> None:
         web.send_signal(signal.SIGINT)
         web.wait(10)
     print(f"\n{'':<10}{'crawl s':>9}{'pages':>8}{'pages/s':>9}{'bound/s':>9}{'ratio':>7}{'slots busy':>12}"
-          f"{'of allowed':>12}{'sites late':>12}")
+          f"{'of allowed':>12}{'late/done':>12}{'CPU ms/page':>12}")
     for name, f in results.items():
         ratio = f["pages_per_s"] / f["bound_per_s"] if f["bound_per_s"] else 0.0
         print(f"{name:<10}{f['seconds']:>9.1f}{f['pages']:>8,}{f['pages_per_s']:>9.1f}{f['bound_per_s']:>9.1f}"
-              f"{ratio:>7.2f}{f['slots_busy']:>12.0%}{f['slots_busy_of_allowed']:>12.0%}{f['sites_late']:>12,}")
+              f"{ratio:>7.2f}{f['slots_busy']:>12.0%}{f['slots_busy_of_allowed']:>12.0%}"
+              f"{late_done(f):>12}{f['cpu_ms_per_page']:>12.2f}")
     print("(over the samples with at least 32 sites with work; target: ratio >= 0.85, slots busy >= 90 %)")
 
 

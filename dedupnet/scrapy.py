@@ -112,7 +112,7 @@ from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
 from dedupnet.scrapy_settings import safe_url, scheduler_args
 from local_host.fetch import RobotsUnavailable, origin_of
 from local_host.pools import published_recrawl
-from local_host.sites import Pace
+from local_host.sites import BELL, Pace
 from local_host.tasks import GROUP, finish_tasks, take_tasks
 
 __all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
@@ -480,18 +480,19 @@ class Scheduler:
         """In a thread of its own: wait in Redis for entries added to task_pool (``XREAD
         BLOCK``, which reads without taking) and have the reactor take them at once, so
         a task does not wait for the next tick. The tick still looks, should this fail."""
-        key = self.store.key(TASK_POOL)
-        last: bytes | str = "$"
+        keys = (self.store.key(TASK_POOL), self.store.key(BELL))  # the stream, and the bell of queued tasks
+        last: dict = dict.fromkeys(keys, "$")
         while self._watching:
             try:
-                reply = self.store.redis.xread({key: last}, count=1, block=int(WATCH_BLOCK * 1000))
+                reply = self.store.redis.xread(last, count=1, block=int(WATCH_BLOCK * 1000))
             except (RedisError, OSError) as e:
                 log.debug("dedupnet: watching task_pool: %s", e)
                 time.sleep(WATCH_BLOCK)
-                last = "$"
+                last = dict.fromkeys(keys, "$")
                 continue
             if reply and self._watching:
-                last = reply[0][1][-1][0]
+                for key, entries in reply:
+                    last[key.decode() if isinstance(key, bytes) else key] = entries[-1][0]
                 reactor.callFromThread(self._new_tasks)
 
     def _new_tasks(self) -> None:

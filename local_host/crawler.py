@@ -239,8 +239,7 @@ class Crawler:
         if taken.next_ready is not None:
             wait = min(wait, taken.next_ready - time.time())
         if wait >= 0.002:
-            await until_stored(self._reader, self.counters, sites.wait_for_new, self.store, taken.last,
-                               int(wait * 1000))
+            await until_stored(self._reader, self.counters, sites.wait_for_new, self.store, taken, int(wait * 1000))
 
     def stop_taking(self) -> None:
         """Take no new task, and give up at once every task whose request has not gone
@@ -297,7 +296,7 @@ class Crawler:
             else:
                 taken = await until_stored(self._reader, self.counters, self._take_ready, n)
                 entries = taken.entries
-                self._drained = not entries and taken.next_ready is None and not taken.more
+                self._drained = not entries and taken.next_ready is None
                 if self._drained and trio.current_time() >= rescan_at:
                     # Idle: look for entries delivered to this consumer whose reply never
                     # reached it (Redis went away mid-reply): pending, but not in progress.
@@ -308,7 +307,7 @@ class Crawler:
                 self.in_progress += 1
                 self._taken.add(eid)
                 nursery.start_soon(self._process, eid, url)
-            if taken is not None and not entries and not taken.more and cursor is None:
+            if taken is not None and not entries and cursor is None:
                 await self._wait_for_work(taken)
 
     # -- one task --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from dedupnet.adapters.status_page import serve_status
 
 from . import protocol as hp
 from .crawler import Crawler, CrawlerSettings
+from . import sites
 from .pools import WRITES, HostPools
 
 log = logging.getLogger("dedupnet.local")
@@ -535,5 +536,7 @@ class LocalDaemon:
             "sets_in_flight": {"unacked": len(self.core.unacked)}, "counters": self.counters.snapshot(),
             "store_watermark": self.pools.store.watermark,
             "crawler": None if self.crawler is None else {
-                "idle": self.crawler.idle, "in_progress": self.crawler.in_progress, "pages_done": self.crawler.pages_done},
+                "idle": self.crawler.idle, "in_progress": self.crawler.in_progress, "pages_done": self.crawler.pages_done,
+                "on_the_wire": self.crawler.politeness.active},
+            "frontier": dataclasses.asdict(await self.store.run(sites.counts, self.pools.store)),
         }

@@ -39,6 +39,7 @@ from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import fingerprint_many, normalize, site_of
 
 from .pools import TASK_FP
+from . import sites
 from .sites import Pace
 from .tasks import GROUP, fill_discovered, finish_tasks, take_ready
 
@@ -185,12 +186,9 @@ class FrontierQueues:
         reply = self.store.command(b"EVAL", _WAITING, 1, self.store.key(TASK_POOL), GROUP, CONSUMER,
                                    LEASE_WINDOW_MS, WINDOW)
         waiting = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(0, len(reply), 2)]
-        more = True
-        while more and len(waiting) < WINDOW:
-            taken = take_ready(self.store, CONSUMER, WINDOW - len(waiting), Pace(burst=PER_SITE_REFILL),
-                               idle_ms=LEASE_WINDOW_MS)
-            waiting += taken.entries
-            more = taken.more
+        if len(waiting) < WINDOW:
+            waiting += take_ready(self.store, CONSUMER, WINDOW - len(waiting), Pace(burst=PER_SITE_REFILL),
+                                  idle_ms=LEASE_WINDOW_MS).entries
         return waiting
 
     def _lease(self, chosen: list[tuple[bytes, str, str]], delay_ms: int) -> list[bytes]:
@@ -299,7 +297,7 @@ class FrontierQueues:
 
     def census(self) -> dict[str, list[int]]:
         """Every queue with its URLs ``[waiting, in flight]``: a read of the whole
-        task_pool (so not for every second)."""
+        task_pool, its stream and its sites' lengths (so not for every second)."""
         in_flight = self._in_flight()
         out: dict[str, list[int]] = {}
         last = b"-"
@@ -315,8 +313,11 @@ class FrontierQueues:
                     continue
                 out.setdefault(queue, [0, 0])[eid in in_flight] += 1
             if len(page) < 10_000:
-                return out
+                break
             last = b"(" + page[-1][0]
+        for site, n in sites.queued_by_site(self.store):
+            out.setdefault(site, [0, 0])[0] += n
+        return out
 
     def _in_flight(self) -> set[bytes]:
         """Task entries being crawled: leased to this service and not expired, or taken

@@ -34,8 +34,6 @@ from . import protocol as hp
 from . import sites
 
 GROUP = "dedup"
-#: The crawlers' group on ``task_pool`` (local_host/tasks.py reads with it).
-TASKS_GROUP = "crawl"
 WALKER = "walker"
 UNACKED = f"{URL_POOL}:unacked"
 UNACKED_IDS = f"{URL_POOL}:unacked_ids"
@@ -117,9 +115,7 @@ class HostPools(CoreWrites):
             elif isinstance(a, hp.TakeDone) and a.count:
                 batch.add(b"LTRIM", key(TASKS_DONE), a.count, -1)
             elif isinstance(a, hp.AddTasks) and a.urls:
-                for url in a.urls:
-                    batch.add(b"XADD", key(TASK_POOL), b"*", b"u", url)
-                sites.sort_new(batch, self.store, TASKS_GROUP, len(a.urls))
+                sites.queue_tasks(batch, self.store, a.urls)
                 batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
 
     def tasks_done(self, count: int) -> list[str]:
@@ -215,7 +211,9 @@ class HostPools(CoreWrites):
         return added.total(self.store.execute(batch))
 
     def all_tasks(self) -> list[tuple[bytes, str]]:
-        """Every entry of task_pool (pending in the crawler's group or not)."""
+        """Every task of task_pool, queued or handed out, as stream entries (the queued
+        ones moved into the stream first: the host's crawler has stopped)."""
+        sites.unsort(self.store)
         entries = self.store.redis.xrange(self.store.key(TASK_POOL))
         return [(eid, fields[b"u"].decode()) for eid, fields in entries]
 
@@ -227,15 +225,20 @@ class HostPools(CoreWrites):
         return [make_number(config.network, config.host_id, seq) for seq in self.store.next_sequences(n)]
 
     def task_pool_size_steps(self) -> Steps[int]:
-        """``XLEN task_pool`` on trio (no worker thread: a daemon that stops is not held
-        by a Redis that does not answer)."""
-        return int((yield from self.store.command_steps(b"XLEN", self.store.key(TASK_POOL))))
+        """:func:`~local_host.sites.task_count` on trio (no worker thread: a daemon that
+        stops is not held by a Redis that does not answer)."""
+        batch = self.store.batch()
+        batch.add(b"XLEN", self.store.key(TASK_POOL))
+        batch.add(b"GET", self.store.key(sites.QUEUED_COUNT))
+        handed, queued = yield batch
+        return int(handed) + int(queued or 0)
 
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()
         batch.add(b"XLEN", self.store.key(URL_POOL))
         batch.add(b"XLEN", self.store.key(TASK_POOL))
+        batch.add(b"GET", self.store.key(sites.QUEUED_COUNT))
         batch.add(b"HLEN", self.store.key(UNACKED))
-        url_pool, task_pool, unacked = self.store.execute(batch)
-        return {URL_POOL: url_pool, TASK_POOL: task_pool, "unacked_sets": unacked}
+        url_pool, handed, queued, unacked = self.store.execute(batch)
+        return {URL_POOL: url_pool, TASK_POOL: handed + int(queued or 0), "unacked_sets": unacked}
 

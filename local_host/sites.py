@@ -1,63 +1,75 @@
-"""``task_pool`` by site: the one place a host's tasks are taken from, by every crawler
-front end (dedupnet's crawler, the Scrapy scheduler, the URLFrontier service).
+"""``task_pool`` by site: the one place a host's tasks wait and are taken from, by every
+crawler front end (dedupnet's crawler, the Scrapy scheduler, the URLFrontier service).
 
-``task_pool`` stays what the paper calls it (§1.1, the host's queue of tasks): a stream,
-read by the consumer group ``crawl``, whose entries leave only in the transaction that
-records their URL in ``finish_URL`` (local_host/tasks.py). What this module adds is the
-order they are handed out in. A crawler that read the stream first in, first out held
-its window of leases full of one big site's pages, each waiting out that site's
-politeness delay, while its fetch slots stood idle and every other site waited behind
-them. So, as BUbiNG's workbench and Heritrix's per-host queues do, tasks wait **by
-site**, and a site hands out a task only when its politeness allows:
+``task_pool`` is what the paper calls it (§1.1, the host's queue of tasks to crawl). A
+crawler that read it first in, first out held its window of leases full of one big
+site's pages, each waiting out that site's politeness delay, while its fetch slots
+stood idle and every other site waited behind them. So, as BUbiNG's workbench and
+Heritrix's per-host queues do, tasks wait **by site**, and a site hands one out only
+when its politeness allows. ``task_pool`` is realised by:
 
-* every new entry is first read into the group by the consumer ``queued`` (pending for
-  it: durable, and never read again by ``>``), and its id appended to its site's list
-  ``task_pool:site:<site>``;
-* ``task_pool:sites`` (a sorted set) holds each site with queued tasks, scored by the
-  time (ms) it may next hand one out: a hand-out moves that time on by the site's delay
-  (``task_pool:delays``, its robots.txt ``Crawl-delay``, or the taker's own delay), a
+* ``task_pool:site:<site>``: a list per site of the URLs queued there, oldest first
+  (``task_pool:queued`` counts them all);
+* ``task_pool:sites``: a sorted set of the sites with queued URLs, scored by the time
+  (epoch ms) each may next hand one out: a hand-out moves it on by the site's delay
+  (``task_pool:delays``: its robots.txt ``Crawl-delay``, or the taker's own delay), a
   failure pushes it out by its back-off;
-* taking claims the head of each ready site's list from ``queued`` for the taker (an
-  ``XCLAIM``: the lease a crawler has always held), the sites that have waited longest
-  first, so a task never holds a lease while it waits for its site.
+* the stream ``task_pool``, read by the consumer group ``crawl``: the tasks handed out.
+  Taking moves a ready site's head URL into the stream and reads it into the group for
+  the taker (pending for it: the lease a crawler has always held, kept across its
+  restart); it leaves the stream only in the transaction that records its URL in
+  ``finish_URL`` (local_host/tasks.py).
 
-Both steps are one Lua script each, so a queued entry is always in exactly one site's
-list, and a crash at any point loses none. Ids in a list whose entry has gone (handed
-back, reassigned, deleted under us) are skipped when they come up: an entry is claimed
-only while ``queued`` still holds it, so nothing is handed out twice.
+A writer adds to the lists (:func:`queue_tasks`); an entry added to the stream by
+anything else (``dedupnet reassign``, re-crawled seeds, an older version) is moved into
+its site's list by the next take. Each step is one transaction or Lua script, so a URL
+is always in exactly one place, and a crash at any point loses none and hands none out
+twice. Quiescence is :func:`task_count` 0 (lists and stream empty).
 
-Memory: the daemon keeps no per-site state for queued tasks (Redis does); Redis keeps,
-besides the stream entry, an id in a list (~18 bytes) and a member per site with work.
+Why lists of URLs and not an index of stream entries: an entry that waits in a
+consumer group's pending list costs Redis some 130 bytes on top of the entry itself;
+a URL in a site's list costs its own length and a byte or two. The daemon's process
+keeps nothing per queued task or site.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from dedupnet.adapters.store import TASK_POOL, Batch, Store
+from dedupnet.codec.urls import site_of
 
-#: The consumer of the crawlers' group that holds every task waiting in a site's list.
+#: The consumer of the crawlers' group that moves entries added to the stream directly
+#: into their sites' lists (it never holds one).
 QUEUED = "queued"
 #: Sorted set: site -> epoch ms from which it may hand out its next task.
 SITES = f"{TASK_POOL}:sites"
 #: Hash: site -> ms between two hand-outs of that site (robots.txt Crawl-delay), when
 #: above the taker's own delay.
 DELAYS = f"{TASK_POOL}:delays"
-#: Prefix of the per-site lists of queued entry ids, oldest first.
+#: Prefix of the per-site lists of queued URLs, oldest first.
 QUEUE = f"{TASK_POOL}:site:"
-#: New entries sorted into site lists by one call: bounds the time one script holds Redis.
+#: How many URLs the lists hold, all sites together.
+QUEUED_COUNT = f"{TASK_POOL}:queued"
+#: A stream of one entry, written with every batch of tasks queued: what an idle taker
+#: waits on in Redis (``XREAD BLOCK``) to wake at once.
+BELL = f"{TASK_POOL}:bell"
+#: Stream entries moved into lists by one call: bounds the time one script holds Redis.
 SORT_BATCH = 2000
+#: Site of a URL that has none (not a URL: its taker finishes it as failed).
+NO_SITE = "?"
 
-# KEYS: task_pool, sites, delays; ARGV: group, queue prefix, taker, now ms, want,
-# delay ms, burst, idle ms, sort batch, then (site, delay ms) pairs to record.
-# Returns {next ready ms or -1, more to sort (0/1), the stream's last id, id, url, ...}.
+# KEYS: task_pool, sites, delays, queued count, bell; ARGV: group, queue prefix, taker,
+# now ms, want, delay ms, burst, idle ms, sort batch, then (site, delay ms) pairs to
+# record. Returns {next ready ms or -1, more to sort (0/1), the stream's last id, the
+# bell's last id, id, url, ...}.
 _TAKE = b"""
-local stream, sites, delays = KEYS[1], KEYS[2], KEYS[3]
+local stream, sites, delays, count, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, prefix, taker = ARGV[1], ARGV[2], ARGV[3]
 local now, want, delay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local burst, idle, batch = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local burst, idle, batch = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 for i = 10, #ARGV, 2 do redis.call('HSET', delays, ARGV[i], ARGV[i + 1]) end
 local function url_of(fields)
   if not fields then return nil end
@@ -71,64 +83,93 @@ local function site_of(url)
   local host = string.match(auth, '^%[[^%]/?#@]*%]') or string.match(auth, '^[^:/?#@]*')
   return string.lower(host)
 end
-local more = 0
+-- Entries added to the stream directly go to their sites' lists.
 local read = {'XREADGROUP', 'GROUP', group, 'queued', 'COUNT', batch, 'STREAMS', stream, '>'}
 local got = redis.pcall(unpack(read))
 if type(got) == 'table' and got.err then
   if not string.find(got.err, 'NOGROUP') then return redis.error_reply(got.err) end
-  redis.call('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')  -- no crawler has started yet
+  redis.call('XGROUP', 'CREATE', stream, group, '0', 'MKSTREAM')  -- no taker has started yet
   got = redis.call(unpack(read))
 end
+local more = 0
 if got then
-  local entries = got[1][2]
-  if #entries >= batch then more = 1 end
-  for _, e in ipairs(entries) do
+  local ids = {}
+  if #got[1][2] >= batch then more = 1 end
+  for _, e in ipairs(got[1][2]) do
+    ids[#ids + 1] = e[1]
     local url = url_of(e[2])
     if url then
       local site = site_of(url)
-      redis.call('RPUSH', prefix .. site, e[1])
+      redis.call('RPUSH', prefix .. site, url)
       redis.call('ZADD', sites, 'NX', now, site)
-    else
-      redis.call('XACK', stream, group, e[1])
+      redis.call('INCR', count)
     end
   end
+  if #ids > 0 then
+    redis.call('XACK', stream, group, unpack(ids))
+    redis.call('XDEL', stream, unpack(ids))
+  end
 end
-local out = {}
-if want > 0 then
+-- Hand out the heads of ready sites, those ready longest first (not while entries are
+-- left to move: the taker's read below must find only its own).
+local taken = 0
+if want > 0 and more == 0 then
   local ready = redis.call('ZRANGEBYSCORE', sites, '-inf', now, 'LIMIT', 0, want)
-  local taken = 0
   for _, site in ipairs(ready) do
     if taken >= want then break end
     local q = prefix .. site
-    local own = tonumber(redis.call('HGET', delays, site) or '0')
-    local gap = math.max(delay, own)
+    local gap = math.max(delay, tonumber(redis.call('HGET', delays, site) or '0'))
     local n = 0
     while n < (gap > 0 and 1 or burst) and taken < want do
-      local eid = redis.call('LPOP', q)
-      if not eid then break end
-      if #redis.call('XPENDING', stream, group, eid, eid, 1, 'queued') > 0 then
-        local c = redis.call('XCLAIM', stream, group, taker, 0, eid, 'IDLE', idle)
-        local url = c[1] and url_of(c[1][2])
-        if url then
-          out[#out + 1] = eid; out[#out + 1] = url
-          n = n + 1; taken = taken + 1
-        else
-          redis.call('XACK', stream, group, eid)
-        end
-      end
+      local url = redis.call('LPOP', q)
+      if not url then break end
+      redis.call('XADD', stream, '*', 'u', url)
+      n = n + 1; taken = taken + 1
     end
     if redis.call('LLEN', q) == 0 then
       redis.call('ZREM', sites, site)
-    elseif n > 0 then
+    else
       redis.call('ZADD', sites, now + gap, site)
     end
   end
+  if taken > 0 then redis.call('DECRBY', count, taken) end
 end
+local head = {-1, more, '0-0', '0-0'}
 local first = redis.call('ZRANGE', sites, 0, 0, 'WITHSCORES')
+if first[2] then head[1] = tonumber(first[2]) end
+if taken > 0 then
+  local mine = redis.call('XREADGROUP', 'GROUP', group, taker, 'COUNT', taken, 'STREAMS', stream, '>')
+  local ids = {}
+  for _, e in ipairs(mine[1][2]) do
+    head[#head + 1] = e[1]; head[#head + 1] = url_of(e[2]); ids[#ids + 1] = e[1]
+  end
+  if idle > 0 then
+    local claim = {'XCLAIM', stream, group, taker, 0}
+    for _, id in ipairs(ids) do claim[#claim + 1] = id end
+    claim[#claim + 1] = 'IDLE'; claim[#claim + 1] = idle; claim[#claim + 1] = 'JUSTID'
+    redis.call(unpack(claim))
+  end
+end
 local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)
-local head = {first[2] and tonumber(first[2]) or -1, more, last[1] and last[1][1] or '0-0'}
-for _, v in ipairs(out) do head[#head + 1] = v end
+if last[1] then head[3] = last[1][1] end
+local rung = redis.call('XREVRANGE', bell, '+', '-', 'COUNT', 1)
+if rung[1] then head[4] = rung[1][1] end
 return head
+"""
+
+# KEYS: task_pool, sites, queued count; ARGV: queue prefix, most sites. Moves the URLs of
+# up to that many sites back into the stream (not read into any group); returns how
+# many sites are left.
+_UNSORT = b"""
+local stream, sites, count, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+for _, site in ipairs(redis.call('ZRANGE', sites, 0, tonumber(ARGV[2]) - 1)) do
+  local urls = redis.call('LRANGE', prefix .. site, 0, -1)
+  for _, url in ipairs(urls) do redis.call('XADD', stream, '*', 'u', url) end
+  redis.call('DECRBY', count, #urls)
+  redis.call('DEL', prefix .. site)
+  redis.call('ZREM', sites, site)
+end
+return redis.call('ZCARD', sites)
 """
 
 
@@ -144,15 +185,14 @@ class Pace:
 
 @dataclass
 class Taken:
-    """One take: the tasks ``(id, url)`` handed out, the epoch seconds at which the next
-    site becomes ready (None: no site has queued tasks), and whether new entries are
-    still waiting to be sorted into their sites (take again at once); ``last`` is the
+    """One take: the tasks ``(id, url)`` handed out, and the epoch seconds at which the
+    next site becomes ready (None: no site has queued tasks); ``last`` is the stream's
     newest entry's id, to wait in Redis for what comes after it."""
 
     entries: list[tuple[bytes, str]]
     next_ready: float | None
-    more: bool
     last: bytes = b"0-0"
+    rung: bytes = b"0-0"  # the bell's newest entry
 
 
 def take(store: Store, group: str, taker: str, count: int, pace: Pace = Pace(), *,
@@ -160,31 +200,87 @@ def take(store: Store, group: str, taker: str, count: int, pace: Pace = Pace(), 
     """Hand out up to ``count`` tasks of sites whose time has come, to ``taker`` (the
     entries become pending for it, with idle time ``idle_ms``). ``delays``: site ->
     seconds, Crawl-delays learned since the last take, recorded first. ``now`` (epoch
-    seconds) is the caller's clock: a test drives the schedule with its own."""
+    seconds) is the caller's clock: a test drives the schedule with its own. Entries
+    added to the stream directly are moved into their sites first, ``SORT_BATCH`` a call."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    args: list = [b"EVAL", _TAKE, 3, store.key(TASK_POOL), store.key(SITES), store.key(DELAYS),
-                  group, store.key(QUEUE), taker, now_ms, max(0, count), int(pace.delay * 1000),
-                  max(1, pace.burst), idle_ms, SORT_BATCH]
+    args: list = [b"EVAL", _TAKE, 5, store.key(TASK_POOL), store.key(SITES), store.key(DELAYS),
+                  store.key(QUEUED_COUNT), store.key(BELL), group, store.key(QUEUE), taker, now_ms, max(0, count),
+                  int(pace.delay * 1000), max(1, pace.burst), idle_ms, SORT_BATCH]
     for site, seconds in (delays or {}).items():
         args += [site, int(seconds * 1000)]
-    reply = store.command(*args)
-    head, more, last = int(reply[0]), bool(int(reply[1])), reply[2]
-    entries = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(3, len(reply), 2)]
-    return Taken(entries, None if head < 0 else head / 1000, more, last)
+    while True:
+        reply = store.command(*args)
+        if not int(reply[1]):
+            break
+        del args[17:]  # the delays are recorded
+    head, last, rung = int(reply[0]), reply[2], reply[3]
+    entries = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(4, len(reply), 2)]
+    return Taken(entries, None if head < 0 else head / 1000, last, rung)
 
 
-def sort_new(batch: Batch, store: Store, group: str, count: int) -> None:
-    """Queue into ``batch``, after the ``XADD`` of ``count`` new tasks, their sorting
-    into their sites: a writer that sorts what it adds keeps a big backlog from standing
-    between the frontier and the sites queued after it."""
-    batch.add(b"EVAL", _TAKE, 3, store.key(TASK_POOL), store.key(SITES), store.key(DELAYS), group,
-              store.key(QUEUE), QUEUED, int(time.time() * 1000), 0, 0, 1, 0, max(1, count))
+def queue_tasks(batch: Batch, store: Store, urls: Sequence[str]) -> None:
+    """Queue into ``batch`` new tasks (normalised URLs) in their sites' lists: a site
+    new to the frontier is ready at once."""
+    key, now_ms = store.key, int(time.time() * 1000)
+    by_site: dict[str, list[str]] = {}
+    for url in urls:
+        try:
+            site = site_of(url)
+        except ValueError:
+            site = NO_SITE
+        by_site.setdefault(site, []).append(url)
+    for site, queued in by_site.items():
+        batch.add(b"RPUSH", key(QUEUE) + site, *queued)
+        batch.add(b"ZADD", key(SITES), b"NX", now_ms, site)
+    batch.add(b"INCRBY", key(QUEUED_COUNT), len(urls))
+    batch.add(b"XADD", key(BELL), b"MAXLEN", 1, b"*", b"n", len(urls))
 
 
-def wait_for_new(store: Store, after: bytes, block_ms: int) -> None:
-    """Wait in Redis, at most ``block_ms``, for an entry of ``task_pool`` newer than
-    ``after`` (read without taking): how an idle taker wakes at once for new work."""
-    store.command(b"XREAD", b"COUNT", 1, b"BLOCK", max(1, block_ms), b"STREAMS", store.key(TASK_POOL), after)
+def task_count(store: Store) -> int:
+    """Tasks of the host not crawled yet: queued in the lists and handed out (0: the
+    host's frontier is empty)."""
+    batch = store.batch()
+    batch.add(b"XLEN", store.key(TASK_POOL))
+    batch.add(b"GET", store.key(QUEUED_COUNT))
+    handed, queued = store.execute(batch)
+    return int(handed) + int(queued or 0)
+
+
+def queued_urls(store: Store) -> list[str]:
+    """Every URL queued in the sites' lists (not handed out), site by site: a read of
+    every site, for tests and tools."""
+    out: list[str] = []
+    for name in store.command(b"ZRANGE", store.key(SITES), 0, -1):
+        out += [u.decode() for u in store.command(b"LRANGE", store.key(QUEUE) + name.decode(), 0, -1)]
+    return out
+
+
+def queued_by_site(store: Store) -> list[tuple[str, int]]:
+    """Every site with queued tasks and how many (a read of every site: not for every second)."""
+    names = [n.decode() for n in store.command(b"ZRANGE", store.key(SITES), 0, -1)]
+    out = []
+    for i in range(0, len(names), 10_000):
+        batch = store.batch()
+        for name in names[i : i + 10_000]:
+            batch.add(b"LLEN", store.key(QUEUE) + name)
+        out += zip(names[i : i + 10_000], map(int, store.execute(batch)))
+    return out
+
+
+def unsort(store: Store, sites_per_call: int = 500) -> None:
+    """Move every queued URL back into the stream, not handed out to anyone: before the
+    stream is renamed or read whole (``dedupnet reassign``, a host handing its tasks
+    back). A taker running meanwhile sorts them again; those callers stop it first."""
+    keys = (store.key(TASK_POOL), store.key(SITES), store.key(QUEUED_COUNT))
+    while int(store.command(b"EVAL", _UNSORT, 3, *keys, store.key(QUEUE), sites_per_call)):
+        pass
+
+
+def wait_for_new(store: Store, taken: Taken, block_ms: int) -> None:
+    """Wait in Redis, at most ``block_ms``, for tasks newer than ``taken``: queued (the
+    bell rings) or added to the stream directly. How an idle taker wakes at once."""
+    store.command(b"XREAD", b"COUNT", 1, b"BLOCK", max(1, block_ms), b"STREAMS", store.key(TASK_POOL),
+                  store.key(BELL), taken.last, taken.rung)
 
 
 def back_off(store: Store, site: str, until: float) -> None:
@@ -197,23 +293,19 @@ def back_off(store: Store, site: str, until: float) -> None:
 class SiteCounts:
     """The frontier at a glance (status page, /metrics)."""
 
-    sites_queued: int  # sites with tasks waiting
-    sites_waiting: int  # of those, sites whose politeness does not allow one now
-    oldest_task_age: float  # seconds the oldest queued task has waited (0: none)
+    sites_queued: int  # sites with tasks queued
+    sites_waiting: int  # of those, sites whose politeness allows none now
+    #: Seconds the site that has been ready longest has waited for a taker (0: none
+    #: ready): grows when the fetch slots, not politeness, hold the crawl back.
+    ready_wait: float
 
 
-def counts(store: Store, group: str, now: float | None = None) -> SiteCounts:
+def counts(store: Store, now: float | None = None) -> SiteCounts:
     now = time.time() if now is None else now
     batch = store.batch()
     batch.add(b"ZCARD", store.key(SITES))
     batch.add(b"ZCOUNT", store.key(SITES), f"({int(now * 1000)}".encode(), b"+inf")
-    batch.add(b"XPENDING", store.key(TASK_POOL), group, b"-", b"+", 1, QUEUED)
-    queued, waiting, oldest = store.execute(batch)
-    age = 0.0
-    if isinstance(oldest, Exception):  # no task_pool group yet: nothing queued
-        if "NOGROUP" not in str(oldest):
-            raise oldest
-    elif oldest:
-        age = max(0.0, now - int(oldest[0][0].split(b"-")[0]) / 1000)
-    return SiteCounts(int(queued), int(waiting), age)
-
+    batch.add(b"ZRANGE", store.key(SITES), 0, 0, b"WITHSCORES")
+    queued, waiting, first = store.execute(batch)
+    wait = max(0.0, now - float(first[1]) / 1000) if first else 0.0
+    return SiteCounts(int(queued), int(waiting), wait)

@@ -26,11 +26,11 @@ from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Stor
 from dedupnet.codec.urls import fingerprint_many
 
 from . import sites
-from .pools import TASK_FP, TASKS_GROUP
+from .pools import TASK_FP
 from .sites import Pace
 
 #: Consumer group of every crawler of a host on ``task_pool``.
-GROUP = TASKS_GROUP
+GROUP = "crawl"
 
 
 def take_tasks(store: Store, consumer: str, count: int, start: bytes,
@@ -73,7 +73,7 @@ def take_ready(store: Store, consumer: str, count: int, pace: Pace = Pace(), **k
         if "NOGROUP" not in str(e):
             raise
     store.ensure_group(TASK_POOL, GROUP)
-    return sites.Taken([], None, False)
+    return sites.Taken([], None)
 
 
 def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequence[str],

@@ -21,6 +21,7 @@ import trio
 import local_host.crawler as crawler_mod
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
+from local_host.sites import task_count
 from dedupnet.codec.urls import fingerprint_many, normalize
 from local_host.crawler import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSettings, seed_urls
 from local_host.links import extract_links, in_scope
@@ -176,7 +177,7 @@ async def until(predicate, timeout=10.0):
 async def settle(store, crawler, timeout=10.0):
     """Until every task is done: task entries leave task_pool only in the transaction
     that records the page, so an empty task_pool and nothing in progress is the end."""
-    await until(lambda: crawler.in_progress == 0 and store.stream_len(TASK_POOL) == 0, timeout)
+    await until(lambda: crawler.in_progress == 0 and task_count(store) == 0, timeout)
 
 
 async def crawl(store, urls, **overrides):
@@ -207,7 +208,7 @@ def page(*links: str, head: str = "") -> str:
 
 
 def assert_drained(store):
-    assert store.stream_len(TASK_POOL) == 0
+    assert task_count(store) == 0
     assert store.redis.xpending(store.key(TASK_POOL), GROUP)["pending"] == 0
 
 
@@ -500,7 +501,7 @@ async def test_crash_and_restart_loses_nothing(store, web):
     store.stream_add(TASK_POOL, tasks)
     async with crawling(store, concurrency=10, per_site_concurrency=0) as first:
         await until(lambda: first.pages_done == 5 and a.active == 5)
-        assert store.stream_len(TASK_POOL) == 5
+        assert task_count(store) == 5
     # the first crawler is gone with 5 requests in flight: start again on the same store
     release.set()
     async with crawling(store, concurrency=10, per_site_concurrency=0) as second:
@@ -740,5 +741,5 @@ async def test_stop_taking_gives_up_at_once_what_has_not_been_requested(store, w
         await until(lambda: crawler.in_progress == 0)
         assert crawler.pages_done == 2
     assert len(a.hits()) == 2
-    assert store.stream_len(TASK_POOL) == 18
+    assert task_count(store) == 18
     assert counters.get("tasks_given_up") == 18

@@ -23,6 +23,7 @@ grpc = pytest.importorskip("grpc")
 protoc = pytest.importorskip("grpc_tools.protoc")
 
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Store  # noqa: E402
+from local_host.sites import task_count  # noqa: E402
 from dedupnet.codec.urls import fingerprint_many  # noqa: E402
 
 from .test_cli_daemons import wait_for  # noqa: E402
@@ -172,7 +173,7 @@ def test_discovered_urls_come_back_as_queues_and_known_ones_are_finished(deploy,
     # Fetched: recorded in finish_URL, the tasks gone from task_pool.
     assert put(pb, stub, [(u, "known") for u in urls]) == [OK] * 6
     assert store.fp_contains(FINISH_URL, fingerprint_many(urls)).all()
-    assert store.stream_len(TASK_POOL) == 0
+    assert task_count(store) == 0
     assert store.redis.hlen(store.key("frontier:leases")) == 0
     # Known now: put again, each is SKIPPED, and nothing is handed out again.
     assert put(pb, stub, [(u, "discovered") for u in urls]) == [SKIPPED] * 6
@@ -197,7 +198,7 @@ def test_urls_handed_out_come_back_when_their_lease_expires(deploy, stubs):
     again = get(pb, stub, delay_requestable=60)
     assert sorted(u for u, _ in again) == sorted(urls)
     assert put(pb, stub, [(u, "known") for u in urls]) == [OK] * 3
-    assert store.stream_len(TASK_POOL) == 0
+    assert task_count(store) == 0
 
 
 def test_queue_delays_blocks_and_the_active_switch(deploy, stubs):

@@ -17,6 +17,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES, AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL
+from local_host.sites import task_count
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_LOOKUP, FLAG_NEW_SET, Frame, Task
 from dedupnet.codec.numbers import make_number
@@ -227,7 +228,7 @@ def test_seeds_are_crawled_again_through_the_protocol(store):
     assert crawler._requeue_seeds() == 2
     store.ensure_group(URL_POOL, "g")
     assert sorted(u for _, u in store.stream_take(URL_POOL, "g", "c", 10)) == seeds
-    assert store.stream_len(TASK_POOL) == 0
+    assert task_count(store) == 0
 
 
 # -- the whole protocol: never twice within the age, anywhere --------------------------

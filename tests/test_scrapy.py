@@ -29,6 +29,7 @@ from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
 from dedupnet.adapters.store import FINISH_URL, Store  # noqa: E402
+from local_host.sites import task_count  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 from local_host.sites import QUEUED  # noqa: E402
 
@@ -289,7 +290,7 @@ def test_a_task_gets_back_its_callback_errback_priority_and_kwargs(redis_url, st
         sched.book.released(set())
         sched._done += sched.book.finished()
         sched._flush()
-        assert store.stream_len("task_pool") == 0
+        assert task_count(store) == 0
         assert store.redis.hlen(store.key("scrapy_requests")) == 0
         from dedupnet.codec.urls import fingerprint_many
         assert store.fp_contains("finish_URL", fingerprint_many(list(got))).all()
@@ -311,7 +312,7 @@ def test_a_finished_task_not_yet_written_is_not_taken_again(redis_url, store):
         assert second is not None and second.url != first.url
         assert sched.next_request() is None
         sched._flush()
-        assert store.stream_len("task_pool") == 1  # the second one, still leased
+        assert task_count(store) == 1  # the second one, still leased
     finally:
         sched.store.close()
 
@@ -353,7 +354,7 @@ def test_a_finished_task_counts_against_the_lease_bound_until_it_is_written(redi
             sched.book.released(set())  # the engine is done with both; no flush has run
             sched._done += sched.book.finished()
         assert sched.next_request() is None and pending() == 0
-        assert store.stream_len("task_pool") == 0
+        assert task_count(store) == 0
     finally:
         sched.store.close()
 

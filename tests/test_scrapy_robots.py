@@ -16,6 +16,7 @@ import trio
 pytest.importorskip("scrapy")
 
 from dedupnet.adapters.store import Store  # noqa: E402
+from local_host.sites import task_count  # noqa: E402
 from dedupnet.harness import procplan  # noqa: E402
 from dedupnet.harness.scrapyhost import EXAMPLE  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
@@ -56,7 +57,7 @@ async def test_tasks_disallowed_by_robots_txt_are_never_fetched(redis_url, tmp_p
         assert not fetched & set(private), f"robots-disallowed pages fetched: {sorted(fetched & set(private))}"
         assert set(public[:4]) <= fetched, text[-3000:]
         # Every task is finished, the disallowed ones without a fetch.
-        assert store.stream_len("task_pool") == 0, text[-3000:]
+        assert task_count(store) == 0, text[-3000:]
     finally:
         store.delete_prefix()
         store.close()

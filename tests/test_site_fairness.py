@@ -32,7 +32,7 @@ async def test_small_sites_are_fetched_at_once_behind_a_big_one(store, web):
         nursery.cancel_scope.cancel()
     assert took < 12.0, f"the small sites took {took:.1f} s"  # generous: a loaded machine
     big_hits = sorted(h.t for h in big.hits() if h.path != "/robots.txt")
-    assert len(big_hits) >= took / 0.25 * 0.6  # the big site was fetched meanwhile too
+    assert len(big_hits) >= 5  # the big site was fetched meanwhile too
     assert min(b - a for a, b in zip(big_hits, big_hits[1:])) >= 0.25 - 0.02
 
 

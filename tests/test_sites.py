@@ -76,43 +76,50 @@ def test_every_task_is_handed_out_exactly_once(store):
     for i in range(2000):
         taken = _take(store, 50, Pace(delay=0.25), now=now, taker=f"c{i % 3}")
         got += [u for _, u in taken.entries]
-        if taken.next_ready is None and not taken.more:
+        if taken.next_ready is None:
             break
         now = max(now, taken.next_ready or now)
     assert sorted(got) == sorted(urls)
 
 
-def test_entries_gone_under_the_frontier_are_skipped_not_handed_out(store):
-    _queue(store, ["http://a.example/1", "http://a.example/2"])
-    assert _take(store, 0).entries == []  # sorted into a.example's list, nothing handed out
-    first_id = store.redis.xrange(store.key(TASK_POOL))[0][0]
-    store.stream_done(TASK_POOL, GROUP, [first_id])  # handed back, reassigned: gone
-    assert [u for _, u in _take(store, 5).entries] == ["http://a.example/2"]
-    assert _take(store, 5, now=T0 + 1).entries == [] and _take(store, 5, now=T0 + 1).next_ready is None
+def test_entries_added_to_the_stream_directly_are_queued_by_site_and_counted(store):
+    """What ``dedupnet reassign`` or re-crawled seeds add to the stream goes to its
+    site's list at the next take, and every task is counted once wherever it is."""
+    store.ensure_group(TASK_POOL, GROUP)
+    batch = store.batch()
+    sites.queue_tasks(batch, store, ["http://a.example/1", "http://a.example/2"])
+    store.execute(batch)
+    store.stream_add(TASK_POOL, ["http://b.example/1", "not a url"])
+    assert sites.task_count(store) == 4
+    taken = _take(store, 10, Pace(delay=1.0))
+    assert sorted(u for _, u in taken.entries) == ["http://a.example/1", "http://b.example/1", "not a url"]
+    assert sites.task_count(store) == 4  # handed out: in the stream until finished
+    store.stream_done(TASK_POOL, GROUP, [eid for eid, _ in taken.entries])
+    assert sites.task_count(store) == 1
 
 
-def test_a_claimed_task_is_not_handed_out_again_when_its_id_comes_up_twice(store):
-    _queue(store, ["http://a.example/1"])
-    assert len(_take(store, 0).entries) == 0
-    (eid,) = store.redis.lrange(store.key(sites.QUEUE) + "a.example", 0, -1)
-    store.redis.rpush(store.key(sites.QUEUE) + "a.example", eid)  # a stale copy of its id
-    assert len(_take(store, 5, taker="x").entries) == 1
-    assert _take(store, 5, now=T0 + 1, taker="y").entries == []
+def test_unsort_puts_every_queued_task_back_in_the_stream(store):
+    _queue(store, [f"http://s{i % 5}.example/{i}" for i in range(50)])
+    _take(store, 3, Pace(delay=1.0))  # three handed out (pending), 47 queued by site
+    sites.unsort(store, sites_per_call=2)
+    entries = store.redis.xrange(store.key(TASK_POOL))
+    assert len(entries) == 50 and sites.task_count(store) == 50
+    assert sorted(f[b"u"].decode() for _, f in entries) == sorted(f"http://s{i % 5}.example/{i}" for i in range(50))
+    assert store.redis.zcard(store.key(sites.SITES)) == 0
 
 
 def test_counts(store):
-    _queue(store, [f"http://a.example/{i}" for i in range(3)] + ["http://b.example/1"])
-    _take(store, 10, Pace(delay=1.0))
-    c = sites.counts(store, GROUP, now=T0 + 0.5)
-    assert (c.sites_queued, c.sites_waiting) == (1, 1)  # b is done; a waits for its delay
-    assert c.oldest_task_age > 0
+    _queue(store, [f"http://a.example/{i}" for i in range(3)] + ["http://b.example/1", "http://c.example/1"])
+    _take(store, 2, Pace(delay=1.0))  # a and b (sorted by name among equals); c waits for a slot
+    c = sites.counts(store, now=T0 + 0.5)
+    assert (c.sites_queued, c.sites_waiting) == (2, 1)  # b is done; a waits for its delay
+    assert c.ready_wait > 0  # c has waited since it was queued
 
 
 def test_counts_of_a_host_with_nothing_queued_yet(store):
     """A host whose crawler has not started: no task_pool, no group (its status must answer)."""
-    assert sites.counts(store, GROUP) == sites.SiteCounts(0, 0, 0.0)
-    store.ensure_group(TASK_POOL, GROUP)
-    assert sites.counts(store, GROUP) == sites.SiteCounts(0, 0, 0.0)
+    assert sites.counts(store) == sites.SiteCounts(0, 0, 0.0)
+    assert sites.task_count(store) == 0
 
 
 def test_queued_tasks_and_the_schedule_survive_a_redis_restart(tmp_path):
@@ -132,7 +139,7 @@ def test_queued_tasks_and_the_schedule_survive_a_redis_restart(tmp_path):
         store = Store(url, "r")
         assert _take(store, 50, Pace(delay=10.0), now=T0 + 9).entries == []  # the schedule came back
         got, now = [u for _, u in first], T0 + 10
-        while (taken := _take(store, 50, Pace(delay=10.0), now=now)).entries or taken.more:
+        while (taken := _take(store, 50, Pace(delay=10.0), now=now)).entries:
             got += [u for _, u in taken.entries]
             now += 10
         assert sorted(got) == sorted(urls)
@@ -149,14 +156,34 @@ def test_a_million_queued_urls_cost_the_taker_no_memory(store):
     store.ensure_group(TASK_POOL, GROUP)
     for start in range(0, n, 50_000):
         batch = store.batch()
-        for i in range(start, start + 50_000):
-            batch.add(b"XADD", store.key(TASK_POOL), b"*", b"u", f"http://s{i % n_sites}.example/p/{i}")
-        sites.sort_new(batch, store, GROUP, 50_000)
+        sites.queue_tasks(batch, store, [f"http://s{i % n_sites}.example/p/{i}" for i in range(start, start + 50_000)])
         store.execute(batch)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB; a peak: it only grows
     handed = 0
     for k in range(200):
         handed += len(_take(store, 64, Pace(delay=0.25), now=T0 + k * 0.01, taker="big").entries)
-    c = sites.counts(store, GROUP, now=T0 + 2)
+    c = sites.counts(store, now=T0 + 2)
     assert handed == 200 * 64 and c.sites_queued == n_sites
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - rss) < 20 * 1024
+
+
+def test_an_idle_taker_wakes_at_once_when_tasks_are_queued(store):
+    """It waits in Redis on the bell that every batch of queued tasks rings: not until
+    its timeout (a taker of another process, too, wakes this way)."""
+    import threading
+
+    store.ensure_group(TASK_POOL, GROUP)
+    idle = _take(store, 10)
+    assert idle.entries == [] and idle.next_ready is None
+    woke = threading.Event()
+    waiter = threading.Thread(target=lambda: (sites.wait_for_new(store, idle, 20_000), woke.set()))
+    waiter.start()
+    try:
+        assert not woke.wait(0.3)  # still waiting: nothing new
+        batch = store.batch()
+        sites.queue_tasks(batch, store, ["http://a.example/1"])
+        store.execute(batch)
+        assert woke.wait(5)
+    finally:
+        waiter.join(25)
+    assert [u for _, u in _take(store, 10).entries] == ["http://a.example/1"]

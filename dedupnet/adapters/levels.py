@@ -34,7 +34,7 @@ LEVELS = frozenset({
     "info", "store_up", "pool_entries", "members", "member_up", "member_silent_seconds", "sets_in_flight",
     "sets_oldest_age_seconds", "sets_held_back", "sets_waiting", "urls_waiting", "task_urls",
     "reported_task_pool", "center_connected", "pages_in_progress", "fetch_slots_in_use", "frontier_sites",
-    "frontier_oldest_task_age_seconds",
+    "frontier_ready_wait_seconds",
 })
 VERDICTS = ("complete", "in progress", "stuck", "not started", "unknown")
 
@@ -59,7 +59,7 @@ def levels_of(body: dict) -> Series:
         if frontier is not None:
             out += [("frontier_sites", {"state": "queued"}, frontier["sites_queued"]),
                     ("frontier_sites", {"state": "waiting"}, frontier["sites_waiting"]),
-                    ("frontier_oldest_task_age_seconds", {}, frontier["oldest_task_age"])]
+                    ("frontier_ready_wait_seconds", {}, frontier["ready_wait"])]
     return out
 
 

@@ -88,8 +88,8 @@ _ALL = (
     _g("fetch_slots_in_use", "Requests this host's crawler has on the wire (of its concurrency).", role="host"),
     _g("frontier_sites", "Sites with tasks queued in this host's frontier; state=\"waiting\": those whose "
                          "politeness allows none now.", "state", role="host"),
-    _g("frontier_oldest_task_age_seconds", "How long the oldest task queued in this host's frontier has "
-                                           "waited.", role="host"),
+    _g("frontier_ready_wait_seconds", "How long the site of this host's frontier that has been ready "
+                                      "longest has waited for a fetch slot (0: none ready).", role="host"),
     _g("durable_acks", "1 if this daemon's Redis confirms writes on disk before a dependent message goes "
                        "(WAITAOF), 0 if it cannot."),
     # -- transport (dedupnet/adapters/transport/, tls.py) --

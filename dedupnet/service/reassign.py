@@ -32,6 +32,7 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Error, Task
 from dedupnet.codec.numbers import host_id_from_ip, make_number
+from local_host import sites
 
 log = logging.getLogger("dedupnet.service.reassign")
 
@@ -52,8 +53,10 @@ def _task_pool_of(store) -> list[tuple[bytes, str]]:
 def set_aside(store) -> list[tuple[bytes, str]]:
     """The host's tasks out of its ``task_pool``, in one atomic step, with whatever an
     earlier run left set aside."""
-    if not store.redis.exists(store.key(SET_ASIDE)) and store.redis.exists(store.key(TASK_POOL)):
-        store.redis.rename(store.key(TASK_POOL), store.key(SET_ASIDE))
+    if not store.redis.exists(store.key(SET_ASIDE)):
+        sites.unsort(store)  # the queued tasks into the stream, to be set aside with it
+        if store.redis.exists(store.key(TASK_POOL)):
+            store.redis.rename(store.key(TASK_POOL), store.key(SET_ASIDE))
     return _task_pool_of(store)
 
 

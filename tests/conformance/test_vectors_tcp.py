@@ -37,6 +37,7 @@ from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_PO
 from dedupnet.adapters.transport import ConnectionClosed, connect, serve
 from dedupnet.codec.urls import fingerprint_many
 from local_host import protocol as hp
+from local_host import sites
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import UNACKED, HostPools
 
@@ -291,7 +292,7 @@ class HostUnderTest:
 
         def stream(pool):
             return [fields[b"u"].decode() for _, fields in r.xrange(key(pool))]
-        return {"URL_pool": stream(URL_POOL), "task_pool": stream(TASK_POOL),
+        return {"URL_pool": stream(URL_POOL), "task_pool": stream(TASK_POOL) + sites.queued_urls(self.store),
                 "unacked": [int(n) for n in r.hkeys(key(UNACKED))]}
 
 
