@@ -187,3 +187,16 @@ def test_an_idle_taker_wakes_at_once_when_tasks_are_queued(store):
     finally:
         waiter.join(25)
     assert [u for _, u in _take(store, 10).entries] == ["http://a.example/1"]
+
+
+def test_the_frontier_in_metrics():
+    from dedupnet.adapters.levels import levels_of
+
+    body = {"role": "host", "network": 1, "pools": {}, "connected": True,
+            "crawler": {"in_progress": 40, "on_the_wire": 31},
+            "frontier": {"sites_queued": 120, "sites_waiting": 80, "ready_wait": 2.5}}
+    series = {(name, tuple(sorted(labels.items()))): v for name, labels, v in levels_of(body)}
+    assert series["fetch_slots_in_use", ()] == 31
+    assert series["frontier_sites", (("state", "queued"),)] == 120
+    assert series["frontier_sites", (("state", "waiting"),)] == 80
+    assert series["frontier_ready_wait_seconds", ()] == 2.5
