@@ -113,6 +113,20 @@ def test_a_site_held_behind_another_is_late_on_its_own_bound():
     assert pacing.pacing(cfg, web, seeds, reach, 1.0, 0.0, [])["late_sites"] == 0
 
 
+def test_a_site_whose_pages_are_found_late_is_not_late():
+    """Its bound counts each URL from when it was known: a page found at 50 s and fetched
+    at once is on time, though the site's first page was fetched at 0."""
+    web = SyntheticWeb(WebSpec(pages=200, sites=4, seed=1), port=8077)
+    cfg = SimConfig(networks=1, hosts=1, per_site_delay=0.25, per_site_concurrency=2, web_latency=0.0)
+    site = f"http://{web.hosts[1]}:8077"
+    known = {site + "/": 0.0, site + "/p1": 50.0}
+    on_time = {site + "/": 0.3, site + "/p1": 50.3}
+    got = pacing._late_sites(cfg, web, set(known), known, on_time)
+    assert got["late_sites"] == 0 and got["worst_site_excess"] < 0.5, got
+    held = {site + "/": 0.3, site + "/p1": 58.0}  # 8 s after it was known: held
+    assert pacing._late_sites(cfg, web, set(known), known, held)["late_sites"] == 1
+
+
 async def test_a_polite_run_reports_its_bound_and_never_beats_it(redis_url):
     cfg = SimConfig(networks=2, hosts=1, pages=300, sites=30, seeds=4, timeout=120, web_shape="real",
                     per_site_delay=0.1, per_site_concurrency=2, concurrency=32, web_latency=0.05)
