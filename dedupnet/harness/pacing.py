@@ -55,7 +55,8 @@ from dedupnet.harness.web import SyntheticWeb
 
 __all__ = ["LATE_FACTOR", "LATE_SLACK", "pacing", "pacing_lines", "politeness_bound", "site_requests"]
 
-#: A site is late when its last page comes after LATE_FACTOR × its own bound + LATE_SLACK seconds.
+#: A site is late when its last page comes more than (LATE_FACTOR - 1) × its requests'
+#: politeness time + LATE_SLACK seconds after the earliest it could (module docstring).
 LATE_FACTOR, LATE_SLACK = 1.1, 5.0
 #: "Being fetched": answered a request within this many seconds.
 FETCHING_WINDOW = 1.0
