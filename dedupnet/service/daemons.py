@@ -292,8 +292,12 @@ async def _left_behind(daemon: LocalDaemon) -> str:
     """What stays in the host's Redis, and how it is recovered, in words for one log line."""
     held = "task_pool and URL_pool stay"
     with trio.move_on_after(1.0):  # a Redis that does not answer must not hold the exit
-        sizes = await daemon.store.run(daemon.pools.sizes)
-        held = f"{sizes['task_pool']} tasks in task_pool and {sizes['URL_pool']} URLs in URL_pool stay"
+        try:
+            sizes = await daemon.store.run(daemon.pools.sizes)
+        except Exception:  # noqa: BLE001 - a Redis that is gone must not turn a stop into a failure
+            sizes = None
+        if sizes is not None:
+            held = f"{sizes['task_pool']} tasks in task_pool and {sizes['URL_pool']} URLs in URL_pool stay"
     s = daemon.settings
     return (f"{held} in this host's Redis: crawled when it starts again, or moved by `dedupnet reassign --host "
             f"{s.ip} --data-dir DATA_DIR` at its center {s.center[0]}:{s.center[1]}")
