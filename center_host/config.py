@@ -85,6 +85,11 @@ class CenterConfig:
     #: ``routing = "home"``: URLs this center may hold for home networks that have not
     #: taken them yet (one that is down); above it new sets wait unacknowledged.
     max_routed_waiting: int = 1_000_000
+    #: Seconds a LAN host may be silent (not connected) before its ledger — every URL
+    #: given to it that it has not reported finished — goes to the live hosts, whole
+    #: sites at a time, and it stops being one of the LAN's hosts (docs/PROTOCOL.md
+    #: section 12). 0: never (``dedupnet reassign`` does it at once).
+    reissue_after: float = 300.0
 
     def __post_init__(self) -> None:
         check_network(self.network)

@@ -76,6 +76,7 @@ class CenterSettings:
     resume_grace: float = 5.0
     heartbeat_interval: float = declared("heartbeat_interval")
     heartbeat_timeout: float = declared("heartbeat_timeout")
+    reissue_after: float = declared("reissue_after")
     max_frame_size: int = declared("max_frame_size")
     max_urls: int = declared("max_urls_per_set")
     compress: bool = declared("compress")
@@ -117,7 +118,7 @@ def core_config(settings: CenterSettings) -> cp.CenterConfig:
         resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
         foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
         gather_linger=settings.gather_linger, routing=settings.routing, weights=settings.weights,
-        previous_weights=settings.previous_weights,
+        previous_weights=settings.previous_weights, reissue_after=settings.reissue_after,
     )
 
 

@@ -109,6 +109,7 @@ class Resume:
     sequences: dict[str, int] = field(default_factory=dict)  # host IP -> highest sequence stored
     hosts: dict[str, str] = field(default_factory=dict)  # host IP -> status address (known hosts)
     ledger: dict[str, list[str]] = field(default_factory=dict)  # host IP -> its unfinished URLs
+    moved: dict[str, list[str]] = field(default_factory=dict)  # re-issued host IP -> what moved from it
 
 
 # -- actions ----------------------------------------------------------------------
@@ -220,8 +221,24 @@ class Unledger:
     urls: tuple[str, ...]
 
 
+@dataclass(frozen=True)
+class NoteMoved:
+    """``host`` was re-issued: these URLs of its own moved to other hosts, which it must
+    drop from its task_pool when it comes back."""
+
+    host: str
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ForgetMoved:
+    """``host`` came back and has dropped what moved from it."""
+
+    host: str
+
+
 Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, NoteSequence, NoteHost, ForgetHost,
-               SaveTask, DropTask, Ledger, Unledger]
+               SaveTask, DropTask, Ledger, Unledger, NoteMoved, ForgetMoved]
 
 
 #: Every event the core takes (:meth:`~center_host.protocol.CenterProtocol.handle`).

@@ -5,16 +5,28 @@ sans-I/O core (:class:`~center_host.protocol.CenterProtocol`)."""
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Ack, Done, Task
 
-from .events import (Action, CancelTimer, DropTask, ForgetHost, Host, Ledger, Member, NoteHost, Peer, Reassign,
-                     Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
+from .events import (Action, CancelTimer, DropTask, ForgetHost, ForgetMoved, Host, Ledger, Member, NoteHost, NoteMoved,
+                     Peer, Reassign, Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
 from .sets import GATHER_TIMER, ROUTED, SetRecord, Stage, owner_of, task_key, task_parts
 
 log = logging.getLogger("dedupnet.center")
+
+#: The number of a center's ``done`` to a host that comes back after its tasks moved
+#: (what to drop), and of the tasks a re-issue assigns: no set is numbered 0 or 1 (a
+#: host's sequence starts at 1, section 7), so neither is taken for another's ack.
+MOVED_NUMBER = 1
+REISSUE_NUMBER = 0
+
+
+def reissue_timer(ip: str) -> int:
+    """The timer of host ``ip``'s re-issue: negative, apart from every set's number."""
+    return -1 - int(ipaddress.ip_address(ip))
 
 
 class Membership:
@@ -24,6 +36,8 @@ class Membership:
     def _timer(self, number: int) -> list[Action]:
         if number == GATHER_TIMER:
             return self._send_gathered()
+        if number < 0:
+            return self._reissue(number)
         rec = self.sets.get(number)
         if rec is None:
             return []
@@ -95,6 +109,10 @@ class Membership:
             log.info("%s is here: asking it for %d sets that wait for it", who, len(again))
         if not isinstance(member, Host):
             return asks
+        if self.reissue_timers.pop(reissue_timer(member.ip), None) is not None:
+            asks.append(CancelTimer(reissue_timer(member.ip)))
+        if self.moved.get(member.ip):  # what moved while it was away: it drops those first
+            asks.append(Send((member,), wire.encode(Done(MOVED_NUMBER, tuple(sorted(self.moved[member.ip]))))))
         if self.known.get(member.ip) != address:
             self.known[member.ip] = address
             asks.append(NoteHost(member.ip, address))
@@ -129,7 +147,43 @@ class Membership:
             # handing it to another host would fetch it twice. Only a graceful leave
             # (_handed_back) moves a host's tasks.
             actions += self._reassign(member.ip)
+        if isinstance(member, Host) and member.ip in self.known:
+            actions += self._await_return(member.ip)
         return actions
+
+    def _await_return(self, ip: str) -> list[Action]:
+        """A LAN host is away: if it is not back within ``reissue_after``, its work moves."""
+        if self.config.reissue_after <= 0:
+            return []
+        self.reissue_timers[reissue_timer(ip)] = ip
+        return [SetTimer(reissue_timer(ip), self.config.reissue_after)]
+
+    def _reissue(self, timer: int) -> list[Action]:
+        """A host silent for ``reissue_after``: as ``dedupnet reassign`` would, its ledger
+        and its ``task_URL`` go to the live hosts, whole sites at a time, and it is no
+        longer one of the LAN's hosts; what moved is kept to tell it when it is back."""
+        ip = self.reissue_timers.pop(timer, None)
+        if ip is None or ip in self.hosts:
+            return []
+        moving = self._held_by(ip)
+        actions = self._move_ledger(ip, REISSUE_NUMBER, []) + self._forget(ip) + self._note_moved(ip, moving)
+        self.counters.inc("hosts_reissued")
+        self.counters.inc("tasks_reissued", amount=len(moving))
+        where = ", ".join(sorted(self.hosts)) or "no live host yet (kept for the first that joins)"
+        log.warning("host %s silent for %g s (reissue_after): its %d unfinished tasks go to %s", ip,
+                    self.config.reissue_after, len(moving), where)
+        return actions
+
+    def _held_by(self, ip: str) -> set[str]:
+        """What moves when ``ip``'s work moves: its ledger and its ``task_URL``."""
+        return set(self.ledger.get(ip, ())) | {u for k, urls in self.tasks.items() if task_parts(k)[1] == ip
+                                               for u in urls}
+
+    def _note_moved(self, ip: str, urls) -> list[Action]:
+        if not urls:
+            return []
+        self.moved.setdefault(ip, set()).update(urls)
+        return [NoteMoved(ip, tuple(sorted(urls)))]
 
     # -- task_URL -> task_pool (gap 8) -------------------------------------------------
     def _assign(self, number: int, urls: list[str]) -> list[Action]:
@@ -235,7 +289,8 @@ class Membership:
             return refused("unknown-host", "this center has no such host and holds nothing for it")
         urls = list(self._canonical_urls(Host(ip), event.number, dict.fromkeys(event.urls, 0)))
         unfinished = len(self.ledger.get(ip, ()))
-        actions = self._move_ledger(ip, event.number, urls) + self._forget(ip)
+        moving = self._held_by(ip) | set(urls)
+        actions = self._move_ledger(ip, event.number, urls) + self._forget(ip) + self._note_moved(ip, moving)
         self.counters.inc("tasks_reassigned", amount=len(urls))
         where = ", ".join(sorted(self.hosts)) or "no live host yet (kept for the first that joins)"
         log.warning("operator: host %s is gone; %d tasks of task_URL, %d of its task_pool and %d more of its "
@@ -243,6 +298,8 @@ class Membership:
         return actions + [Send(reply, wire.encode(Ack(event.number, "stored")))]
 
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
+        if number == MOVED_NUMBER and self.moved.pop(sender.ip, None) is not None:
+            return [ForgetMoved(sender.ip)]  # it has dropped what moved from it
         key = task_key(number, sender.ip)
         if self.tasks.pop(key, None) is None:
             self.counters.inc("repeated_acks")
@@ -278,6 +335,9 @@ class Membership:
         self.sequences.update(event.sequences)
         self.known.update(event.hosts)
         self.ledger.update({host: set(urls) for host, urls in event.ledger.items() if urls})
+        self.moved.update({host: set(urls) for host, urls in event.moved.items() if urls})
+        for ip in self.known:  # away until they join again
+            actions += self._await_return(ip)
         log.debug("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
         return actions
 

@@ -43,12 +43,16 @@ ADMITTED_TOTAL = "admitted_total"
 #: (docs/PROTOCOL.md section 12).
 LEDGER = "ledger"
 LEDGER_HOSTS = "ledger_hosts"
+#: ``moved:<host>``: a re-issued host's URLs that went to other hosts, until it is back
+#: and has dropped them; ``moved_hosts``: the hosts that have such a set.
+MOVED = "moved"
+MOVED_HOSTS = "moved_hosts"
 #: ``task_log:<host>``: the last assignments made to each host (newest first), tagged with
 #: the host's watermark step heard then: re-offered if its store comes back behind.
 TASK_LOG = "task_log"
 
 WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.NoteHost, cp.ForgetHost, cp.SaveTask,
-          cp.DropTask, cp.Ledger, cp.Unledger)
+          cp.DropTask, cp.Ledger, cp.Unledger, cp.NoteMoved, cp.ForgetMoved)
 
 
 class CenterPools(CoreWrites):
@@ -102,6 +106,12 @@ class CenterPools(CoreWrites):
                 batch.add(b"SADD", key(LEDGER_HOSTS), a.host)
             elif isinstance(a, cp.Unledger) and a.urls:
                 batch.add(b"SREM", key(f"{LEDGER}:{a.host}"), *a.urls)
+            elif isinstance(a, cp.NoteMoved) and a.urls:
+                batch.add(b"SADD", key(f"{MOVED}:{a.host}"), *a.urls)
+                batch.add(b"SADD", key(MOVED_HOSTS), a.host)
+            elif isinstance(a, cp.ForgetMoved):
+                batch.add(b"DEL", key(f"{MOVED}:{a.host}"))
+                batch.add(b"SREM", key(MOVED_HOSTS), a.host)
 
     def lookup(self, number: int, urls: tuple[str, ...]) -> cp.LookupDone:
         return self.store.drive(self.lookup_steps(number, urls))
@@ -130,17 +140,18 @@ class CenterPools(CoreWrites):
             tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
             sequences={k.decode(): int(v) for k, v in _pairs(sequences)},
             hosts={k.decode(): v.decode() for k, v in _pairs(hosts)},
-            ledger=self.ledger(),
+            ledger=self.ledger(), moved=self.ledger(MOVED_HOSTS, MOVED),
         )
 
-    def ledger(self) -> dict[str, list[str]]:
-        """Every host's ledger (host IP -> its unfinished URLs)."""
-        names = sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(LEDGER_HOSTS)))
+    def ledger(self, hosts: str = LEDGER_HOSTS, per_host: str = LEDGER) -> dict[str, list[str]]:
+        """Every host's ledger (host IP -> its unfinished URLs); or, with ``MOVED_HOSTS,
+        MOVED``, what moved from each re-issued host."""
+        names = sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(hosts)))
         if not names:
             return {}
         batch = self.store.batch()
         for host in names:
-            batch.add(b"SMEMBERS", self.store.key(f"{LEDGER}:{host}"))
+            batch.add(b"SMEMBERS", self.store.key(f"{per_host}:{host}"))
         return {host: sorted(u.decode() for u in urls) for host, urls in zip(names, self.store.execute(batch)) if urls}
 
     def task_log_steps(self, host: str) -> Steps[tuple[list[bytes], dict[int, tuple[str, ...]]]]:

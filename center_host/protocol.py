@@ -52,11 +52,12 @@ from dedupnet.codec.numbers import MAX_SEQUENCE, split_number
 from dedupnet.codec.urls import canonical_set
 
 from .config import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS, CenterConfig
-from .events import (Action, Admit, CancelTimer, Conclude, Drop, DropTask, Event, ForgetHost, Host, Joined, Ledger,
-                     Left, Lookup, LookupDone, Member, NoteHost, NoteSequence, Operator, Peer, Reassign, Received,
-                     Reoffer, Resume, Save, SaveTask, Send, SetTimer, TimerFired, Unledger, member_from_str)
+from .events import (Action, Admit, CancelTimer, Conclude, Drop, DropTask, Event, ForgetHost, ForgetMoved, Host,
+                     Joined, Ledger, Left, Lookup, LookupDone, Member, NoteHost, NoteMoved, NoteSequence, Operator,
+                     Peer, Reassign, Received, Reoffer, Resume, Save, SaveTask, Send, SetTimer, TimerFired, Unledger,
+                     member_from_str)
 from .homes import Homes
-from .membership import Membership
+from .membership import MOVED_NUMBER, REISSUE_NUMBER, Membership, reissue_timer
 from .sets import (GATHER_TIMER, MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED, TRANSITIONS,
                    ForeignSetLookup, OwnSetLookup, PendingLookup, Rejected, SetRecord, Stage, Step, owner_of, task_key,
                    task_parts)
@@ -67,7 +68,8 @@ __all__ = [
     "Host", "Peer", "Member", "Operator", "member_from_str",
     "Event", "Received", "Joined", "Left", "TimerFired", "Reassign", "Reoffer", "LookupDone", "Resume",
     "Action", "Send", "Save", "Drop", "SetTimer", "CancelTimer", "Lookup", "Admit", "Conclude", "NoteSequence",
-    "NoteHost", "ForgetHost", "SaveTask", "DropTask", "Ledger", "Unledger",
+    "NoteHost", "ForgetHost", "SaveTask", "DropTask", "Ledger", "Unledger", "NoteMoved", "ForgetMoved",
+    "MOVED_NUMBER", "REISSUE_NUMBER", "reissue_timer",
     "Stage", "Step", "TRANSITIONS", "POOL_OF", "ROUTED", "GATHER_TIMER", "MAX_HELD_PER_HOST", "RECENTLY_CONCLUDED",
     "SetRecord", "Rejected", "OwnSetLookup", "ForeignSetLookup", "PendingLookup", "owner_of", "task_key",
     "task_parts",
@@ -96,6 +98,10 @@ class CenterProtocol(Stages, Homes, Membership):
         #: Host IP -> the URLs given to it that it has not reported finished (durable:
         #: Ledger/Unledger; docs/PROTOCOL.md section 12).
         self.ledger: dict[str, set[str]] = {}
+        #: Hosts re-issued while away -> the URLs that moved from them (durable: NoteMoved),
+        #: sent to each when it is back, to drop; and the re-issue timers of hosts away.
+        self.moved: dict[str, set[str]] = {}
+        self.reissue_timers: dict[int, str] = {}
         self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
         #: Exact mode, a bounded cache: URL -> the lowest number of another network's set
         #: told here that the URL was unseen (so that set held it). Not needed for

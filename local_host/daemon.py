@@ -371,6 +371,8 @@ class LocalDaemon:
             await trio.sleep(interval)
             if self.conn is None:
                 continue
+            if await until_stored(self.store, self.counters, self.pools.drop_moved):
+                log.info("tasks that moved to other hosts while this one was away: out of task_pool")
             urls = await until_stored(self.store, self.counters, self.pools.tasks_done, self.settings.set_size)
             if not urls:
                 continue

@@ -70,8 +70,11 @@ RAISE_AND_RESERVE = (b"local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
 #: The finished tasks' URLs not yet in a report to the center, oldest first (a list):
 #: written with ``finish_URL`` (local_host/tasks.py), taken into a report by the daemon.
 TASKS_DONE = "tasks_done"
+#: Tasks that moved to other hosts while this one was away, to take out of task_pool
+#: (the daemon does, before they are crawled: local_host/daemon.py).
+TASKS_MOVED = "tasks_moved"
 
-WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks, hp.TakeDone)
+WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks, hp.TakeDone, hp.DropTasks)
 
 
 class HostPools(CoreWrites):
@@ -112,11 +115,27 @@ class HostPools(CoreWrites):
                     if self.release_log and a.frame and a.ids:  # a re-offered frame is logged already
                         batch.add(b"LPUSH", key(RELEASED), tagged(self.center_step(), a.frame))
                         batch.add(b"LTRIM", key(RELEASED), 0, self.release_log - 1)
+            elif isinstance(a, hp.DropTasks) and a.urls:
+                batch.add(b"SADD", key(TASKS_MOVED), *a.urls)
             elif isinstance(a, hp.TakeDone) and a.count:
                 batch.add(b"LTRIM", key(TASKS_DONE), a.count, -1)
             elif isinstance(a, hp.AddTasks) and a.urls:
                 sites.queue_tasks(batch, self.store, a.urls)
                 batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
+
+    def drop_moved(self) -> int:
+        """Take the tasks that moved to other hosts out of task_pool (and task_pool:fp: a
+        URL that comes here again is a new task); returns how many were dropped."""
+        moved = {u.decode() for u in self.store.command(b"SMEMBERS", self.store.key(TASKS_MOVED))}
+        if not moved:
+            return 0
+        ids = [i for i, u in self.all_tasks() if u in moved]
+        self.drop_tasks(ids)
+        batch = self.store.batch()
+        batch.fingerprints(b"SREM", self.store.key(TASK_FP), fingerprint_many(sorted(moved)))
+        batch.add(b"SREM", self.store.key(TASKS_MOVED), *moved)
+        self.store.execute(batch)
+        return len(ids)
 
     def tasks_done(self, count: int) -> list[str]:
         """The oldest ``count`` finished tasks' URLs not yet reported."""

@@ -165,13 +165,21 @@ class AddTasks:
 
 
 @dataclass(frozen=True)
+class DropTasks:
+    """These tasks moved to other hosts while this one was away (its center re-issued
+    them): out of ``task_pool``, never crawled here (docs/PROTOCOL.md section 12)."""
+
+    urls: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class TakeDone:
     """The first ``count`` entries of ``tasks_done`` are in a report now (stored unacknowledged)."""
 
     count: int
 
 
-Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks, TakeDone]
+Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks, TakeDone, DropTasks]
 #: Every event the core takes (:meth:`HostProtocol.handle`).
 Event = Union[Found, FromCenter, Connected, LookupDone, Reoffer, Resume, Finished]
 
@@ -323,6 +331,12 @@ class HostProtocol:
                 self.counters.inc("repeated_acks")
                 return []
             return [Release(message.number, tuple(entry[1]), entry[0])]
+        if isinstance(message, Done):  # what moved from this host while it was away
+            urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
+            self.counters.inc("tasks_dropped_moved", amount=len(urls))
+            log.warning("the center moved %d of this host's tasks to other hosts while it was away: dropped here",
+                        len(urls))
+            return [DropTasks(urls), Send(wire.encode(Ack(message.number, "stored")))]
         if isinstance(message, Task):
             token = (OfferedTask.KIND, message.number)
             urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))

@@ -297,7 +297,9 @@ def test_center_restart_resumes_and_loses_nothing():
     c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
     sent(c)
     c = c.restart()
-    assert num("127.0.1.10", 5) in c.core.sets and c.timers == {num("127.0.1.10", 5): 1.0}
+    assert num("127.0.1.10", 5) in c.core.sets and c.timers == {num("127.0.1.10", 5): 1.0,
+                                                               **{cp.reissue_timer(f"127.0.1.{h}"): 300.0
+                                                                  for h in (10, 11, 12)}}  # hosts away
     c.feed(cp.Joined(cp.Host("127.0.1.11")))  # back: asked at once
     assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.11"]
     c.fire(num("127.0.1.10", 5))  # 127.0.1.12 never came back: no longer waited for

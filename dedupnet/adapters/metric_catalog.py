@@ -167,6 +167,11 @@ _ALL = (
     _c("tasks_reported", "Finished tasks reported: sent by a host, taken off its ledger by its center."),
     _c("reports_unknown", "Reported finished tasks that were not on the host's ledger (moved meanwhile).",
        role="center"),
+    _c("hosts_reissued", "LAN hosts silent for reissue_after whose unfinished tasks went to the live hosts.",
+       role="center"),
+    _c("tasks_reissued", "Task URLs of hosts silent for reissue_after given to the LAN's live hosts.", role="center"),
+    _c("tasks_dropped_moved", "Tasks this host dropped on its return: its center had given them to other hosts.",
+       role="host"),
     _c("ledger_moved", "URLs on a gone host's ledger beyond its task_pool (fetched and not reported, or lost "
                        "with its disk) given to the LAN's other hosts.", role="center"),
     _c("stores_behind", "A member's Redis came back behind what it had reported (a lower step, or "

@@ -204,6 +204,9 @@ _LIST = (
        role_help={CENTER: "seconds of silence after which a host or a peer network counts as gone",
                   LOCAL: "seconds of silence after which the host gives its center up and dials again (the same "
                          "on the LAN's center and hosts)"}),
+    _s("reissue_after", float, 300.0, "seconds a LAN host may be silent before its unfinished tasks (its ledger) go "
+       "to the LAN's live hosts, whole sites at a time, and it is no longer one of the LAN's hosts (0: never; "
+       "dedupnet reassign does it at once)", CENTER, metavar="S"),
     _s("stop_grace", float, 10.0, "on SIGTERM: seconds the pages already requested get to finish (then they are "
        "handed back and fetched again elsewhere)", LOCAL, metavar="S"),
     _s("stop_timeout", float, 60.0, "on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take "

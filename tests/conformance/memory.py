@@ -31,6 +31,7 @@ class MemoryCenter:
     admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     hosts: dict[str, str] = field(default_factory=dict)  # the known hosts (NoteHost)
     ledger: dict[str, set[str]] = field(default_factory=dict)  # host -> URLs given, not reported finished
+    moved: dict[str, set[str]] = field(default_factory=dict)  # re-issued host -> what moved from it
 
     @classmethod
     def make(cls, **config) -> "MemoryCenter":
@@ -80,6 +81,10 @@ class MemoryCenter:
                 self.ledger.setdefault(a.host, set()).update(a.urls)
             elif isinstance(a, cp.Unledger):
                 self.ledger.get(a.host, set()).difference_update(a.urls)
+            elif isinstance(a, cp.NoteMoved):
+                self.moved.setdefault(a.host, set()).update(a.urls)
+            elif isinstance(a, cp.ForgetMoved):
+                self.moved.pop(a.host, None)
             else:
                 raise TypeError(a)
         for a in deferred:
@@ -102,10 +107,11 @@ class MemoryCenter:
         fresh = MemoryCenter(cp.CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
                              self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
                              self.digests, self.sequences, admissions=self.admissions, hosts=self.hosts,
-                             ledger=self.ledger)
+                             ledger=self.ledger, moved=self.moved)
         fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
                              {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences), dict(self.hosts),
-                             {h: sorted(u) for h, u in self.ledger.items() if u}))
+                             {h: sorted(u) for h, u in self.ledger.items() if u},
+                             {h: sorted(u) for h, u in self.moved.items() if u}))
         return fresh
 
 
@@ -163,7 +169,7 @@ class MemoryHost:
                     self.unacked.pop(a.number, None)
             elif isinstance(a, hp.AddTasks):
                 self.task_pool.extend(a.urls)
-            elif isinstance(a, hp.TakeDone):
+            elif isinstance(a, (hp.TakeDone, hp.DropTasks)):
                 pass
             else:
                 raise TypeError(a)

@@ -1,0 +1,116 @@
+"""A host that is gone has its work re-issued by its center (docs/PROTOCOL.md section 12):
+after ``reissue_after`` seconds of silence its ledger goes to the LAN's live hosts, whole
+sites at a time; when it comes back it is told what moved and drops it. The core
+through the in-memory adapters (the timer fired by hand), then real daemons and Redis."""
+
+from collections import Counter, defaultdict
+
+import trio
+
+from center_host import protocol as cp
+from dedupnet.codec.messages import Ack, Done, Frame, Task
+from dedupnet.codec.urls import site_of
+
+from .conformance.memory import MemoryCenter, decode
+
+LAN = "127.0.1.0/24"
+HOSTS = ("127.0.1.10", "127.0.1.11", "127.0.1.12")
+GONE = "127.0.1.11"
+URLS = [f"http://site{i % 17}.example/p{i}" for i in range(120)]
+
+
+def sent(c):
+    return [(str(to), decode(data)) for to, data in c.take_outbox()]
+
+
+def center_with_work():
+    """Three hosts; 120 URLs of 17 sites admitted and acknowledged into their task_pools."""
+    c = MemoryCenter.make(network=1, lan=LAN)
+    for ip in HOSTS:
+        c.feed(cp.Joined(cp.Host(ip), f"{ip}:7701"))
+    c.feed(cp.Received(cp.Host(HOSTS[0]), Frame(dict.fromkeys(URLS, 0), HOSTS[0], 1 << 32 | 1 << 16 | 10, 1)))
+    for to, msg in sent(c):
+        if isinstance(msg, Task):
+            c.feed(cp.Received(cp.Host(to), Ack(msg.number, "stored")))
+    assert not c.task_URL and c.core.ledger[GONE]
+    return c
+
+
+def test_a_host_silent_for_reissue_after_has_its_ledger_moved_by_site_and_drops_it_when_back():
+    c = center_with_work()
+    held = set(c.core.ledger[GONE])
+    c.feed(cp.Left(cp.Host(GONE)))
+    assert c.timers == {cp.reissue_timer(GONE): 300.0}  # the default: far above heartbeat_timeout
+    c.fire(cp.reissue_timer(GONE))
+    given = defaultdict(set)
+    for to, msg in sent(c):
+        assert isinstance(msg, Task) and msg.number == cp.REISSUE_NUMBER
+        given[to].update(msg.URLs)
+    assert set().union(*given.values()) == held and GONE not in given  # nothing lost
+    owners = defaultdict(set)
+    for to, urls in given.items():
+        for url in urls:
+            owners[site_of(url)].add(to)
+    assert max(map(len, owners.values())) == 1 and len(given) == 2  # each moved site went whole to one host
+    assert GONE not in c.core.known and GONE not in c.core.ledger
+    assert c.moved[GONE] == held and c.core.counters.get("hosts_reissued") == 1
+    c.feed(cp.Joined(cp.Host(GONE), f"{GONE}:7701"))  # back, its store kept: told what moved, first
+    (first, *_) = sent(c)
+    assert first == (GONE, Done(cp.MOVED_NUMBER, tuple(sorted(held))))
+    c.feed(cp.Received(cp.Host(GONE), Ack(cp.MOVED_NUMBER, "stored")))
+    assert not c.moved and not c.core.moved
+
+
+def test_a_host_back_before_reissue_after_keeps_its_work():
+    c = center_with_work()
+    held = set(c.core.ledger[GONE])
+    c.feed(cp.Left(cp.Host(GONE)))
+    c.feed(cp.Joined(cp.Host(GONE), f"{GONE}:7701"))
+    assert not c.timers and c.core.ledger[GONE] == held
+    assert not [m for _, m in sent(c) if isinstance(m, (Task, Done))]
+
+
+def test_a_restarted_center_waits_for_its_hosts_and_remembers_what_moved():
+    c = center_with_work()
+    c.feed(cp.Left(cp.Host(GONE)))
+    c.fire(cp.reissue_timer(GONE))
+    moved = set(c.moved[GONE])
+    c = c.restart()
+    assert c.core.moved[GONE] == moved
+    assert set(c.timers) >= {cp.reissue_timer(ip) for ip in HOSTS if ip != GONE}  # every known host is away
+    c.feed(cp.Joined(cp.Host(HOSTS[0]), f"{HOSTS[0]}:7701"))
+    assert cp.reissue_timer(HOSTS[0]) not in c.timers
+
+
+# -- real daemons ---------------------------------------------------------------------
+async def test_a_killed_host_is_reissued_without_an_operator_and_drops_what_moved_when_back(redis_url):
+    """One network, two hosts, ``reissue_after`` 1 s: the host killed (its store kept)
+    has its tasks given to the other host with no command; restarted, it takes the
+    moved tasks out of its task_pool before anything crawls them: every URL once."""
+    import random
+
+    from dedupnet.harness.cluster import open_cluster
+
+    async with open_cluster(redis_url, 1, 2, set_size=20, prefix=f"reissue{random.random()}", heartbeat_interval=0.1,
+                            heartbeat_timeout=0.5, reissue_after=1.0) as cluster:
+        cluster.hosts["127.0.1.10"].pools.push(URLS)
+        with trio.fail_after(30):
+            await cluster.wait_quiescent()
+        gone = cluster.hosts["127.0.1.11"]
+        held = {u for _, u in await gone.store.run(gone.pools.all_tasks)}
+        assert held
+        await cluster.kill("127.0.1.11")
+        center = cluster.centers[1]
+        with trio.fail_after(30):
+            while center.counters.get("hosts_reissued") < 1 or center.core.tasks:
+                await trio.sleep(0.05)
+        live = cluster.hosts["127.0.1.10"]
+        assert held <= {u for _, u in await live.store.run(live.pools.all_tasks)}
+        back = await cluster.start_host(1, 1)  # the same address and store
+        with trio.fail_after(30):
+            while await back.store.run(back.pools.all_tasks) or center.core.moved:
+                await trio.sleep(0.05)
+        tasks = Counter()
+        for h in cluster.hosts.values():
+            tasks.update(u for _, u in await h.store.run(h.pools.all_tasks))
+    assert set(tasks) == set(URLS) and max(tasks.values()) == 1
