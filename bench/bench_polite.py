@@ -17,8 +17,8 @@ sites with work:
 
 * slots busy: mean requests on the wire / concurrency, and against what politeness
   allows at that moment (``min(concurrency, sites with work * latency / delay)``);
-* pages/s against ``min(concurrency / latency, sites with work / delay)`` (the target
-  is 0.85 of it);
+* requests/s (pages and robots.txt: both take a slot and a site's turn) against
+  ``min(concurrency / latency, sites with work / delay)`` (the target is 0.85 of it);
 * each finished site's last page against its own bound (its pages * delay, from the
   moment its first page was fetched) — how many came later than 1.1 x bound + 5 s;
 * the crawler process's CPU per page.
@@ -63,7 +63,8 @@ def crawl_child(args) -> None:
     pools.setup()
     seeds = json.loads(Path(args.seeds_file).read_text())
     settings = CrawlerSettings(progress_interval=3600.0)
-    crawler = Crawler(store, settings, Counters(), consumer="bench")
+    counters = Counters()
+    crawler = Crawler(store, settings, counters, consumer="bench")
     outstanding: dict[str, int] = {}
     seen: set[str] = set()
     first: dict[str, float] = {}
@@ -115,7 +116,8 @@ def crawl_child(args) -> None:
             while time.monotonic() - t0 < args.seconds:
                 after = await trio.to_thread.run_sync(feed, after)
                 work = sum(1 for n in outstanding.values() if n > 0)
-                samples.append((time.monotonic() - t0, crawler.politeness.active, work, crawler.pages_done))
+                requests = counters.total("pages_fetched") + counters.total("robots_fetched")
+                samples.append((time.monotonic() - t0, crawler.politeness.active, work, crawler.pages_done, requests))
                 if not work and crawler.idle:
                     break
                 await trio.sleep(0.1)
@@ -126,8 +128,10 @@ def crawl_child(args) -> None:
     cpu = time.process_time() - cpu
     left = {site for site, n in outstanding.items() if n > 0}
     store.delete_prefix()
+    import resource
+
     print(json.dumps({"samples": samples, "first": first, "last": last, "done": done, "cpu": cpu,
-                      "unfinished": sorted(left)}))
+                      "unfinished": sorted(left), "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
 
 
 # -- the web (a child process) ------------------------------------------------------------------
@@ -167,7 +171,7 @@ def figures(result: dict, args) -> dict:
     allowed = [s[1] / min(conc, s[2] * lat / delay) for s in rows]
     rate = expected = 0.0
     if len(rows) >= 2:
-        rate = (rows[-1][3] - rows[0][3]) / (rows[-1][0] - rows[0][0])
+        rate = (rows[-1][4] - rows[0][4]) / (rows[-1][0] - rows[0][0])
         expected = sum(min(conc / lat, s[2] / delay) for s in rows) / len(rows)
     unfinished = set(result["unfinished"])
     late = sum(1 for site, t in result["last"].items()
@@ -179,7 +183,8 @@ def figures(result: dict, args) -> dict:
             "slots_busy_of_allowed": sum(allowed) / len(allowed) if allowed else 0.0,
             "pages_per_s": rate, "bound_per_s": expected, "sites_fetched": len(result["done"]), "sites_late": late,
             "sites_done": len(result["done"]) - len(unfinished),
-            "cpu_ms_per_page": 1000 * result["cpu"] / max(1, all_rows[-1][3] if all_rows else 1)}
+            "cpu_ms_per_page": 1000 * result["cpu"] / max(1, all_rows[-1][3] if all_rows else 1),
+            "rss_mb": result["rss_mb"]}
 
 
 def late_done(f: dict) -> str:
@@ -224,13 +229,13 @@ def main() -> None:
     finally:
         web.send_signal(signal.SIGINT)
         web.wait(10)
-    print(f"\n{'':<10}{'crawl s':>9}{'pages':>8}{'pages/s':>9}{'bound/s':>9}{'ratio':>7}{'slots busy':>12}"
-          f"{'of allowed':>12}{'late/done':>12}{'CPU ms/page':>12}")
+    print(f"\n{'':<10}{'crawl s':>9}{'pages':>8}{'req/s':>9}{'bound/s':>9}{'ratio':>7}{'slots busy':>12}"
+          f"{'of allowed':>12}{'late/done':>12}{'CPU ms/page':>12}{'peak RSS MB':>12}")
     for name, f in results.items():
         ratio = f["pages_per_s"] / f["bound_per_s"] if f["bound_per_s"] else 0.0
         print(f"{name:<10}{f['seconds']:>9.1f}{f['pages']:>8,}{f['pages_per_s']:>9.1f}{f['bound_per_s']:>9.1f}"
               f"{ratio:>7.2f}{f['slots_busy']:>12.0%}{f['slots_busy_of_allowed']:>12.0%}"
-              f"{late_done(f):>12}{f['cpu_ms_per_page']:>12.2f}")
+              f"{late_done(f):>12}{f['cpu_ms_per_page']:>12.2f}{f['rss_mb']:>12.0f}")
     print("(over the samples with at least 32 sites with work; target: ratio >= 0.85, slots busy >= 90 %)")
 
 

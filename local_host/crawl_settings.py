@@ -54,8 +54,10 @@ class CrawlerSettings:
     #: Honour HTTP(S)_PROXY / NO_PROXY from the environment.
     trust_env: bool = False
     #: HTTP clients kept open (per site, each with a few keep-alive connections);
-    #: beyond this the least recently used idle ones are closed.
-    max_clients: int = 256
+    #: beyond this the least recently used idle ones are closed. The frontier takes
+    #: its sites in turn, so a site comes back after every other ready one: enough
+    #: clients keep its connection warm till then (a few MB more for 1,024 than 256).
+    max_clients: int = 1024
     #: Tasks taken from task_pool and not yet done (fetching, retrying, being written);
     #: None: twice ``concurrency``. The frontier hands a task out only when its site may
     #: be fetched (local_host/sites.py), so a lease rarely waits.
