@@ -114,3 +114,39 @@ async def test_a_killed_host_is_reissued_without_an_operator_and_drops_what_move
         for h in cluster.hosts.values():
             tasks.update(u for _, u in await h.store.run(h.pools.all_tasks))
     assert set(tasks) == set(URLS) and max(tasks.values()) == 1
+
+
+async def test_a_power_cut_between_a_page_and_its_report_loses_no_report(redis_url):
+    """A host records pages (finish_URL, task_pool, and their report in tasks_done, one
+    transaction) and dies before the report goes; started again on its store it sends
+    the report: its center's ledger empties and nothing is given to another host."""
+    import random
+
+    from dedupnet.harness.cluster import open_cluster
+    from local_host.tasks import finish_tasks
+
+    async with open_cluster(redis_url, 1, 2, set_size=20, prefix=f"cut{random.random()}", heartbeat_interval=0.1,
+                            reissue_after=0) as cluster:
+        cluster.hosts["127.0.1.10"].pools.push(URLS)
+        with trio.fail_after(30):
+            await cluster.wait_quiescent()
+        host = cluster.hosts["127.0.1.11"]
+        entries = await host.store.run(host.pools.all_tasks)
+        urls = [u for _, u in entries]
+        store = host.pools.store
+
+        def finish():
+            batch = store.batch()
+            finish_tasks(batch, store, [i for i, _ in entries], urls, urls, None)
+            store.execute(batch)
+        await host.store.run(finish)
+        await cluster.kill("127.0.1.11")  # at once: its report waits in tasks_done
+        assert await host.store.run(host.pools.tasks_done, 1000) == urls
+        center = cluster.centers[1]
+        assert center.core.ledger["127.0.1.11"] == set(urls)
+        back = await cluster.start_host(1, 1)
+        with trio.fail_after(30):
+            while center.core.ledger.get("127.0.1.11"):
+                await trio.sleep(0.05)
+        assert not await back.store.run(back.pools.tasks_done, 1) and not center.core.tasks
+        assert center.counters.get("tasks_reported") == len(urls) and center.counters.get("ledger_moved") == 0
