@@ -140,8 +140,8 @@ def _add_reassign_command(sub: argparse._SubParsersAction) -> None:
     reassign.add_argument("--prefix", metavar="P",
                           help="the gone host's key prefix (default: dedupnet:host:IP)")
     reassign.add_argument("--leave-task-pool", action="store_true",
-                          help="without --data-dir: move only what the center holds; the host's own task_pool "
-                               "stays in its Redis, crawled only if it starts again")
+                          help="without --data-dir (its disk is gone): move what the center holds, every URL it "
+                               "gave the host and was not told is finished; if the host starts again it drops them")
 
 
 def _add_pool_commands(sub: argparse._SubParsersAction) -> None:

@@ -120,8 +120,9 @@ async def reassign(center: tuple[str, int], host: str, *, key_file: str | None, 
     if data is None and not leave_task_pool and heard != 0:
         held = "an unknown number of tasks" if heard is None else f"{heard} tasks when last heard"
         raise Refused(f"host {host}'s own task_pool ({held}) is in its Redis: give --data-dir (or --redis) of "
-                      "the host to move it too, or --leave-task-pool to move only what its center holds (the "
-                      "rest is crawled only if the host starts again)")
+                      "the host to move it too, or --leave-task-pool to move what its center holds: every URL it "
+                      "gave the host and was not told is finished (its ledger); if the host starts again it is "
+                      "told what moved and drops it")
     ip, register = control_register(center)
     host_id = host_id_from_ip(host, status["lan"])
     async with await connect(*center, register, local_ip=ip, counters=Counters(), keyring=keyring) as conn:
