@@ -63,6 +63,13 @@ def _set_add(s: set, items, journal: Journal) -> None:
         journal.note(lambda: s.difference_update(new))
 
 
+def _set_remove(s: set, items, journal: Journal) -> None:
+    gone = [x for x in items if x in s]
+    s.difference_update(gone)
+    if gone and journal.enabled:
+        journal.note(lambda: s.update(gone))
+
+
 def _dict_set(d: dict, key, value, journal: Journal) -> None:
     had, old = key in d, d.get(key)
     d[key] = value
@@ -167,6 +174,11 @@ class HostStore(_Records):
                 for url in a.urls:
                     self.task_pool.add(url)
                 _set_add(self.task_fp, a.urls, j)
+            elif isinstance(a, hp.DropTasks) and a.urls:  # moved to other hosts while this one was away
+                moved = set(a.urls)
+                self.task_pool.ack([i for d in (self.task_pool.new, self.task_pool.pending)
+                                    for i, u in d.items() if u in moved])
+                _set_remove(self.task_fp, a.urls, j)
 
     def lookup(self, action: hp.Lookup, exact: bool) -> hp.LookupDone:
         use_queued = exact or action.token[0] == hp.OfferedTask.KIND
@@ -213,6 +225,8 @@ class CenterStore(_Records):
         self.concluded: set[int] = set()
         self.digests: dict[int, int] = {}  # concluded_digest
         self.sequences: dict[str, int] = {}  # host_sequences
+        self.ledger: dict[str, set[str]] = {}  # ledger:<host>
+        self.moved: dict[str, set[str]] = {}  # moved:<host>
         self.journal.undo = []
 
     def records(self) -> list[tuple[str, str]]:
@@ -242,6 +256,14 @@ class CenterStore(_Records):
                 _dict_set(self.task_url, a.key, tuple(a.urls), j)
             elif isinstance(a, cp.DropTask):
                 _dict_pop(self.task_url, a.key, j)
+            elif isinstance(a, cp.Ledger):
+                _set_add(self.ledger.setdefault(a.host, set()), a.urls, j)
+            elif isinstance(a, cp.Unledger):
+                _set_remove(self.ledger.setdefault(a.host, set()), a.urls, j)
+            elif isinstance(a, cp.NoteMoved):
+                _set_add(self.moved.setdefault(a.host, set()), a.urls, j)
+            elif isinstance(a, cp.ForgetMoved):
+                _set_remove(self.moved.setdefault(a.host, set()), list(self.moved.get(a.host, ())), j)
 
     def lookup(self, action: cp.Lookup) -> cp.LookupDone:
         return cp.LookupDone(action.number, action.number in self.concluded, [u in self.admitted for u in action.urls],
@@ -251,4 +273,6 @@ class CenterStore(_Records):
         from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
-        return cp.Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences))
+        return cp.Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),
+                         ledger={h: sorted(u) for h, u in self.ledger.items() if u},
+                         moved={h: sorted(u) for h, u in self.moved.items() if u})
