@@ -137,7 +137,9 @@ class Crawler:
         self._finished = AgedSet(store, FINISH_URL, s.recrawl) if s.recrawl is not None else None
         self._clients: ClientPool | None = None
         self._leases = trio.Semaphore(max(1, s.max_leased or 2 * s.concurrency))
-        self._pace = Pace(s.per_site_delay, s.per_site_concurrency or s.concurrency)
+        # One site gives a take at most its own bound (or one client's connections): the
+        # next take goes on to other sites, each request warm on its site's connection.
+        self._pace = Pace(s.per_site_delay, s.per_site_concurrency or CONNECTIONS_PER_CLIENT)
         #: Crawl-delays learned from robots.txt, for the frontier at the next take.
         self._site_delays: dict[str, float] = {}
         self._drained = False
