@@ -246,18 +246,12 @@ class HostPools(CoreWrites):
     def task_pool_size_steps(self) -> Steps[int]:
         """:func:`~local_host.sites.task_count` on trio (no worker thread: a daemon that
         stops is not held by a Redis that does not answer)."""
-        batch = self.store.batch()
-        batch.add(b"XLEN", self.store.key(TASK_POOL))
-        batch.add(b"GET", self.store.key(sites.QUEUED_COUNT))
-        handed, queued = yield batch
-        return int(handed) + int(queued or 0)
+        return (yield from sites.task_count_steps(self.store))
 
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()
         batch.add(b"XLEN", self.store.key(URL_POOL))
-        batch.add(b"XLEN", self.store.key(TASK_POOL))
-        batch.add(b"GET", self.store.key(sites.QUEUED_COUNT))
         batch.add(b"HLEN", self.store.key(UNACKED))
-        url_pool, handed, queued, unacked = self.store.execute(batch)
-        return {URL_POOL: url_pool, TASK_POOL: handed + int(queued or 0), "unacked_sets": unacked}
+        url_pool, unacked = self.store.execute(batch)
+        return {URL_POOL: url_pool, TASK_POOL: sites.task_count(self.store), "unacked_sets": unacked}
 

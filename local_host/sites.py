@@ -38,7 +38,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from dedupnet.adapters.store import TASK_POOL, Batch, Store
+from dedupnet.adapters.store import TASK_POOL, Batch, Steps, Store
 from dedupnet.codec.urls import site_of
 
 #: The consumer of the crawlers' group that moves entries added to the stream directly
@@ -239,10 +239,14 @@ def queue_tasks(batch: Batch, store: Store, urls: Sequence[str]) -> None:
 def task_count(store: Store) -> int:
     """Tasks of the host not crawled yet: queued in the lists and handed out (0: the
     host's frontier is empty)."""
+    return store.drive(task_count_steps(store))
+
+
+def task_count_steps(store: Store) -> Steps[int]:
     batch = store.batch()
     batch.add(b"XLEN", store.key(TASK_POOL))
     batch.add(b"GET", store.key(QUEUED_COUNT))
-    handed, queued = store.execute(batch)
+    handed, queued = yield batch
     return int(handed) + int(queued or 0)
 
 
