@@ -6,7 +6,7 @@ The section's commands run in one directory set up as the section says: ``dedupn
 --dir certs --networks 1,2`` made there, a center of network 1 running at
 ``127.0.1.1:7700`` with the LAN key ``certs/lan-1.key`` and the data directory
 ``c1-data``, something else listening on ``127.0.0.1:7700``, nothing on
-``127.0.0.1:7799`` or on ``127.0.9.1``. Ports 7700 and 7799 stand for two ports free on
+``127.0.0.1:7790`` or on ``127.0.9.1``. Ports 7700 and 7790 stand for two ports free on
 this machine when the test runs; process ids are compared as ``pid N``. A mistake whose
 exit status is ``runs`` does not stop the daemon (a retry may cure it, or it is only a
 warning): its line must appear within a few seconds, and the daemon is then stopped.
@@ -54,14 +54,14 @@ def free_port() -> int:
 
 
 class Place:
-    """The directory the section's commands run in, and the ports standing for 7700 and 7799."""
+    """The directory the section's commands run in, and the ports standing for 7700 and 7790."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ports = {"7700": str(free_port()), "7799": str(free_port())}
+        self.ports = {"7700": str(free_port()), "7790": str(free_port())}
 
     def real(self, text: str) -> str:
-        return re.sub(r"\b(7700|7799)\b", lambda m: self.ports[m[1]], text)
+        return re.sub(r"\b(7700|7790)\b", lambda m: self.ports[m[1]], text)
 
     def shown(self, text: str) -> str:
         """What a command said, as the section writes it."""
@@ -76,8 +76,8 @@ def place(root: Path):
     subprocess.run([*DEDUPNET, "certs", "--dir", "certs", "--networks", "1,2"], cwd=root, check=True,
                    capture_output=True)
     (root / "seeds.txt").write_text("http://127.77.0.1:8077/\n# the second site\nexample.com/page\n")
-    (root / "peer.toml").write_text('network = 1\nlisten = "127.0.0.1:7799"\npeer = ["2,127.0.2.1:7700,127.0.2.0/24"]\n')
-    (root / "size.toml").write_text('network = 1\nlisten = "127.0.0.1:7799"\nset_size = "500"\n')
+    (root / "peer.toml").write_text('network = 1\nlisten = "127.0.0.1:7790"\npeer = ["2,127.0.2.1:7700,127.0.2.0/24"]\n')
+    (root / "size.toml").write_text('network = 1\nlisten = "127.0.0.1:7790"\nset_size = "500"\n')
     (root / "open.key").write_text((root / "certs" / "lan-1.key").read_text())
     (root / "open.key").chmod(0o644)
     center = subprocess.Popen([*DEDUPNET, "center", "--network", "1", "--listen", f"127.0.1.1:{p.ports['7700']}",
@@ -137,9 +137,9 @@ def test_the_section_lists_at_least_25_mistakes():
 def test_each_mistake_says_what_the_section_says(section_place, row):
     line, status = observe(section_place, row["command"], row["exit"] == "runs")
     assert (line, status) == (row["line"], row["exit"]), row["command"]
-    if status != "runs":
-        assert status == "2" or row["command"].split()[1] in ("status", "push", "reassign"), \
-            "a daemon's mistake in its settings exits 2"
+    if status != "runs":  # a daemon's mistake in its settings is 2; 1 is for what a later try may find
+        assert status == "2" or row["command"].split()[1] in ("status", "push", "reassign") \
+            or "--center auto" in row["command"], "a daemon's mistake in its settings exits 2"
 
 
 if __name__ == "__main__":  # the rows as the commands answer now

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import logging
 import os
@@ -50,6 +51,10 @@ def parse_peer(text: str) -> PeerAddress:
         network = int(network)
     except ValueError:
         raise ValueError(f"--peer wants NETWORK,HOST:PORT,CIDR, got {text!r}") from None
+    try:
+        ipaddress.ip_network(cidr, strict=False)
+    except ValueError as exc:  # the peer's LAN: a center would match no host of it, silently
+        raise ValueError(f"--peer {text!r}: CIDR {cidr!r} is not a network ({exc})") from None
     return PeerAddress(check_network(network, f"--peer {text!r}: NETWORK"), host, port, cidr)
 
 
@@ -57,6 +62,11 @@ def _need(settings: Settings, *names: str) -> None:
     missing = [n for n in names if getattr(settings, n) is None]
     if missing:
         raise ValueError("missing setting(s): " + ", ".join("--" + n.replace("_", "-") for n in missing))
+    if settings.lan is not None:  # a LAN that is no network would match no host, silently
+        try:
+            ipaddress.ip_network(settings.lan, strict=False)
+        except ValueError as exc:
+            raise ValueError(f"--lan {settings.lan!r} is not a network in CIDR notation ({exc})") from None
 
 
 def _data_dir(settings: Settings, default: str) -> str | None:
