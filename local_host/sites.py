@@ -61,6 +61,42 @@ SORT_BATCH = 2000
 #: Site of a URL that has none (not a URL: its taker finishes it as failed).
 NO_SITE = "?"
 
+# A queued URL of the form ``http[s]://<its site><rest>`` is kept as one byte for the
+# scheme and ``<rest>``: its list is its site's, so the prefix is known (some 20-30
+# bytes a URL). Anything else (userinfo, a host not in lower case) is kept whole: a
+# normalised URL never starts with byte 1 or 2.
+_PACKING = b"""
+local function pack(url, site)
+  for mark, scheme in pairs({[string.char(1)] = 'http://', [string.char(2)] = 'https://'}) do
+    local head = scheme .. site
+    if string.sub(url, 1, #head) == head then return mark .. string.sub(url, #head + 1) end
+  end
+  return url
+end
+local function unpack_url(packed, site)
+  local b = string.byte(packed, 1)
+  if b == 1 then return 'http://' .. site .. string.sub(packed, 2) end
+  if b == 2 then return 'https://' .. site .. string.sub(packed, 2) end
+  return packed
+end
+"""
+_MARKS = (("\x01", "http://"), ("\x02", "https://"))
+
+
+def pack(url: str, site: str) -> str:
+    """A URL as its site's list keeps it (see ``_PACKING``)."""
+    for mark, scheme in _MARKS:
+        if url.startswith(scheme + site):
+            return mark + url[len(scheme) + len(site):]
+    return url
+
+
+def unpack(packed: str, site: str) -> str:
+    for mark, scheme in _MARKS:
+        if packed.startswith(mark):
+            return scheme + site + packed[1:]
+    return packed
+
 # KEYS: task_pool, sites, delays, queued count, bell; ARGV: group, queue prefix, taker,
 # now ms, want, delay ms, burst, idle ms, sort batch, then (site, delay ms) pairs to
 # record. Returns {next ready ms or -1, more to sort (0/1), the stream's last id, the
@@ -83,6 +119,7 @@ local function site_of(url)
   local host = string.match(auth, '^%[[^%]/?#@]*%]') or string.match(auth, '^[^:/?#@]*')
   return string.lower(host)
 end
+""" + _PACKING + b"""
 -- Entries added to the stream directly go to their sites' lists.
 local read = {'XREADGROUP', 'GROUP', group, 'queued', 'COUNT', batch, 'STREAMS', stream, '>'}
 local got = redis.pcall(unpack(read))
@@ -100,7 +137,7 @@ if got then
     local url = url_of(e[2])
     if url then
       local site = site_of(url)
-      redis.call('RPUSH', prefix .. site, url)
+      redis.call('RPUSH', prefix .. site, pack(url, site))
       redis.call('ZADD', sites, 'NX', now, site)
       redis.call('INCR', count)
     end
@@ -123,7 +160,7 @@ if want > 0 and more == 0 then
     while n < (gap > 0 and 1 or burst) and taken < want do
       local url = redis.call('LPOP', q)
       if not url then break end
-      redis.call('XADD', stream, '*', 'u', url)
+      redis.call('XADD', stream, '*', 'u', unpack_url(url, site))
       n = n + 1; taken = taken + 1
     end
     if redis.call('LLEN', q) == 0 then
@@ -162,9 +199,10 @@ return head
 # many sites are left.
 _UNSORT = b"""
 local stream, sites, count, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
+""" + _PACKING + b"""
 for _, site in ipairs(redis.call('ZRANGE', sites, 0, tonumber(ARGV[2]) - 1)) do
   local urls = redis.call('LRANGE', prefix .. site, 0, -1)
-  for _, url in ipairs(urls) do redis.call('XADD', stream, '*', 'u', url) end
+  for _, url in ipairs(urls) do redis.call('XADD', stream, '*', 'u', unpack_url(url, site)) end
   redis.call('DECRBY', count, #urls)
   redis.call('DEL', prefix .. site)
   redis.call('ZREM', sites, site)
@@ -230,7 +268,7 @@ def queue_tasks(batch: Batch, store: Store, urls: Sequence[str]) -> None:
             site = NO_SITE
         by_site.setdefault(site, []).append(url)
     for site, queued in by_site.items():
-        batch.add(b"RPUSH", key(QUEUE) + site, *queued)
+        batch.add(b"RPUSH", key(QUEUE) + site, *[pack(url, site) for url in queued])
         batch.add(b"ZADD", key(SITES), b"NX", now_ms, site)
     batch.add(b"INCRBY", key(QUEUED_COUNT), len(urls))
     batch.add(b"XADD", key(BELL), b"MAXLEN", 1, b"*", b"n", len(urls))
@@ -255,7 +293,8 @@ def queued_urls(store: Store) -> list[str]:
     every site, for tests and tools."""
     out: list[str] = []
     for name in store.command(b"ZRANGE", store.key(SITES), 0, -1):
-        out += [u.decode() for u in store.command(b"LRANGE", store.key(QUEUE) + name.decode(), 0, -1)]
+        site = name.decode()
+        out += [unpack(u.decode(), site) for u in store.command(b"LRANGE", store.key(QUEUE) + site, 0, -1)]
     return out
 
 

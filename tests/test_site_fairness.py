@@ -33,7 +33,9 @@ async def test_small_sites_are_fetched_at_once_behind_a_big_one(store, web):
     assert took < 12.0, f"the small sites took {took:.1f} s"  # generous: a loaded machine
     big_hits = sorted(h.t for h in big.hits() if h.path != "/robots.txt")
     assert len(big_hits) >= 5  # the big site was fetched meanwhile too
-    assert min(b - a for a, b in zip(big_hits, big_hits[1:])) >= 0.25 - 0.02
+    # Server-side times, in the process that also runs the crawler and 51 servers: a
+    # request held up on its way in shortens the gap seen after it.
+    assert min(b - a for a, b in zip(big_hits, big_hits[1:])) >= 0.25 - 0.08
 
 
 def test_the_urlfrontier_service_hands_out_small_sites_behind_a_big_one(store):

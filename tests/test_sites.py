@@ -200,3 +200,23 @@ def test_the_frontier_in_metrics():
     assert series["frontier_sites", (("state", "queued"),)] == 120
     assert series["frontier_sites", (("state", "waiting"),)] == 80
     assert series["frontier_ready_wait_seconds", ()] == 2.5
+
+
+def test_a_queued_url_is_kept_without_its_site_and_comes_back_whole(store):
+    """Its site's list knows the site: ``http[s]://<site>`` is one byte; any other
+    form is kept whole. Whatever path a URL takes (queued by a writer or moved from
+    the stream; handed out, or moved back by unsort), it comes back to the letter."""
+    urls = ["http://a.example/x?q=1", "https://a.example/", "http://a.example:8080/p", "http://u:p@a.example/",
+            "https://[::1]:8443/v6", "http://a.example", "ftp://a.example/f", "not a url", "http://A.example/up"]
+    assert all(sites.unpack(sites.pack(u, s), s) == u for u in urls for s in ("a.example", "[::1]", "?"))
+    batch = store.batch()
+    sites.queue_tasks(batch, store, urls)
+    store.execute(batch)
+    store.stream_add(TASK_POOL, urls)  # the other way in: moved into the lists by a take
+    _take(store, 0)
+    assert sorted(sites.queued_urls(store)) == sorted(urls * 2)
+    assert store.redis.lindex(store.key(sites.QUEUE) + "a.example", 0) == b"\x01/x?q=1"
+    handed = [u for _, u in _take(store, 3, Pace(delay=0, burst=2)).entries]
+    assert len(handed) == 3 and set(handed) <= set(urls)
+    sites.unsort(store)  # the rest into the stream beside the three handed out
+    assert sorted(f[b"u"].decode() for _, f in store.redis.xrange(store.key(TASK_POOL))) == sorted(urls * 2)
