@@ -106,7 +106,7 @@ class Stages:
             return [ack]
         urls = {}
         for url, admitted in zip(frame.URL_set, found.admitted):
-            if self.exact and (admitted or self._claimed(url) or url in self.held_elsewhere):
+            if self.exact and (admitted or self._claimed(url) or self._held_elsewhere_hit(url)):
                 self.counters.inc("urls_dropped", stage="center-record")
                 continue
             urls[url] = 0
@@ -387,6 +387,16 @@ class Stages:
         if self.config.recrawl is not None:
             return
         remember(self.held_elsewhere, url, number, self.config.held_elsewhere_max)
+
+    def _held_elsewhere_hit(self, url: str) -> bool:
+        """``url`` is in ``held_elsewhere``; a hit makes it the newest entry, so the URLs
+        found again and again (a site's front page, linked from everywhere) stay while
+        the cache turns over (least recently used out first)."""
+        number = self.held_elsewhere.pop(url, None)
+        if number is None:
+            return False
+        self.held_elsewhere[url] = number
+        return True
 
     def _lose(self, url: str, number: int) -> int:
         """Our in-flight set ``number`` gives ``url`` up to another network's lower-numbered
