@@ -50,6 +50,17 @@ def add_settings_flags(parser: argparse.ArgumentParser, role: str) -> None:
                                  **setting.argparse_options())
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 class Parser(argparse.ArgumentParser):
     """A mistake on the command line is one line naming it, not the usage first."""
 
@@ -172,8 +183,9 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
     demo = sub.add_parser("demo", help="run local de-dup (paper §2.2) on an embedded Redis and report",
                           description="Runs what a local host does before anything leaves it (§2.2) on a "
                                       "crawler-like stream of URLs, and reports each step.")
-    demo.add_argument("--urls", type=int, default=50_000, help="URLs the simulated crawler finds (default: 50000)")
-    demo.add_argument("--seed", type=int, default=1, help="seed of the URL stream (default: 1)")
+    demo.add_argument("--urls", type=positive_int, default=50_000, metavar="N",
+                      help="URLs the simulated crawler finds (default: 50000)")
+    demo.add_argument("--seed", type=int, default=1, metavar="N", help="seed of the URL stream (default: 1)")
     add_settings_flags(demo, DEMO)
 
 

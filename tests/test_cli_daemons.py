@@ -92,6 +92,10 @@ def test_status_of_nothing_says_so():
     (["center", "--listen", "127.0.0.1:1"], "--network"),
     (["local", "--network", "1"], "--center"),
     (["center", "--network", "1", "--listen", "127.0.0.1:1", "--peer", "2,nope"], "NETWORK,HOST:PORT,CIDR"),
+    (["local", "--network", "1", "--center", "127.0.0.1:1", "--per-site", "0"], "(--per-site) must be at least 1"),
+    (["local", "--network", "1", "--center", "127.0.0.1:1", "--max-depth", "-1"], "max_depth must not be negative"),
+    (["demo", "--urls", "0"], "argument --urls: must be at least 1, not 0"),
+    (["certs", "--networks", "1", "--days", "0"], "argument --days: must be at least 1, not 0"),
 ])
 def test_daemons_explain_missing_or_bad_settings(args, message):
     out = run(*args)

@@ -453,7 +453,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="network ids to make center certificates for: 1,2,3 or 1-3")
     p.add_argument("--host", dest="hosts", action="append", type=_host_arg, default=[], metavar="NET:IP",
                    help="also a certificate for this host (repeat; optional: hosts need only the CA for lan_tls)")
-    p.add_argument("--days", type=int, default=825, help="validity in days (default 825)")
+    from dedupnet.cli import positive_int
+
+    p.add_argument("--days", type=positive_int, default=825, metavar="N", help="validity in days (default 825)")
 
 
 def certs_main(args: argparse.Namespace, out=None) -> int:

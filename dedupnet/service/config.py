@@ -56,6 +56,10 @@ class _Checked:
             raise ValueError("stop_grace must not be negative and stop_timeout must be positive")
         if self.discovery_timeout <= 0:
             raise ValueError("discovery_timeout must be positive")
+        if self.per_site_concurrency < 1:  # a crawler that may never ask a site anything sits idle
+            raise ValueError(f"per_site_concurrency (--per-site) must be at least 1, not {self.per_site_concurrency}")
+        if self.per_site_delay < 0 or (self.max_depth is not None and self.max_depth < 0):
+            raise ValueError("per_site_delay and max_depth must not be negative")
         if self.discovery_address is not None:
             try:
                 ipaddress.IPv4Address(self.discovery_address)
