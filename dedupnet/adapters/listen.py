@@ -26,11 +26,9 @@ async def open_listeners(host: str | None, port: int, what: str) -> list[trio.So
 def check_free(host: str | None, port: int, what: str) -> None:
     """Bind ``host:port`` for a moment, as :func:`open_listeners` will (SO_REUSEADDR),
     and let it go: an address in use, or not this machine's, is said before the daemon
-    starts its Redis, not after a page of lines about starting and stopping it. Port 0
-    is always free. A port taken between this check and the daemon's bind is still
-    reported, by :func:`open_listeners`."""
-    if port == 0:
-        return
+    starts its Redis, not after a page of lines about starting and stopping it (port 0:
+    whether the address is this machine's). A port taken between this check and the
+    daemon's bind is still reported, by :func:`open_listeners`."""
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror:
