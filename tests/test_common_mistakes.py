@@ -76,7 +76,8 @@ def place(root: Path):
     subprocess.run([*DEDUPNET, "certs", "--dir", "certs", "--networks", "1,2"], cwd=root, check=True,
                    capture_output=True)
     (root / "seeds.txt").write_text("http://127.77.0.1:8077/\n# the second site\nexample.com/page\n")
-    (root / "peer.toml").write_text('network = 1\nlisten = "127.0.0.1:7790"\npeer = ["2,127.0.2.1:7700,127.0.2.0/24"]\n')
+    (root / "peer.toml").write_text('network = 1\nlisten = "127.0.0.1:7790"\n'
+                                    'peer = ["2,127.0.2.1:7700,127.0.2.0/24"]\n')
     (root / "size.toml").write_text('network = 1\nlisten = "127.0.0.1:7790"\nset_size = "500"\n')
     (root / "open.key").write_text((root / "certs" / "lan-1.key").read_text())
     (root / "open.key").chmod(0o644)

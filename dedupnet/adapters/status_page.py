@@ -6,10 +6,11 @@ same server as ``/metrics``).
 build step), which polls ``GET /status.json`` every two seconds and redraws itself.
 The JSON is the daemon's own ``status()`` body (what ``dedupnet status --json``
 prints: pools, members, sets in flight, counters, and for a center the detail of
-:func:`center_host.daemon.center_detail`), plus what only a page needs: admitted URLs and pages a second
-over the last 10 s and, for the charts, over the last 10 minutes, duplicates dropped by stage, Redis memory per key family (refreshed every
-10 s: a SCAN is not free) and the process's recent warnings and errors. Its fields are
-documented in docs/STATUS.md.
+:func:`center_host.daemon.center_detail`), plus what only a page needs: admitted URLs
+and pages a second over the last 10 s and, for the charts, over the last 10 minutes,
+duplicates dropped by stage, Redis memory per key family (refreshed every 10 s: a SCAN
+is not free) and the process's recent warnings and errors. Its fields are documented in
+docs/STATUS.md.
 
 ``dedupnet sim --http PORT`` serves the same page for a whole one-process simulation
 (dedupnet/harness/simpage.py): every network's center on one page, and the hosts.
