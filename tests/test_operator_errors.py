@@ -397,3 +397,12 @@ def test_a_key_file_others_can_read_is_warned_of_once(tmp_path, mode, warned):
                                 "--lan-key-file", str(keys))
     assert lines == ([f"lan_key_file {keys} is readable by every user of this machine (mode 0644): anyone here "
                       f"can take the key; chmod o-rwx {keys}"] if warned else []), lines
+
+
+def test_a_host_given_a_certificate_that_is_not_its_own_stops_at_start(tmp_path, certs):
+    out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--lan-tls",
+              "--tls-cert", str(certs / "center-1.pem"), "--tls-key", str(certs / "center-1-key.pem"),
+              "--tls-ca", str(certs / "ca.pem"), cwd=tmp_path)
+    assert out.returncode == 2
+    line = only_line(out, "dedupnet local")
+    assert "not dedupnet://network/1/host/127.0.1.10" in line and "--ip" in line, line
