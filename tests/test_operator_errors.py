@@ -335,21 +335,26 @@ def test_a_host_the_center_refuses_for_good_stops(tmp_path, keyed_center, args, 
     assert f"dedupnet local: the center at {address} refuses this host: {reason}" in line and f"check {setting}" in line
 
 
-def lines_while_running(tmp_path, seconds, *args):
-    """A daemon's warnings and errors in its first ``seconds``, stopped with SIGTERM,
-    which must stop it cleanly (exit status 0)."""
+def lines_while_running(tmp_path, seconds, *args, after="listening on"):
+    """A daemon's warnings and errors until ``seconds`` after its log first says
+    ``after``, then stopped with SIGTERM, which must stop it cleanly (exit status 0)."""
     proc = start(*args, cwd=tmp_path, log=tmp_path / "daemon.log")
+    log = tmp_path / "daemon.log"
+    deadline = time.monotonic() + 60
+    while after not in log.read_text():
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
     time.sleep(seconds)
     proc.send_signal(signal.SIGTERM)
-    log = tmp_path / "daemon.log"
     assert proc.wait(timeout=20) == 0, log.read_text()
     return [line.split(": ", 1)[1] for line in log.read_text().splitlines() if " WARNING " in line or " ERROR " in line]
 
 
 def test_an_unreachable_redis_is_named_every_few_seconds_not_every_retry(tmp_path):
     """...and a stop while it is away is a stop, not a failure."""
-    lines = lines_while_running(tmp_path, 7, "local", "--network", "1", "--ip", "127.0.1.10", "--center",
-                                "127.0.1.1:1", "--no-crawl", "--redis", f"redis://127.0.0.1:{free_port()}/0")
+    lines = lines_while_running(tmp_path, 6, "local", "--network", "1", "--ip", "127.0.1.10", "--center",
+                                "127.0.1.1:1", "--no-crawl", "--redis", f"redis://127.0.0.1:{free_port()}/0",
+                                after="Redis call")
     redis = [line for line in lines if line.startswith("Redis call")]
     assert 1 <= len(redis) <= 3 and all("check --redis" in line for line in redis), lines
     assert lines[len(redis):] == [line for line in lines if "SIGTERM received" in line and "stopping now" in line]
