@@ -37,7 +37,7 @@ DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
 #: or (for a mistake that does not stop it) the record that carries it.
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
 #: Seconds a ``runs`` mistake has to say its line.
-RUNS_WITHIN = 10.0
+RUNS_WITHIN = 30.0
 
 
 def rows(text: str | None = None) -> list[dict[str, str]]:
