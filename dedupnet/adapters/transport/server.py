@@ -243,8 +243,11 @@ class _Server:
         if self.rules.keyrings:
             conn._use_keyring(verdict.keyring)
         conn.register = register
-        conn.note(logging.INFO, "%s registered: role %s, network %d, listen %s", conn.peer, register.role,
-                  register.network, register.listen)
+        # A control client (`dedupnet status`, a center's census of its hosts) comes and goes
+        # every few seconds: a line each only at DEBUG.
+        conn.note(logging.DEBUG if register.role == "control" else logging.INFO,
+                  "%s registered: role %s, network %d, listen %s", conn.peer, register.role, register.network,
+                  register.listen)
         if verdict.welcome is not None:
             conn._welcome(verdict.welcome, verdict.compression)
         return register
