@@ -1,9 +1,8 @@
 """A Scrapy spider as the crawler of a dedupnet local host.
 
-Two lines of ``settings.py`` (and where the host's Redis is)::
+One line of ``settings.py`` (and where the host's Redis is)::
 
-    SCHEDULER = "dedupnet.scrapy.Scheduler"
-    DUPEFILTER_CLASS = "dedupnet.scrapy.DupeFilter"
+    ADDONS = {"dedupnet.scrapy.Addon": 0}   # the scheduler, the dupefilter, a body limit
     DEDUPNET_REDIS_URL = "redis://localhost:6379/0"   # or DEDUPNET_DATA_DIR = "dedupnet-data/host-10.0.0.5"
     DEDUPNET_PREFIX = "dedupnet:host:10.0.0.5"        # or DEDUPNET_HOST_IP = "10.0.0.5"
 
@@ -17,9 +16,10 @@ place of ``local_host/crawler.py`` on the host's pools (paper §1.1):
   (§2.2), its center LAN-wide (§2.3) and across networks (§2.4); a URL new
   everywhere comes back, as a task in the ``task_pool`` of one host of the system;
 * :meth:`Scheduler.next_request` hands the spider the tasks of its host's
-  ``task_pool``, read with ``XREADGROUP`` in the consumer group ``crawl`` (the one
-  dedupnet's own crawler uses). A task read is *leased*: it stays in the stream, pending
-  for this consumer, until it is finished;
+  ``task_pool``, taken by site as politeness allows (local_host/sites.py: the one
+  frontier dedupnet's own crawler takes from) into the consumer group ``crawl``. A task
+  taken is *leased*: it stays in the stream, pending for this consumer, until it is
+  finished;
 * a task is finished — its URL (and each redirect hop) added to ``finish_URL``, its
   entry acknowledged and deleted — only once Scrapy is done with it: the response
   went through the spider callback and every request and item the callback produced
@@ -109,13 +109,13 @@ from dedupnet.scrapy_dupefilter import DupeFilter
 from dedupnet.scrapy_leases import ROBOTS_META, TASK_META, Lease, TaskBook, forget_task, normal_url
 from dedupnet.scrapy_records import REQUESTS, record_of, records_of, task_request
 from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, RobotsGate
-from dedupnet.scrapy_settings import safe_url, scheduler_args
+from dedupnet.scrapy_settings import Addon, safe_url, scheduler_args
 from local_host.fetch import RobotsUnavailable, origin_of
 from local_host.pools import published_recrawl
 from local_host.sites import BELL, Pace
 from local_host.tasks import GROUP, finish_tasks, take_tasks
 
-__all__ = ["Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
+__all__ = ["Addon", "Scheduler", "DupeFilter", "TaskBook", "Lease", "GROUP", "TASK_META", "REQUESTS"]
 
 log = logging.getLogger("dedupnet.scrapy")
 

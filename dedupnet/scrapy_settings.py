@@ -16,7 +16,23 @@ from dedupnet.adapters.store import RetryPolicy, Store
 from dedupnet.adapters.store_choice import store_for
 from dedupnet.scrapy_census import CrawlCensus
 from dedupnet.scrapy_robots import RobotsGate
+from local_host.crawl_settings import CrawlerSettings
 from local_host.sites import Pace
+
+
+class Addon:
+    """``ADDONS = {"dedupnet.scrapy.Addon": 0}``: a spider as a dedupnet host in one
+    line, with its scheduler and dupefilter, and bodies cut off where dedupnet's own
+    crawler cuts them (``DOWNLOAD_MAXSIZE``; Scrapy's default, 1 GB, had a spider read
+    two 200 MB files whole on a real web) and warned of at a quarter of that. Set in
+    the project's settings, any of them wins over the add-on's."""
+
+    def update_settings(self, settings) -> None:
+        for name, value in (("SCHEDULER", "dedupnet.scrapy.Scheduler"),
+                            ("DUPEFILTER_CLASS", "dedupnet.scrapy.DupeFilter"),
+                            ("DOWNLOAD_MAXSIZE", CrawlerSettings.max_body),
+                            ("DOWNLOAD_WARNSIZE", CrawlerSettings.max_body // 4)):
+            settings.set(name, value, priority="addon")
 
 
 def scheduler_args(crawler) -> tuple[Store, Any, dict[str, Any]]:

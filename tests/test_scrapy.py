@@ -466,3 +466,20 @@ def test_a_small_site_is_not_starved_behind_a_big_one(redis_url, store):
         assert {r.url.split("/")[2] for r in first} == {"big.example"} | {f"s{k}.example" for k in range(10)}
     finally:
         sched.store.close()
+
+
+def test_the_addon_sets_the_scheduler_and_a_body_limit_that_the_project_can_override():
+    """One line makes a spider a dedupnet host, and a body is cut off where dedupnet's
+    own crawler cuts it, not at Scrapy's 1 GB; a setting of the project's own wins."""
+    from scrapy.utils.test import get_crawler
+
+    from local_host.crawl_settings import CrawlerSettings
+
+    crawler = get_crawler(_Spider, {"ADDONS": {"dedupnet.scrapy.Addon": 0}})
+    crawler._apply_settings()
+    s = crawler.settings
+    assert s["SCHEDULER"] == "dedupnet.scrapy.Scheduler" and s["DUPEFILTER_CLASS"] == "dedupnet.scrapy.DupeFilter"
+    assert s.getint("DOWNLOAD_MAXSIZE") == CrawlerSettings.max_body < 1024**3
+    own = get_crawler(_Spider, {"ADDONS": {"dedupnet.scrapy.Addon": 0}, "DOWNLOAD_MAXSIZE": 10**6})
+    own._apply_settings()
+    assert own.settings.getint("DOWNLOAD_MAXSIZE") == 10**6
