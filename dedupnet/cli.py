@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from dedupnet import __version__
 from dedupnet.codec.errors import DedupnetError, SettingsError
-from dedupnet.codec.settings import CENTER, DEMO, LOCAL, PUSH, SETTINGS, Setting
+from dedupnet.codec.settings import CENTER, DEMO, LOCAL, PUSH, SETTINGS, Setting, positive_int
 from dedupnet.service.config import load_settings
 
 #: The flag every command with settings takes besides the settings' own.
@@ -48,17 +48,6 @@ def add_settings_flags(parser: argparse.ArgumentParser, role: str) -> None:
         name = "required" if role in setting.required else setting.group
         group(name).add_argument(setting.option, help=setting.help_for(role) + _default_text(setting),
                                  **setting.argparse_options())
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: a count that must be at least 1 (argparse names the flag)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 class Parser(argparse.ArgumentParser):

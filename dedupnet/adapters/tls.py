@@ -57,6 +57,7 @@ from typing import Any
 import trio
 
 from dedupnet.codec.auth import new_key_line, write_key_file
+from dedupnet.codec.settings import positive_int
 from dedupnet.codec.errors import SettingsError
 
 log = logging.getLogger("dedupnet.adapters.tls")
@@ -453,8 +454,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="network ids to make center certificates for: 1,2,3 or 1-3")
     p.add_argument("--host", dest="hosts", action="append", type=_host_arg, default=[], metavar="NET:IP",
                    help="also a certificate for this host (repeat; optional: hosts need only the CA for lan_tls)")
-    from dedupnet.cli import positive_int
-
     p.add_argument("--days", type=positive_int, default=825, metavar="N", help="validity in days (default 825)")
 
 

@@ -17,6 +17,8 @@ its value to every daemon of that role it starts.
 
 from __future__ import annotations
 
+import argparse
+
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -295,6 +297,17 @@ _LIST = (
 
 #: Name -> setting, in the order of the reference and of ``--help``.
 SETTINGS: dict[str, Setting] = {s.name: s for s in _LIST}
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a count that must be at least 1 (argparse names the flag)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def default_of(name: str) -> Any:
