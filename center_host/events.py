@@ -232,9 +232,10 @@ class NoteMoved:
 
 @dataclass(frozen=True)
 class ForgetMoved:
-    """``host`` came back and has dropped what moved from it."""
+    """``host`` came back and has dropped these URLs that moved from it."""
 
     host: str
+    urls: tuple[str, ...]
 
 
 Action = Union[Send, Save, Drop, SetTimer, CancelTimer, Lookup, Admit, Conclude, NoteSequence, NoteHost, ForgetHost,

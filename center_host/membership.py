@@ -17,11 +17,14 @@ from .sets import GATHER_TIMER, ROUTED, SetRecord, Stage, owner_of, task_key, ta
 
 log = logging.getLogger("dedupnet.center")
 
-#: The number of a center's ``done`` to a host that comes back after its tasks moved
-#: (what to drop), and of the tasks a re-issue assigns: no set is numbered 0 or 1 (a
-#: host's sequence starts at 1, section 7), so neither is taken for another's ack.
+#: Numbers below 2**32 are never a set's (a host's sequence starts at 1, section 7): a
+#: center's ``done`` messages to a host back after its tasks moved (what to drop) are
+#: numbered from ``MOVED_NUMBER`` up, the tasks a move makes beyond a host's own number
+#: from ``SPARE_NUMBERS``, each a range of its own, so no ack is taken for another's.
 MOVED_NUMBER = 1
-REISSUE_NUMBER = 0
+SPARE_NUMBERS = range(1 << 31, 1 << 32)
+#: URLs per task or ``done`` a move sends: half the receiver's default ``max_urls``.
+MAX_MESSAGE_URLS = 5000
 
 
 def reissue_timer(ip: str) -> int:
@@ -112,7 +115,10 @@ class Membership:
         if self.reissue_timers.pop(reissue_timer(member.ip), None) is not None:
             asks.append(CancelTimer(reissue_timer(member.ip)))
         if self.moved.get(member.ip):  # what moved while it was away: it drops those first
-            asks.append(Send((member,), wire.encode(Done(MOVED_NUMBER, tuple(sorted(self.moved[member.ip]))))))
+            moved = sorted(self.moved[member.ip])
+            out = self.moved_out[member.ip] = {MOVED_NUMBER + i // MAX_MESSAGE_URLS: tuple(moved[i:i + MAX_MESSAGE_URLS])
+                                               for i in range(0, len(moved), MAX_MESSAGE_URLS)}
+            asks += [Send((member,), wire.encode(Done(n, urls))) for n, urls in out.items()]
         if self.known.get(member.ip) != address:
             self.known[member.ip] = address
             asks.append(NoteHost(member.ip, address))
@@ -166,7 +172,7 @@ class Membership:
         if ip is None or ip in self.hosts:
             return []
         moving = self._held_by(ip)
-        actions = self._move_ledger(ip, REISSUE_NUMBER, []) + self._forget(ip) + self._note_moved(ip, moving)
+        actions = self._move_ledger(ip, None, []) + self._forget(ip) + self._note_moved(ip, moving)
         self.counters.inc("hosts_reissued")
         self.counters.inc("tasks_reissued", amount=len(moving))
         where = ", ".join(sorted(self.hosts)) or "no live host yet (kept for the first that joins)"
@@ -229,7 +235,7 @@ class Membership:
             del self.ledger[host]
         return [Unledger(host, gone)] if gone else []
 
-    def _move_ledger(self, gone: str, number: int, urls: list[str]) -> list[Action]:
+    def _move_ledger(self, gone: str, number: int | None, urls: list[str]) -> list[Action]:
         """A host that is gone (it left, or the operator says so): its ``task_URL`` entries,
         ``urls`` (what it handed back, or the operator took from its store) and every other
         URL still on its ledger (fetched and not yet reported, or lost with its disk) go to
@@ -240,7 +246,18 @@ class Membership:
         actions += self._unledger(gone, rest)
         moved = list(dict.fromkeys([*urls, *rest]))
         self.counters.inc("ledger_moved", amount=len(rest))
-        return actions + self._assign(number, moved)
+        for i in range(0, len(moved), MAX_MESSAGE_URLS):  # each task within what a host takes
+            actions += self._assign(number if i == 0 and number is not None else self._spare_number(),
+                                    moved[i:i + MAX_MESSAGE_URLS])
+        return actions
+
+    def _spare_number(self) -> int:
+        """A task number of :data:`SPARE_NUMBERS` that no assignment waiting for its ack has."""
+        taken = {n for n in (task_parts(k)[0] for k in self.tasks) if n in SPARE_NUMBERS}
+        n = max(taken, default=SPARE_NUMBERS.start - 1) + 1
+        if n not in SPARE_NUMBERS:
+            n = next(m for m in SPARE_NUMBERS if m not in taken)
+        return n
 
     def _tasks_done(self, sender: Host, done: Done) -> list[Action]:
         """A host's report: these tasks of its own are finished, off its ledger (stored
@@ -298,8 +315,13 @@ class Membership:
         return actions + [Send(reply, wire.encode(Ack(event.number, "stored")))]
 
     def _task_acked(self, sender: Host, number: int) -> list[Action]:
-        if number == MOVED_NUMBER and self.moved.pop(sender.ip, None) is not None:
-            return [ForgetMoved(sender.ip)]  # it has dropped what moved from it
+        dropped = self.moved_out.get(sender.ip, {}).pop(number, None)
+        if dropped is not None:  # it has dropped these of what moved from it
+            held = self.moved.get(sender.ip, set())
+            held.difference_update(dropped)
+            if not held:
+                self.moved.pop(sender.ip, None)
+            return [ForgetMoved(sender.ip, dropped)]
         key = task_key(number, sender.ip)
         if self.tasks.pop(key, None) is None:
             self.counters.inc("repeated_acks")

@@ -109,9 +109,8 @@ class CenterPools(CoreWrites):
             elif isinstance(a, cp.NoteMoved) and a.urls:
                 batch.add(b"SADD", key(f"{MOVED}:{a.host}"), *a.urls)
                 batch.add(b"SADD", key(MOVED_HOSTS), a.host)
-            elif isinstance(a, cp.ForgetMoved):
-                batch.add(b"DEL", key(f"{MOVED}:{a.host}"))
-                batch.add(b"SREM", key(MOVED_HOSTS), a.host)
+            elif isinstance(a, cp.ForgetMoved) and a.urls:
+                batch.add(b"SREM", key(f"{MOVED}:{a.host}"), *a.urls)
 
     def lookup(self, number: int, urls: tuple[str, ...]) -> cp.LookupDone:
         return self.store.drive(self.lookup_steps(number, urls))

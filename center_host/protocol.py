@@ -57,7 +57,7 @@ from .events import (Action, Admit, CancelTimer, Conclude, Drop, DropTask, Event
                      Peer, Reassign, Received, Reoffer, Resume, Save, SaveTask, Send, SetTimer, TimerFired, Unledger,
                      member_from_str)
 from .homes import Homes
-from .membership import MOVED_NUMBER, REISSUE_NUMBER, Membership, reissue_timer
+from .membership import MAX_MESSAGE_URLS, MOVED_NUMBER, SPARE_NUMBERS, Membership, reissue_timer
 from .sets import (GATHER_TIMER, MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED, TRANSITIONS,
                    ForeignSetLookup, OwnSetLookup, PendingLookup, Rejected, SetRecord, Stage, Step, owner_of, task_key,
                    task_parts)
@@ -69,7 +69,7 @@ __all__ = [
     "Event", "Received", "Joined", "Left", "TimerFired", "Reassign", "Reoffer", "LookupDone", "Resume",
     "Action", "Send", "Save", "Drop", "SetTimer", "CancelTimer", "Lookup", "Admit", "Conclude", "NoteSequence",
     "NoteHost", "ForgetHost", "SaveTask", "DropTask", "Ledger", "Unledger", "NoteMoved", "ForgetMoved",
-    "MOVED_NUMBER", "REISSUE_NUMBER", "reissue_timer",
+    "MOVED_NUMBER", "SPARE_NUMBERS", "MAX_MESSAGE_URLS", "reissue_timer",
     "Stage", "Step", "TRANSITIONS", "POOL_OF", "ROUTED", "GATHER_TIMER", "MAX_HELD_PER_HOST", "RECENTLY_CONCLUDED",
     "SetRecord", "Rejected", "OwnSetLookup", "ForeignSetLookup", "PendingLookup", "owner_of", "task_key",
     "task_parts",
@@ -102,6 +102,8 @@ class CenterProtocol(Stages, Homes, Membership):
         #: sent to each when it is back, to drop; and the re-issue timers of hosts away.
         self.moved: dict[str, set[str]] = {}
         self.reissue_timers: dict[int, str] = {}
+        #: What moved, as sent to a host that is back: number -> the URLs of that message.
+        self.moved_out: dict[str, dict[int, tuple[str, ...]]] = {}
         self.claims: dict[str, int] = {}  # exact mode: URL -> own in-flight set holding it
         #: Exact mode, a bounded cache: URL -> the lowest number of another network's set
         #: told here that the URL was unseen (so that set held it). Not needed for

@@ -84,7 +84,7 @@ class MemoryCenter:
             elif isinstance(a, cp.NoteMoved):
                 self.moved.setdefault(a.host, set()).update(a.urls)
             elif isinstance(a, cp.ForgetMoved):
-                self.moved.pop(a.host, None)
+                self.moved.get(a.host, set()).difference_update(a.urls)
             else:
                 raise TypeError(a)
         for a in deferred:

@@ -263,7 +263,7 @@ class CenterStore(_Records):
             elif isinstance(a, cp.NoteMoved):
                 _set_add(self.moved.setdefault(a.host, set()), a.urls, j)
             elif isinstance(a, cp.ForgetMoved):
-                _set_remove(self.moved.setdefault(a.host, set()), list(self.moved.get(a.host, ())), j)
+                _set_remove(self.moved.setdefault(a.host, set()), a.urls, j)
 
     def lookup(self, action: cp.Lookup) -> cp.LookupDone:
         return cp.LookupDone(action.number, action.number in self.concluded, [u in self.admitted for u in action.urls],
