@@ -288,8 +288,9 @@ def test_a_killed_master(cluster, caplog):
         return sum(1 for _ in admin.scan_iter(match="sim-*:host:*:finish_URL:*", count=1000))
 
     async def fault():
-        while await trio.to_thread.run_sync(crawled) < earlier + 30:  # a tenth of this crawl done
-            await trio.sleep(0.05)
+        with trio.fail_after(cfg.timeout):  # a crawl that never starts fails the test, not hangs it
+            while await trio.to_thread.run_sync(crawled) < earlier + 30:  # a tenth of this crawl done
+                await trio.sleep(0.05)
         await trio.to_thread.run_sync(cluster.kill, victim)
         await trio.to_thread.run_sync(call_while_down)
         await trio.sleep(2.5)  # longer than cluster-node-timeout (2 s): the cluster goes CLUSTERDOWN

@@ -111,7 +111,7 @@ def key_of(args: tuple) -> bytes | None:
     name = _encode_arg(args[0]).upper()
     if name in _NO_KEY or len(args) < 2:
         return None
-    if name == b"XREADGROUP":
+    if name in (b"XREADGROUP", b"XREAD"):
         upper = [_encode_arg(a).upper() if isinstance(a, (bytes, str)) else b"" for a in args]
         return _encode_arg(args[upper.index(b"STREAMS") + 1])
     if name in (b"XGROUP", b"OBJECT", b"MEMORY"):
