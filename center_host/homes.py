@@ -120,7 +120,7 @@ class Homes:
         rec.routes.update(away)
         rec.awaiting = {str(Peer(n)) for n in rec.routes}
         self.counters.inc("urls_routed", amount=sum(map(len, away.values())))
-        log.info("set %d: %d URLs admitted here, %d for their home networks %s", rec.number, len(here),
+        log.debug("set %d: %d URLs admitted here, %d for their home networks %s", rec.number, len(here),
                  sum(map(len, away.values())), sorted(away))
         return [*actions, Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._queue_routes(rec, away),
                 SetTimer(rec.number, self._resend_delay(rec)), *self._start_waiting()]

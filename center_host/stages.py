@@ -116,7 +116,7 @@ class Stages:
         ask = {h for h in self.hosts if str(sender) != h} if self.config.local_lookup == "lan" else set()
         rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_LOOKUP), Stage.LAN, str(sender), ask, digest=digest)
         self.sets[frame.number] = rec
-        log.info("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
+        log.debug("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
                  frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))
         # Durable first (§ gap 7: the host lets the URLs go on this ack), then ask.
         return [Save(LOCAL_REDUCE_POOL, frame.number, rec.dump()), *self._note_sequence(sender, frame.number),
@@ -239,10 +239,10 @@ class Stages:
         if not ask:
             # foreign_lookup = "center": this center's records speak for its LAN and the
             # answer needs one look-up, so nothing is stored (the origin asks again after a crash).
-            log.info("set %d from %s: %d URLs; answered from this center's records", frame.number, sender,
+            log.debug("set %d from %s: %d URLs; answered from this center's records", frame.number, sender,
                      len(frame.URL_set))
             return self._stage_done(rec)
-        log.info("set %d from %s: %d URLs; asking %d hosts", frame.number, sender, len(frame.URL_set), len(rec.awaiting))
+        log.debug("set %d from %s: %d URLs; asking %d hosts", frame.number, sender, len(frame.URL_set), len(rec.awaiting))
         return [Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
 
     # -- the end of a stage --------------------------------------------------------------
@@ -271,7 +271,7 @@ class Stages:
 
     def _to_peers(self, rec: SetRecord, before: Stage) -> list[Action]:
         rec.awaiting, rec.answered, rec.attempts = self.peers_to_ask(), set(), 1
-        log.info("set %d: LAN de-dup done, %d URLs left; asking %d networks",
+        log.debug("set %d: LAN de-dup done, %d URLs left; asking %d networks",
                  rec.number, len(rec.frame.URL_set), len(rec.awaiting))
         return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
 
@@ -316,7 +316,7 @@ class Stages:
             for url in head.frame.URL_set:
                 self.claims[url] = head.number
             self.counters.inc("sets_gathered", amount=len(rest))
-            log.info("set %d: gathered with %d more of this LAN's sets", head.number, len(rest))
+            log.debug("set %d: gathered with %d more of this LAN's sets", head.number, len(rest))
         # Fewer sets in flight now: held-back frames may go on.
         return [done, *(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._advance(head, Step.TO_PEERS), *self._start_waiting()]
 
@@ -334,7 +334,7 @@ class Stages:
             remember(self.recently_concluded, n, None, RECENTLY_CONCLUDED)
         self.counters.inc("urls_admitted", amount=len(urls))
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
-        log.info("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
+        log.debug("set %d: admitted %d URLs%s", rec.number, len(urls), " (concluded incomplete)" if rec.incomplete else "")
         actions: list[Action] = [Admit(rec.number, tuple(urls)), Drop(POOL_OF[rec.stage], rec.number),
                                  Conclude(rec.number, not rec.incomplete, rec.digest),
                                  *(Conclude(n, not rec.incomplete) for n in rec.gathered)]
@@ -368,7 +368,7 @@ class Stages:
                     losers.add(self._lose(url, own))
                 self._note_held_elsewhere(url, rec.number)
             actions += [Save(POOL_OF[self.sets[n].stage], n, self.sets[n].dump()) for n in sorted(losers)]
-        log.info("set %d of %s: answered, %d of %d URLs seen here", rec.number, rec.origin,
+        log.debug("set %d of %s: answered, %d of %d URLs seen here", rec.number, rec.origin,
                  sum(answer.values()), len(answer))
         reply = Send((member_from_str(rec.origin),), wire.encode(rec.frame.with_flag(FLAG_ANSWER)))
         if self.homes is not None:  # a previous home's answer (_checked_here): nothing was kept

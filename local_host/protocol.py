@@ -304,7 +304,7 @@ class HostProtocol:
             set_ids = tuple(ids[index[u]] for u in url_set)
             self.unacked[number] = (data, list(set_ids))
             self.counters.inc("sets_sent")
-            log.info("set %d: %d URLs to the center", number, len(url_set))
+            log.debug("set %d: %d URLs to the center", number, len(url_set))
             actions += [SaveUnacked(number, data, set_ids), Send(data)]
         return actions
 
