@@ -129,13 +129,12 @@ class HostPools(CoreWrites):
         moved = {u.decode() for u in self.store.command(b"SMEMBERS", self.store.key(TASKS_MOVED))}
         if not moved:
             return 0
-        ids = [i for i, u in self.all_tasks() if u in moved]
-        self.drop_tasks(ids)
+        dropped = sites.drop(self.store, sites.GROUP, sorted(moved))
         batch = self.store.batch()
         batch.fingerprints(b"SREM", self.store.key(TASK_FP), fingerprint_many(sorted(moved)))
         batch.add(b"SREM", self.store.key(TASKS_MOVED), *moved)
         self.store.execute(batch)
-        return len(ids)
+        return dropped
 
     def tasks_done(self, count: int) -> list[str]:
         """The oldest ``count`` finished tasks' URLs not yet reported."""

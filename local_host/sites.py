@@ -41,6 +41,8 @@ from dataclasses import dataclass
 from dedupnet.adapters.store import TASK_POOL, Batch, Steps, Store
 from dedupnet.codec.urls import site_of
 
+#: The consumer group of every taker of a host on the ``task_pool`` stream.
+GROUP = "crawl"
 #: The consumer of the crawlers' group that moves entries added to the stream directly
 #: into their sites' lists (it never holds one).
 QUEUED = "queued"
@@ -194,6 +196,30 @@ if rung[1] then head[4] = rung[1][1] end
 return head
 """
 
+# KEYS: task_pool, queued count; ARGV: group, queue prefix, then (site, packed URL, URL)
+# triples. Removes each URL from its site's list and its entries from the stream;
+# returns how many went.
+_DROP = b"""
+local stream, count, group, prefix = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
+local gone, queued, urls = 0, 0, {}
+for i = 3, #ARGV, 3 do
+  queued = queued + redis.call('LREM', prefix .. ARGV[i], 0, ARGV[i + 1])
+  urls[ARGV[i + 2]] = true
+end
+if queued > 0 then redis.call('DECRBY', count, queued) end
+local ids = {}
+for _, e in ipairs(redis.call('XRANGE', stream, '-', '+')) do
+  for j = 1, #e[2], 2 do
+    if e[2][j] == 'u' and urls[e[2][j + 1]] then ids[#ids + 1] = e[1] end
+  end
+end
+if #ids > 0 then
+  redis.call('XACK', stream, group, unpack(ids))
+  redis.call('XDEL', stream, unpack(ids))
+end
+return queued + #ids
+"""
+
 # KEYS: task_pool, sites, queued count; ARGV: queue prefix, most sites. Moves the URLs of
 # up to that many sites back into the stream (not read into any group); returns how
 # many sites are left.
@@ -308,6 +334,23 @@ def queued_by_site(store: Store) -> list[tuple[str, int]]:
             batch.add(b"LLEN", store.key(QUEUE) + name)
         out += zip(names[i : i + 10_000], map(int, store.execute(batch)))
     return out
+
+
+def drop(store: Store, group: str, urls: Sequence[str]) -> int:
+    """Take ``urls`` out of task_pool wherever they are: queued in their site's list,
+    or in the stream (handed out: a page already on the wire is fetched all the same).
+    Exact whatever a taker does meanwhile: one script. Returns how many went."""
+    args: list = []
+    for url in dict.fromkeys(urls):
+        try:
+            site = site_of(url)
+        except ValueError:
+            site = NO_SITE
+        args += [site, pack(url, site), url]
+    if not args:
+        return 0
+    return int(store.command(b"EVAL", _DROP, 2, store.key(TASK_POOL), store.key(QUEUED_COUNT), group,
+                             store.key(QUEUE), *args))
 
 
 def unsort(store: Store, sites_per_call: int = 500) -> None:

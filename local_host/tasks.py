@@ -27,10 +27,8 @@ from dedupnet.codec.urls import fingerprint_many
 
 from . import sites
 from .pools import TASK_FP
-from .sites import Pace
+from .sites import GROUP, Pace
 
-#: Consumer group of every crawler of a host on ``task_pool``.
-GROUP = "crawl"
 
 
 def take_tasks(store: Store, consumer: str, count: int, start: bytes,

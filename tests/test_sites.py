@@ -220,3 +220,15 @@ def test_a_queued_url_is_kept_without_its_site_and_comes_back_whole(store):
     assert len(handed) == 3 and set(handed) <= set(urls)
     sites.unsort(store)  # the rest into the stream beside the three handed out
     assert sorted(f[b"u"].decode() for _, f in store.redis.xrange(store.key(TASK_POOL))) == sorted(urls * 2)
+
+
+def test_drop_takes_urls_out_wherever_they_wait(store):
+    """What moved to another host leaves this one's task_pool: queued in a list (whole
+    or packed) or handed out; the others stay, and the count follows."""
+    _queue(store, ["http://a.example/1", "http://a.example/2", "http://u@b.example/3", "http://c.example/4"])
+    handed = [u for _, u in _take(store, 1, Pace(delay=1.0)).entries]  # a.example/1, into the stream
+    assert handed == ["http://a.example/1"] and sites.task_count(store) == 4
+    gone = sites.drop(store, GROUP, ["http://a.example/1", "http://a.example/2", "http://u@b.example/3",
+                                     "http://never.example/"])
+    assert gone == 3 and sites.task_count(store) == 1
+    assert sites.queued_urls(store) == ["http://c.example/4"] and store.redis.xlen(store.key(TASK_POOL)) == 0
