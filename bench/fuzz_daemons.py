@@ -58,8 +58,9 @@ from dedupnet.codec import wire  # noqa: E402
 from dedupnet.codec.errors import ProtocolError  # noqa: E402
 from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Status, Task, Welcome  # noqa: E402
 from dedupnet.codec.numbers import make_number  # noqa: E402
-from dedupnet.codec.pools import TASK_POOL  # noqa: E402
+from dedupnet.codec.urls import fingerprint_many  # noqa: E402
 from local_host.daemon import LocalDaemon, LocalSettings  # noqa: E402
+from local_host.pools import TASK_FP  # noqa: E402
 
 CENTER_NET, PEER_NET, HOST_NET = 2, 1, 3
 CENTER_IP, GOOD_HOST_IP = "127.0.2.1", "127.0.2.10"
@@ -468,17 +469,14 @@ async def good_peer(address: tuple[str, int], homes: str | None, routed: set[str
 FEED_BACKLOG = 200
 
 
-def tail_of(host: LocalDaemon) -> bytes:
-    """The id of the last entry of ``host``'s task_pool (what follows is new)."""
+def queued_of(host: LocalDaemon, urls: list[str]) -> set[str]:
+    """The ``urls`` that are tasks in ``host``'s task_pool (their fingerprints in
+    ``task_pool:fp``: queued, nothing crawls them here). Only those URLs are looked up:
+    over a long storm the task_pool grows by millions (the peer's routed URLs), and
+    reading it whole every tenth of a second kept the shared Redis and this process too
+    busy for the daemons to serve."""
     store = host.pools.store
-    last = store.redis.xrevrange(store.key(TASK_POOL), count=1)
-    return last[0][0] if last else b"0-0"
-
-
-def tasks_after(host: LocalDaemon, after: bytes) -> set[str]:
-    store = host.pools.store
-    entries = store.redis.xrange(store.key(TASK_POOL), min=b"(" + after)
-    return {fields[b"u"].decode() for _, fields in entries}
+    return {u for u, hit in zip(urls, store.fp_contains(TASK_FP, fingerprint_many(urls))) if hit}
 
 
 async def backlog(host: LocalDaemon) -> int:
@@ -591,11 +589,6 @@ async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzz
                               f"{frames_counted(center.counters):,}, host {frames_counted(fuzzed.counters):,}; "
                               f"{await state(center, good, fuzzed)}", flush=True)
                 workers.cancel_scope.cancel()
-            # Only what comes after the storm is read: over a long storm the good host's
-            # task_pool grows by millions (the peer's routed URLs; nothing crawls them),
-            # and reading it whole every tenth of a second kept the shared Redis and this
-            # process too busy for the daemons to serve.
-            since = {h: await trio.to_thread.run_sync(tail_of, h) for h in (good, fuzzed)}
             fake.frames_from_host.clear()
             fake.storming = False
             figures.elapsed = time.perf_counter() - started
@@ -611,9 +604,9 @@ async def run(redis_url: str, frames: int, *, seed: int = 1, prefix: str = "fuzz
             await trio.to_thread.run_sync(fuzzed.pools.push, host_fresh)
 
             async def served() -> tuple[set, set, bool]:
-                tasks = await trio.to_thread.run_sync(tasks_after, good, since[good])
+                tasks = await trio.to_thread.run_sync(queued_of, good, fresh)
                 sent = {u for f in fake.frames_from_host for u in f.URL_set}
-                host_tasks = await trio.to_thread.run_sync(tasks_after, fuzzed, since[fuzzed])
+                host_tasks = await trio.to_thread.run_sync(queued_of, fuzzed, good_urls("task", 5))
                 return set(fresh) - tasks - routed, set(host_fresh) - sent, set(good_urls("task", 5)) <= host_tasks
 
             settled = time.perf_counter()

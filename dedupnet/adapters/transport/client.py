@@ -230,12 +230,13 @@ def _dialled(register: Register) -> str:
 
 
 def refused_for_good(conn: Connection, register: Register, where: str) -> None:
-    """Raise :class:`RefusedForGood` if a host's Register was refused for good. A
-    center's peers keep dialling: one peer misconfigured must not stop a LAN's center."""
+    """Raise :class:`RefusedForGood` if a host's Register was refused for good: the
+    center's first answer was the refusal. A center's peers keep dialling: one peer
+    misconfigured must not stop a LAN's center."""
     error = conn.peer_error
     if error is not None:
         reason, text = error.reason, error.message
-    elif conn.close_reason == "bad-input:bad-tag":  # its refusal came without our key's tag: it has not our key
+    elif conn.close_reason == "bad-input:bad-tag" and not conn.received:  # its refusal, without our key's tag
         reason, text = "bad-tag", "its answers are not tagged with this host's LAN key"
     else:
         return

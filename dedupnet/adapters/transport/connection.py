@@ -127,7 +127,12 @@ class Connection:
         self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
         self.register: Register | None = None
         self.close_reason: str | None = None
-        self.peer_error: Error | None = None  # the last Error the peer sent (a refused Register's reason)
+        #: An Error that was the peer's first message (a Welcome aside): its answer to a
+        #: Register it refused. One later in a session is not a refusal (a hostile or
+        #: buggy peer's must not stop a host that was accepted).
+        self.peer_error: Error | None = None
+        #: Messages received, a Welcome aside.
+        self.received = 0
         self.send_timeout = options.send_timeout
         self.close_timeout = options.close_timeout
         self.error_timeout = options.error_timeout
@@ -354,6 +359,7 @@ class Connection:
                     if type(msg) is Welcome:  # the transport's own: never handed out
                         self._on_welcome(msg)
                         continue
+                    self.received += 1
                     return msg
                 if self._closed:
                     raise self._ended(f"connection to {self.peer} is closed ({self.close_reason})")
@@ -433,7 +439,8 @@ class Connection:
             return
         self.counters.inc("frames_received", kind=kind_name(msg.KIND))
         if type(msg) is Error:
-            self.peer_error = msg
+            if not self.received:
+                self.peer_error = msg
             self.note(logging.WARNING, "%s sent error: %s: %s", self.peer, msg.reason, msg.message)
 
     async def _bad_input(self, exc: ProtocolError) -> None:
