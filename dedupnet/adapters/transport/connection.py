@@ -115,9 +115,7 @@ class Connection:
                  keyring: Keyring | None = None, log_limit: LogLimiter | None = None) -> None:
         if options.max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {options.max_queue}")
-        self.stream = stream
-        self.counters = counters
-        self.options = options
+        self.stream, self.counters, self.options = stream, counters, options
         self._socket = _socket_of(stream)
         self.tls = isinstance(stream, trio.SSLStream)
         self.peer_cert: dict | None = stream.getpeercert() if self.tls else None
@@ -127,12 +125,8 @@ class Connection:
         self.peer = f"[{self.peer_ip}]:{port}" if ":" in self.peer_ip else f"{self.peer_ip}:{port}"
         self.register: Register | None = None
         self.close_reason: str | None = None
-        #: An Error that was the peer's first message (a Welcome aside): its answer to a
-        #: Register it refused. One later in a session is not a refusal (a hostile or
-        #: buggy peer's must not stop a host that was accepted).
-        self.peer_error: Error | None = None
-        #: Messages received, a Welcome aside.
-        self.received = 0
+        self.peer_error: Error | None = None  # an Error that came first: a refused Register (not one later)
+        self.received = 0  # messages received, a Welcome aside
         self.send_timeout = options.send_timeout
         self.close_timeout = options.close_timeout
         self.error_timeout = options.error_timeout
