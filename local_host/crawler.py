@@ -79,7 +79,7 @@ from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError,
 from .links import decode_html, extract_links, in_scope
 from . import sites
 from .sites import Pace
-from .tasks import GROUP, take_ready, take_tasks
+from .tasks import GROUP, take_tasks
 
 __all__ = ["Crawler", "CrawlerSettings", "Outcome", "Failure", "seed_urls", "GROUP", "FAILED", "DEPTH", "SEEDS"]
 
@@ -229,7 +229,7 @@ class Crawler:
         Crawl-delays learned since the last take."""
         delays, self._site_delays = self._site_delays, {}
         try:
-            return take_ready(self.store, self.consumer, count, self._pace, delays=delays)
+            return sites.take(self.store, self.consumer, count, self._pace, delays=delays)
         except BaseException:
             self._site_delays = {**delays, **self._site_delays}
             raise

@@ -41,7 +41,7 @@ from dedupnet.codec.urls import fingerprint_many, normalize, site_of
 from .pools import TASK_FP
 from . import sites
 from .sites import Pace
-from .tasks import GROUP, fill_discovered, finish_tasks, take_ready
+from .tasks import GROUP, fill_discovered, finish_tasks
 
 log = logging.getLogger("dedupnet.frontier")
 
@@ -187,7 +187,7 @@ class FrontierQueues:
                                    LEASE_WINDOW_MS, WINDOW)
         waiting = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(0, len(reply), 2)]
         if len(waiting) < WINDOW:
-            waiting += take_ready(self.store, CONSUMER, WINDOW - len(waiting), Pace(burst=PER_SITE_REFILL),
+            waiting += sites.take(self.store, CONSUMER, WINDOW - len(waiting), Pace(burst=PER_SITE_REFILL),
                                   idle_ms=LEASE_WINDOW_MS).entries
         return waiting
 

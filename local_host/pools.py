@@ -129,7 +129,7 @@ class HostPools(CoreWrites):
         moved = {u.decode() for u in self.store.command(b"SMEMBERS", self.store.key(TASKS_MOVED))}
         if not moved:
             return 0
-        dropped = sites.drop(self.store, sites.GROUP, sorted(moved))
+        dropped = sites.drop(self.store, sorted(moved))
         batch = self.store.batch()
         batch.fingerprints(b"SREM", self.store.key(TASK_FP), fingerprint_many(sorted(moved)))
         batch.add(b"SREM", self.store.key(TASKS_MOVED), *moved)
@@ -249,8 +249,9 @@ class HostPools(CoreWrites):
 
     def sizes(self) -> dict[str, int]:
         batch = self.store.batch()
-        batch.add(b"XLEN", self.store.key(URL_POOL))
-        batch.add(b"HLEN", self.store.key(UNACKED))
-        url_pool, unacked = self.store.execute(batch)
-        return {URL_POOL: url_pool, TASK_POOL: sites.task_count(self.store), "unacked_sets": unacked}
+        url_pool = batch.add(b"XLEN", self.store.key(URL_POOL))
+        unacked = batch.add(b"HLEN", self.store.key(UNACKED))
+        tasks = sites.count_tasks(batch, self.store)
+        results = self.store.execute(batch)
+        return {URL_POOL: results[url_pool], TASK_POOL: tasks(results), "unacked_sets": results[unacked]}
 

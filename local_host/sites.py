@@ -35,7 +35,7 @@ keeps nothing per queued task or site.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from dedupnet.adapters.store import TASK_POOL, Batch, Steps, Store
@@ -66,8 +66,26 @@ NO_SITE = "?"
 # A queued URL of the form ``http[s]://<its site><rest>`` is kept as one byte for the
 # scheme and ``<rest>``: its list is its site's, so the prefix is known (some 20-30
 # bytes a URL). Anything else (userinfo, a host not in lower case) is kept whole: a
-# normalised URL never starts with byte 1 or 2.
-_PACKING = b"""
+# normalised URL never starts with byte 1 or 2. (The helpers every script below shares.)
+_LUA = b"""
+local function url_of(fields)
+  if not fields then return nil end
+  for i = 1, #fields, 2 do if fields[i] == 'u' then return fields[i + 1] end end
+  return nil
+end
+local function site_of(url)
+  local rest = string.match(url, '^%a[%w+.-]*://(.*)$')
+  if not rest then return '?' end
+  local auth = string.gsub(string.match(rest, '^[^/?#]*'), '^.*@', '')
+  local host = string.match(auth, '^%[[^%]/?#@]*%]') or string.match(auth, '^[^:/?#@]*')
+  return string.lower(host)
+end
+local function finish(stream, group, ids)  -- entries leave the group and the stream
+  if #ids > 0 then
+    redis.call('XACK', stream, group, unpack(ids))
+    redis.call('XDEL', stream, unpack(ids))
+  end
+end
 local function pack(url, site)
   for mark, scheme in pairs({[string.char(1)] = 'http://', [string.char(2)] = 'https://'}) do
     local head = scheme .. site
@@ -86,7 +104,7 @@ _MARKS = (("\x01", "http://"), ("\x02", "https://"))
 
 
 def pack(url: str, site: str) -> str:
-    """A URL as its site's list keeps it (see ``_PACKING``)."""
+    """A URL as its site's list keeps it (see ``_LUA``'s ``pack``)."""
     for mark, scheme in _MARKS:
         if url.startswith(scheme + site):
             return mark + url[len(scheme) + len(site):]
@@ -103,25 +121,12 @@ def unpack(packed: str, site: str) -> str:
 # now ms, want, delay ms, burst, idle ms, sort batch, then (site, delay ms) pairs to
 # record. Returns {next ready ms or -1, more to sort (0/1), the stream's last id, the
 # bell's last id, id, url, ...}.
-_TAKE = b"""
+_TAKE = _LUA + b"""
 local stream, sites, delays, count, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local group, prefix, taker = ARGV[1], ARGV[2], ARGV[3]
 local now, want, delay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local burst, idle, batch = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 for i = 10, #ARGV, 2 do redis.call('HSET', delays, ARGV[i], ARGV[i + 1]) end
-local function url_of(fields)
-  if not fields then return nil end
-  for i = 1, #fields, 2 do if fields[i] == 'u' then return fields[i + 1] end end
-  return nil
-end
-local function site_of(url)
-  local rest = string.match(url, '^%a[%w+.-]*://(.*)$')
-  if not rest then return '?' end
-  local auth = string.gsub(string.match(rest, '^[^/?#]*'), '^.*@', '')
-  local host = string.match(auth, '^%[[^%]/?#@]*%]') or string.match(auth, '^[^:/?#@]*')
-  return string.lower(host)
-end
-""" + _PACKING + b"""
 -- Entries added to the stream directly go to their sites' lists.
 local read = {'XREADGROUP', 'GROUP', group, 'queued', 'COUNT', batch, 'STREAMS', stream, '>'}
 local got = redis.pcall(unpack(read))
@@ -132,7 +137,7 @@ if type(got) == 'table' and got.err then
 end
 local more = 0
 if got then
-  local ids = {}
+  local ids, moved = {}, 0
   if #got[1][2] >= batch then more = 1 end
   for _, e in ipairs(got[1][2]) do
     ids[#ids + 1] = e[1]
@@ -141,13 +146,11 @@ if got then
       local site = site_of(url)
       redis.call('RPUSH', prefix .. site, pack(url, site))
       redis.call('ZADD', sites, 'NX', now, site)
-      redis.call('INCR', count)
+      moved = moved + 1
     end
   end
-  if #ids > 0 then
-    redis.call('XACK', stream, group, unpack(ids))
-    redis.call('XDEL', stream, unpack(ids))
-  end
+  if moved > 0 then redis.call('INCRBY', count, moved) end
+  finish(stream, group, ids)
 end
 -- Hand out the heads of ready sites, those ready longest first (not while entries are
 -- left to move: the taker's read below must find only its own).
@@ -199,9 +202,9 @@ return head
 # KEYS: task_pool, queued count; ARGV: group, queue prefix, then (site, packed URL, URL)
 # triples. Removes each URL from its site's list and its entries from the stream;
 # returns how many went.
-_DROP = b"""
+_DROP = _LUA + b"""
 local stream, count, group, prefix = KEYS[1], KEYS[2], ARGV[1], ARGV[2]
-local gone, queued, urls = 0, 0, {}
+local queued, urls = 0, {}
 for i = 3, #ARGV, 3 do
   queued = queued + redis.call('LREM', prefix .. ARGV[i], 0, ARGV[i + 1])
   urls[ARGV[i + 2]] = true
@@ -209,23 +212,17 @@ end
 if queued > 0 then redis.call('DECRBY', count, queued) end
 local ids = {}
 for _, e in ipairs(redis.call('XRANGE', stream, '-', '+')) do
-  for j = 1, #e[2], 2 do
-    if e[2][j] == 'u' and urls[e[2][j + 1]] then ids[#ids + 1] = e[1] end
-  end
+  if urls[url_of(e[2]) or ''] then ids[#ids + 1] = e[1] end
 end
-if #ids > 0 then
-  redis.call('XACK', stream, group, unpack(ids))
-  redis.call('XDEL', stream, unpack(ids))
-end
+finish(stream, group, ids)
 return queued + #ids
 """
 
 # KEYS: task_pool, sites, queued count; ARGV: queue prefix, most sites. Moves the URLs of
 # up to that many sites back into the stream (not read into any group); returns how
 # many sites are left.
-_UNSORT = b"""
+_UNSORT = _LUA + b"""
 local stream, sites, count, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
-""" + _PACKING + b"""
 for _, site in ipairs(redis.call('ZRANGE', sites, 0, tonumber(ARGV[2]) - 1)) do
   local urls = redis.call('LRANGE', prefix .. site, 0, -1)
   for _, url in ipairs(urls) do redis.call('XADD', stream, '*', 'u', unpack_url(url, site)) end
@@ -259,27 +256,36 @@ class Taken:
     rung: bytes = b"0-0"  # the bell's newest entry
 
 
-def take(store: Store, group: str, taker: str, count: int, pace: Pace = Pace(), *,
+def take(store: Store, taker: str, count: int, pace: Pace = Pace(), *, group: str = GROUP,
          now: float | None = None, idle_ms: int = 0, delays: Mapping[str, float] | None = None) -> Taken:
     """Hand out up to ``count`` tasks of sites whose time has come, to ``taker`` (the
     entries become pending for it, with idle time ``idle_ms``). ``delays``: site ->
     seconds, Crawl-delays learned since the last take, recorded first. ``now`` (epoch
     seconds) is the caller's clock: a test drives the schedule with its own. Entries
-    added to the stream directly are moved into their sites first, ``SORT_BATCH`` a call."""
+    added to the stream directly are moved into their sites first, ``SORT_BATCH`` a call;
+    a ``task_pool`` with no group yet (no taker has started) gets one."""
     now_ms = int((time.time() if now is None else now) * 1000)
     args: list = [b"EVAL", _TAKE, 5, store.key(TASK_POOL), store.key(SITES), store.key(DELAYS),
                   store.key(QUEUED_COUNT), store.key(BELL), group, store.key(QUEUE), taker, now_ms, max(0, count),
                   int(pace.delay * 1000), max(1, pace.burst), idle_ms, SORT_BATCH]
+    fixed = len(args)
     for site, seconds in (delays or {}).items():
         args += [site, int(seconds * 1000)]
     while True:
         reply = store.command(*args)
         if not int(reply[1]):
             break
-        del args[17:]  # the delays are recorded
+        del args[fixed:]  # the delays are recorded
     head, last, rung = int(reply[0]), reply[2], reply[3]
     entries = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(4, len(reply), 2)]
     return Taken(entries, None if head < 0 else head / 1000, last, rung)
+
+
+def _site(url: str) -> str:
+    try:
+        return site_of(url)
+    except ValueError:
+        return NO_SITE
 
 
 def queue_tasks(batch: Batch, store: Store, urls: Sequence[str]) -> None:
@@ -308,44 +314,48 @@ def task_count(store: Store) -> int:
 
 def task_count_steps(store: Store) -> Steps[int]:
     batch = store.batch()
-    batch.add(b"XLEN", store.key(TASK_POOL))
-    batch.add(b"GET", store.key(QUEUED_COUNT))
-    handed, queued = yield batch
-    return int(handed) + int(queued or 0)
+    count = count_tasks(batch, store)
+    return count((yield batch))
 
 
-def queued_urls(store: Store) -> list[str]:
-    """Every URL queued in the sites' lists (not handed out), site by site: a read of
-    every site, for tests and tools."""
-    out: list[str] = []
-    for name in store.command(b"ZRANGE", store.key(SITES), 0, -1):
-        site = name.decode()
-        out += [unpack(u.decode(), site) for u in store.command(b"LRANGE", store.key(QUEUE) + site, 0, -1)]
-    return out
+def count_tasks(batch: Batch, store: Store) -> Callable[[list], int]:
+    """Queue into ``batch`` the count of :func:`task_count` (to share another read's round
+    trip); returns what reads it from the batch's results."""
+    handed = batch.add(b"XLEN", store.key(TASK_POOL))
+    queued = batch.add(b"GET", store.key(QUEUED_COUNT))
+    return lambda results: int(results[handed]) + int(results[queued] or 0)
 
 
-def queued_by_site(store: Store) -> list[tuple[str, int]]:
-    """Every site with queued tasks and how many (a read of every site: not for every second)."""
+def _per_site(store: Store, command: bytes, *args) -> list[tuple[str, object]]:
+    """``command`` on every site's list (pipelined, 10,000 a round trip): a read of every
+    site, for tools and tests, not for every second."""
     names = [n.decode() for n in store.command(b"ZRANGE", store.key(SITES), 0, -1)]
-    out = []
+    out: list[tuple[str, object]] = []
     for i in range(0, len(names), 10_000):
         batch = store.batch()
         for name in names[i : i + 10_000]:
-            batch.add(b"LLEN", store.key(QUEUE) + name)
-        out += zip(names[i : i + 10_000], map(int, store.execute(batch)))
+            batch.add(command, store.key(QUEUE) + name, *args)
+        out += zip(names[i : i + 10_000], store.execute(batch))
     return out
 
 
-def drop(store: Store, group: str, urls: Sequence[str]) -> int:
+def queued_urls(store: Store) -> list[str]:
+    """Every URL queued in the sites' lists (not handed out), site by site."""
+    return [unpack(u.decode(), site) for site, packed in _per_site(store, b"LRANGE", 0, -1) for u in packed]
+
+
+def queued_by_site(store: Store) -> list[tuple[str, int]]:
+    """Every site with queued tasks and how many."""
+    return [(site, int(n)) for site, n in _per_site(store, b"LLEN")]
+
+
+def drop(store: Store, urls: Sequence[str], group: str = GROUP) -> int:
     """Take ``urls`` out of task_pool wherever they are: queued in their site's list,
     or in the stream (handed out: a page already on the wire is fetched all the same).
     Exact whatever a taker does meanwhile: one script. Returns how many went."""
     args: list = []
     for url in dict.fromkeys(urls):
-        try:
-            site = site_of(url)
-        except ValueError:
-            site = NO_SITE
+        site = _site(url)
         args += [site, pack(url, site), url]
     if not args:
         return 0

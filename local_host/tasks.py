@@ -34,11 +34,11 @@ from .sites import GROUP, Pace
 def take_tasks(store: Store, consumer: str, count: int, start: bytes,
                pace: Pace = Pace()) -> tuple[list[tuple[bytes, str]], bytes | None]:
     """Up to ``count`` tasks for ``consumer``: with ``start`` ``>``, tasks of sites whose
-    politeness allows one now (:func:`take_ready`); else its own pending ones from
+    politeness allows one now (:func:`local_host.sites.take`); else its own pending ones from
     ``start`` on (a restart). Returns the entries ``(id, url)`` and the last id read (to
     page on through the pending ones; None when nothing was read, and after ``>``)."""
     if start == b">":
-        return take_ready(store, consumer, count, pace).entries, None
+        return sites.take(store, consumer, count, pace).entries, None
     key = store.key(TASK_POOL)
     try:
         reply = store.command(b"XREADGROUP", b"GROUP", GROUP, consumer, b"COUNT", count, b"STREAMS", key, start)
@@ -60,18 +60,6 @@ def take_tasks(store: Store, consumer: str, count: int, start: bytes,
     if gone:
         store.stream_done(TASK_POOL, GROUP, gone)
     return entries, raw[-1][0]
-
-
-def take_ready(store: Store, consumer: str, count: int, pace: Pace = Pace(), **kw) -> sites.Taken:
-    """The one way a task is taken new (local_host/sites.py: by site, as politeness
-    allows); a ``task_pool`` deleted under us is started again, empty."""
-    try:
-        return sites.take(store, GROUP, consumer, count, pace, **kw)
-    except ResponseError as e:
-        if "NOGROUP" not in str(e):
-            raise
-    store.ensure_group(TASK_POOL, GROUP)
-    return sites.Taken([], None)
 
 
 def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequence[str],

@@ -27,7 +27,7 @@ from dedupnet.harness.sim import simulate
 from dedupnet.service.config import Settings, load_settings
 from local_host import protocol as hp
 from local_host.crawler import Crawler, CrawlerSettings, Outcome, seed_urls
-from local_host.tasks import take_ready
+from local_host import sites
 from local_host.pools import TASK_FP, HostPools
 
 from .conformance.memnet import MemNet
@@ -202,7 +202,7 @@ def test_a_host_forgets_what_it_crawled_after_its_age_and_queues_a_url_until_cra
     pools.apply([hp.AddTasks((u,))])
     assert host_lookup(pools, "task", [u, v]) == [True, False]  # a task sent again is not queued twice
     assert host_lookup(pools, "found", [u]) == [True]  # queued: exact mode answers seen
-    ((eid, _),) = take_ready(store, "h", 10).entries
+    ((eid, _),) = sites.take(store, "h", 10).entries
     store.transact(lambda b: crawler._fill_done([(eid, Outcome(u, [u]))], b))
     assert not store.fp_contains(TASK_FP, fingerprint_many([u]))[0]  # crawled: no longer queued
     assert host_lookup(pools, "task", [u]) == [True]  # crawled just now

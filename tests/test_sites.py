@@ -6,7 +6,7 @@ from __future__ import annotations
 from dedupnet.adapters.store import TASK_POOL
 from local_host import sites
 from local_host.sites import Pace
-from local_host.tasks import GROUP, take_ready
+from local_host.tasks import GROUP
 
 T0 = 1_800_000_000.0
 
@@ -17,7 +17,7 @@ def _queue(store, urls):
 
 
 def _take(store, n, pace=Pace(), now=T0, taker="c", **kw):
-    return take_ready(store, taker, n, pace, now=now, **kw)
+    return sites.take(store, taker, n, pace, now=now, **kw)
 
 
 def test_small_sites_are_not_held_behind_a_big_one(store):
@@ -228,7 +228,7 @@ def test_drop_takes_urls_out_wherever_they_wait(store):
     _queue(store, ["http://a.example/1", "http://a.example/2", "http://u@b.example/3", "http://c.example/4"])
     handed = [u for _, u in _take(store, 1, Pace(delay=1.0)).entries]  # a.example/1, into the stream
     assert handed == ["http://a.example/1"] and sites.task_count(store) == 4
-    gone = sites.drop(store, GROUP, ["http://a.example/1", "http://a.example/2", "http://u@b.example/3",
+    gone = sites.drop(store, ["http://a.example/1", "http://a.example/2", "http://u@b.example/3",
                                      "http://never.example/"])
     assert gone == 3 and sites.task_count(store) == 1
     assert sites.queued_urls(store) == ["http://c.example/4"] and store.redis.xlen(store.key(TASK_POOL)) == 0
