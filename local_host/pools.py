@@ -23,6 +23,7 @@ from collections.abc import Callable
 import orjson
 from redis.exceptions import ResponseError
 
+from dedupnet.adapters.once import once
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.watermark import tagged
@@ -118,9 +119,13 @@ class HostPools(CoreWrites):
             elif isinstance(a, hp.DropTasks) and a.urls:
                 batch.add(b"SADD", key(TASKS_MOVED), *a.urls)
             elif isinstance(a, hp.TakeDone) and a.count:
-                batch.add(b"LTRIM", key(TASKS_DONE), a.count, -1)
+                trim = (b"LTRIM", key(TASKS_DONE), a.count, -1)
+                if a.number is None:
+                    batch.add(*trim)
+                else:
+                    once(batch, self.store, f"done:{a.number}", [trim])
             elif isinstance(a, hp.AddTasks) and a.urls:
-                sites.queue_tasks(batch, self.store, a.urls)
+                sites.queue_tasks(batch, self.store, a.urls, a.number)
                 batch.fingerprints(b"SADD", key(TASK_FP), fingerprint_many(a.urls))
 
     def drop_moved(self) -> int:

@@ -161,7 +161,11 @@ class Forget:
 
 @dataclass(frozen=True)
 class AddTasks:
+    """New tasks into ``task_pool``. ``number``: the task message's, which makes the write
+    happen once however often it is sent (None: the caller's writes are idempotent)."""
+
     urls: tuple[str, ...]
+    number: int | None = None
 
 
 @dataclass(frozen=True)
@@ -174,9 +178,11 @@ class DropTasks:
 
 @dataclass(frozen=True)
 class TakeDone:
-    """The first ``count`` entries of ``tasks_done`` are in a report now (stored unacknowledged)."""
+    """The first ``count`` entries of ``tasks_done`` are in report ``number`` now (stored
+    unacknowledged)."""
 
     count: int
+    number: int | None = None
 
 
 Action = Union[Send, Lookup, SaveUnacked, Release, Forget, AddTasks, TakeDone, DropTasks]
@@ -420,7 +426,7 @@ class HostProtocol:
         data = wire.encode(Done(number, urls))
         self.unacked[number] = (data, [])
         self.counters.inc("tasks_reported", amount=len(urls))
-        return [SaveUnacked(number, data, ()), TakeDone(count), Send(data)]
+        return [SaveUnacked(number, data, ()), TakeDone(count, number), Send(data)]
 
     def _answer_request(self, frame: Frame, done: LookupDone) -> list[Action]:
         """§2.3: seen URLs get value 1, then flag=3 back to the center."""
@@ -432,5 +438,5 @@ class HostProtocol:
         """What this host has seen already is not queued twice."""
         new = tuple(dict.fromkeys(u for u, s in zip(task.URLs, done.seen) if not s))
         self.counters.inc("tasks_received", amount=len(new))
-        return [AddTasks(new), Send(wire.encode(Ack(task.number, "stored")))]
+        return [AddTasks(new, task.number), Send(wire.encode(Ack(task.number, "stored")))]
 

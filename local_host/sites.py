@@ -34,10 +34,12 @@ keeps nothing per queued task or site.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from dedupnet.adapters.once import once
 from dedupnet.adapters.store import TASK_POOL, Batch, Steps, Store
 from dedupnet.codec.urls import site_of
 
@@ -60,6 +62,8 @@ QUEUED_COUNT = f"{TASK_POOL}:queued"
 BELL = f"{TASK_POOL}:bell"
 #: Stream entries moved into lists by one call: bounds the time one script holds Redis.
 SORT_BATCH = 2000
+#: URLs one RPUSH carries (a script's call takes at most some 8,000 arguments).
+PUSH_CHUNK = 1000
 #: Site of a URL that has none (not a URL: its taker finishes it as failed).
 NO_SITE = "?"
 
@@ -288,22 +292,29 @@ def _site(url: str) -> str:
         return NO_SITE
 
 
-def queue_tasks(batch: Batch, store: Store, urls: Sequence[str]) -> None:
+def queue_tasks(batch: Batch, store: Store, urls: Sequence[str], number: int | None = None) -> None:
     """Queue into ``batch`` new tasks (normalised URLs) in their sites' lists: a site
-    new to the frontier is ready at once."""
+    new to the frontier is ready at once. With ``number`` (the task message's), the
+    write happens once however often the batch is sent: a second ``RPUSH`` would queue
+    every URL twice."""
     key, now_ms = store.key, int(time.time() * 1000)
     by_site: dict[str, list[str]] = {}
     for url in urls:
-        try:
-            site = site_of(url)
-        except ValueError:
-            site = NO_SITE
-        by_site.setdefault(site, []).append(url)
+        by_site.setdefault(_site(url), []).append(url)
+    commands: list[tuple] = []
     for site, queued in by_site.items():
-        batch.add(b"RPUSH", key(QUEUE) + site, *[pack(url, site) for url in queued])
-        batch.add(b"ZADD", key(SITES), b"NX", now_ms, site)
-    batch.add(b"INCRBY", key(QUEUED_COUNT), len(urls))
-    batch.add(b"XADD", key(BELL), b"MAXLEN", 1, b"*", b"n", len(urls))
+        for i in range(0, len(queued), PUSH_CHUNK):
+            commands.append((b"RPUSH", key(QUEUE) + site, *[pack(url, site) for url in queued[i : i + PUSH_CHUNK]]))
+        commands.append((b"ZADD", key(SITES), b"NX", now_ms, site))
+    commands.append((b"INCRBY", key(QUEUED_COUNT), len(urls)))
+    commands.append((b"XADD", key(BELL), b"MAXLEN", 1, b"*", b"n", len(urls)))
+    if number is None:
+        for command in commands:
+            batch.add(*command)
+        return
+    # The URLs too: a center that lost its store may number other tasks alike.
+    digest = hashlib.blake2b("\n".join(urls).encode(), digest_size=8).hexdigest()
+    once(batch, store, f"tasks:{number}:{digest}", commands)
 
 
 def task_count(store: Store) -> int:

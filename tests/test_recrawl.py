@@ -214,7 +214,7 @@ def test_a_host_forgets_what_it_crawled_after_its_age_and_queues_a_url_until_cra
     core = hp.HostProtocol(hp.HostConfig("127.0.1.10", 1, 10))
     (lookup,) = core.handle(hp.FromCenter(Task(5, (u, v))))
     add, _ = core.handle(pools.lookup(lookup))
-    assert add == hp.AddTasks((u,))
+    assert add == hp.AddTasks((u,), 5)
 
 
 def test_seeds_are_crawled_again_through_the_protocol(store):
