@@ -93,9 +93,11 @@ class FaultRecord:
     ended: float | None = None
     note: str = ""
     #: ``power-cut``: the pages the hosts' crawlers had in progress (leased, not yet recorded
-    #: as done) just before the cut, from their status; None if one did not answer. A
-    #: re-fetch after the cut can only be one of these, which is how a run's duplicates are
-    #: bounded.
+    #: as done) just before the cut, from their status, plus the pages the web was asked
+    #: for from that poll until the restart (started between the poll and the cut: a
+    #: crawler takes a task the moment a site may be fetched); None if one did not
+    #: answer. A re-fetch after the cut can only be one of these, which is how a run's
+    #: duplicates are bounded.
     in_flight: int | None = None
 
     def to_json(self) -> dict:
@@ -118,6 +120,8 @@ class FaultRunner:
     active: int = 0
     #: Each daemon's disk (target -> LoopDisk) when the run has a ``power-cut``.
     disks: dict[str, object] = field(default_factory=dict)
+    #: The run's SyntheticWeb, whose request log tells what started around a power cut.
+    web: object = None
 
     def __post_init__(self) -> None:
         self._pending = list(self.faults)
@@ -244,6 +248,7 @@ class FaultRunner:
         if not self.disks:
             raise ValueError("power-cut needs every daemon's Redis on its own disk (simulate_processes sets them up)")
         live = [d for d in self.daemons.values() if not d.gone]
+        polled = trio.current_time()
         rec.in_flight = await _in_progress([d for d in live if d.role == "host"])
         for d in live:  # frozen at once: no page starts between the count and the cut
             os.kill(d.proc.pid, signal.SIGSTOP)
@@ -262,9 +267,11 @@ class FaultRunner:
             d.cpu_carried, d.cpu_base = cpu, 0.0
         for disk in self.disks.values():
             await trio.to_thread.run_sync(_remount, disk)
+        await trio.sleep(f.duration or 0)
+        if rec.in_flight is not None and self.web is not None:
+            rec.in_flight += sum(1 for t, _, path, _ in self.web.request_log if t >= polled and path != "/robots.txt")
         rec.note = (f"{len(self.disks)} filesystems shut down without their journal's tail, {len(live)} daemons "
                     f"killed, {'?' if rec.in_flight is None else rec.in_flight} pages in flight")
-        await trio.sleep(f.duration or 0)
         for d in sorted(live, key=lambda d: d.role != "center"):  # centers first, as at the start
             await self.restart(d)
             d.down = False

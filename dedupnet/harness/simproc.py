@@ -260,7 +260,7 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
                     if f.kind in PROCESS_FAULTS]
         by_target = {f"center:{c.network}": c for c in centers}
         by_target |= {f"host:{h.network}.{int(h.name.rsplit('.', 1)[1]) - 10}": h for h in hosts}
-        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out, disks=disks or {})
+        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out, disks=disks or {}, web=web)
     total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
     if links is not None:
         links.total = total
