@@ -12,6 +12,8 @@ from dedupnet.harness.report import SimConfig, format_comparison, format_report
 from dedupnet.harness.sim import simulate
 from dedupnet.harness.weblog import load_spread
 
+from .test_simcpu import check_cpu_figures
+
 
 def small(**kw):
     cfg = dict(networks=2, hosts=2, pages=500, sites=8, timeout=90, seeds=4)
@@ -37,6 +39,7 @@ async def test_small_exact_simulation_loses_nothing_and_fetches_nothing_twice(re
     assert r.sites_multi_host == 0 and r.max_hosts_per_site_1s == 1 and r.sites_fetched == 8
     assert r.pages_per_host_max == max(r.per_host_pages.values())
     assert "sites fetched by >1 host" in format_report(r)
+    check_cpu_figures(r, {"hosts", "centers", "web", "redis"})
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

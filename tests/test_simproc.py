@@ -19,6 +19,7 @@ from dedupnet.harness.simproc import simulate_processes
 from dedupnet.harness.web import SyntheticWeb
 
 from .procs import server_processes
+from .test_simcpu import check_cpu_figures
 
 
 def _proc_stats() -> list[tuple[int, int, int, str]]:
@@ -97,6 +98,7 @@ async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(re
     assert report.config["processes"] is True
     # The centers' own CPU (/proc/<pid>/stat) and the run's Redis memory by key family.
     assert report.center_cpu_s > 0 and report.center_cpu_ms_per_1k_urls > 0
+    check_cpu_figures(report, {"hosts", "centers", "web", "redis"})
     assert report.redis_bytes["center"]["admitted"] > 0 and report.redis_bytes["host"]["finish_URL"] > 0
     assert report.set_fill > 1 and report.seeds_per_network == {"net:1": 3, "net:2": 3}
     assert report.timeline and report.timeline[-1]["pages_fetched"] == report.requests

@@ -19,6 +19,7 @@ from dedupnet.harness.cluster import network_of_host
 from dedupnet.harness.crawlchecks import check_extracted, finished_twice, refetch_gap, window_counts
 from dedupnet.harness.faults import LINK_FAULTS, Fault
 from dedupnet.harness.pacing import pacing, pacing_lines
+from dedupnet.harness.simcpu import cpu_figures, cpu_lines
 from dedupnet.harness.verdict import runs_with, verdict
 from dedupnet.adapters.redis_cluster import merged_info
 from dedupnet.adapters.status_page import key_family, key_memory
@@ -146,6 +147,12 @@ class Report:
     #: from seeding to the end); in one process the centers' reactor work, timed (see CpuMeter).
     center_cpu_s: float | None = None
     center_cpu_ms_per_1k_urls: float | None = None  # per 1,000 admitted URLs
+    #: CPU seconds of every process of the run, by role, from seeding to the end, and
+    #: per request the web answered (dedupnet/harness/simcpu.py).
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    cpu_total_s: float | None = None
+    cpu_ms_per_page: dict[str, float] = field(default_factory=dict)
+    cpu_total_ms_per_page: float | None = None
     #: MEMORY USAGE of the run's keys at the end, by role ("center", "host") and key family.
     redis_bytes: dict[str, dict[str, int]] = field(default_factory=dict)
     #: Bytes of messages written, by the sender's role and the message's kind.
@@ -378,8 +385,10 @@ def progress_line(sample: dict) -> str:
 def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
             memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset(),
-            windows: list[dict] | None = None, web_t0: float | None = None) -> Report:
-    """A run's report; ``web_t0``: its start on trio's clock, for the pacing figures (None: the bound only)."""
+            windows: list[dict] | None = None, web_t0: float | None = None,
+            cpu_roles: dict[str, float | None] | None = None) -> Report:
+    """A run's report; ``web_t0``: its start on trio's clock, for the pacing figures (None: the bound only);
+    ``cpu_roles``: CPU seconds of the run's processes by role (:func:`~dedupnet.harness.simcpu.cpu_figures`)."""
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
     k = cfg.windows
@@ -411,7 +420,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         bytes_per_url=round(sum(wire_bytes(d.counters) for d in daemons) / len(expected), 1) if expected else None,
         **_tls_figures(daemons), max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
         **_center_costs(center_cpu, memory or {}, admitted),
-        bytes_by_kind=dict(kind_bytes),
+        bytes_by_kind=dict(kind_bytes), **cpu_figures(cpu_roles or {}, requests),
     )
     extra["bad_input"] = _refused(daemons)
     extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
@@ -544,7 +553,7 @@ def format_report(r: Report) -> str:
   Redis look-ups              {r.redis_lookups:>10,}   (SMISMEMBER/HMGET commands)
   discovery -> admission      p50 / p99: {lat}
   sets concluded incomplete   {r.sets_concluded_incomplete:>10,}
-  center CPU                  {cpu}
+  center CPU                  {cpu}{cpu_lines(r)}
   Redis bytes per admitted URL  center {_num(r.center_redis_bytes_per_url, '.1f')}, hosts {_num(r.host_redis_bytes_per_url, '.1f')}   ({r.urls_admitted:,} URLs admitted)
     by key family             {memory}
   pages per host              {hosts}

@@ -42,6 +42,7 @@ from dedupnet.codec.homes import parse_weights
 from dedupnet.harness.faults import LINK_FAULTS
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import TASK_POOL, URL_POOL
+from dedupnet.harness.simcpu import redis_cpu
 from dedupnet.harness.web import SyntheticWeb
 from dedupnet.harness.report import (
     SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs,
@@ -124,6 +125,16 @@ class CpuMeter:
 
         reactor._handle, reactor._execute, store.run = timed_handle, timed_execute, timed_run
 
+    def attach_web(self, web: SyntheticWeb) -> None:
+        """Instrument the synthetic web's connections (before it serves): each one's
+        steps, from reading a request to sending its answer."""
+        handle = web._handle
+
+        async def timed_handle(stream):
+            return await _Timed(handle(stream), self)
+
+        web._handle = timed_handle
+
 
 async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=None) -> Report:
     """Run one simulation to quiescence (or ``cfg.timeout``) and report it.
@@ -150,6 +161,8 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
 async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: str | None,
                     tls_dir: str | None) -> Report:
     web = SyntheticWeb(web_spec(cfg), port=0, latency=cfg.web_latency)
+    web_meter = CpuMeter()
+    web_meter.attach_web(web)
     server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
     crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
@@ -189,6 +202,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                 if hasattr(h, "on_found"):
                     h.on_found = observer.on_found
             meter_start = meter.seconds if meter else 0.0
+            cpu_start = (time.process_time(), web_meter.seconds, redis_cpu(server))
             if during is not None:
                 crawling.start_soon(during, system, web)
             plan = await _seed(system, seeds, cfg.scenario)
@@ -197,15 +211,29 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             timed_out, windows = await _run_windows(cfg, system, crawlers, web, timeline, t0, out, meter, links,
                                                     seeds, observer)
             wall = time.perf_counter() - t0
+            center_cpu = meter.seconds - meter_start if meter else None
+            cpu_roles = _cpu_roles(cpu_start, center_cpu, web_meter.seconds, redis_cpu(server))
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
             report = build_report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
-                             center_cpu=meter.seconds - meter_start if meter else None, memory=memory,
-                             windows=windows, web_t0=web_t0)
+                             center_cpu=center_cpu, memory=memory, windows=windows, web_t0=web_t0,
+                             cpu_roles=cpu_roles)
             if links is not None:
                 report.links = links.summary(t0=trio.current_time() - wall)
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
         nursery.cancel_scope.cancel()
     return report
+
+
+def _cpu_roles(start: tuple[float, float, float | None], center_cpu: float | None, web_cpu: float,
+               redis_now: float | None) -> dict[str, float | None]:
+    """CPU seconds since ``start`` (process time, web meter, Redis) by role: the
+    process's time less what the centers and the web spent in it is the hosts' (and
+    the harness's polling)."""
+    process = time.process_time() - start[0]
+    web = web_cpu - start[1]
+    centers = center_cpu or 0.0
+    return {"hosts": process - centers - web, "centers": center_cpu, "web": web,
+            "redis": None if redis_now is None or start[2] is None else redis_now - start[2]}
 
 
 # --- link faults (dedupnet/harness/relay.py): relays on the chosen links, switched on as the crawl goes

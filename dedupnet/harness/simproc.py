@@ -61,6 +61,7 @@ from dedupnet.harness.procdaemons import (
 from dedupnet.harness.procfaults import FaultRecord, FaultRunner, KillableRedis
 from dedupnet.harness.procplan import center_ports, daemon_env, make_disks, plan_daemons, remove_disks, wants_disks
 from dedupnet.harness.relay import LinkFaults, schedule_link_faults, start_link_relays
+from dedupnet.harness.simcpu import redis_cpu
 from dedupnet.harness.report import (
     Observer, Report, SimConfig, build_report, assign_seeds, check_routing, check_secure, progress_line,
     redis_memory, seed_count, wants_lan_key, web_spec,
@@ -241,8 +242,9 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
         print(f"  {len(centers)} center and {len(hosts)} host processes connected after "
               f"{time.perf_counter() - t_start:.1f} s", file=out, flush=True)
     server.config_resetstat()
-    for c in centers:
-        c.mark_cpu()
+    for d in centers + hosts:
+        d.mark_cpu()
+    cpu_start = (time.process_time(), redis_cpu(server))
     plan = await _seed(redis_url, hosts, seeds, cfg.scenario)
     t0 = time.perf_counter()
     trio_t0 = trio.current_time()
@@ -268,13 +270,17 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
     wall = time.perf_counter() - t0
     await poll_all(centers + hosts)  # the counters as they are now
     cpu = sum(c.cpu_used() for c in centers)
+    redis_now = redis_cpu(server)
+    cpu_roles = {"hosts": sum(h.cpu_used() for h in hosts), "centers": cpu,
+                 "web": time.process_time() - cpu_start[0],  # the harness's process serves the web
+                 "redis": None if redis_now is None or cpu_start[1] is None else redis_now - cpu_start[1]}
     memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
     killed = frozenset()
     if faults is not None:
         faults.not_started()
         killed = faults.killed_hosts()
     report = _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, plan=plan,
-                           center_cpu=cpu, memory=memory, killed=killed, web_t0=trio_t0)
+                           center_cpu=cpu, memory=memory, killed=killed, web_t0=trio_t0, cpu_roles=cpu_roles)
     if faults is not None:
         report.faults = [r.to_json() for r in faults.records]
     if links is not None:
