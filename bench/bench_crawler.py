@@ -30,8 +30,15 @@ What is measured, and what is not
       page less than pages/s): ``--repeat 3`` runs every level three times and
       shows the median run.
 
+Side by side with another checkout (``--baseline CHECKOUT``, e.g. a git worktree of
+main; ``--baseline-python`` if it needs its own interpreter): every level is run
+``--rounds`` times on each side, alternately, each run a process of its own with its
+own embedded Redis and web (this script with ``PYTHONPATH`` set to the checkout), and
+the table gives the median of each figure per side and the ratio this / base, with
+the total CPU per page (crawler + web + Redis).
+
 Run: ``.venv/bin/python bench/bench_crawler.py [--levels 1,8,32,64] [--tasks 2000]
-[--pages 5000] [--sites 50] [--repeat 1] [--redis URL]``. On a 2-core machine the web
+[--pages 5000] [--sites 50] [--repeat 1] [--redis URL] [--baseline CHECKOUT --rounds 3]``. On a 2-core machine the web
 server and the crawler each take about a core; figures depend on the machine and its
 load.
 """
@@ -39,14 +46,18 @@ load.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import re
 import signal
+import statistics
 import subprocess
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import psutil
 import trio
@@ -171,6 +182,64 @@ def per_page(cpu: float | None, pages: int) -> str:
     return f"{cpu / pages * 1000:>8.2f}" if cpu is not None else f"{'-':>8}"
 
 
+#: (heading, width, the figure of a row as a dict); the side-by-side table's columns.
+FIGURES = [
+    ("pages/s", 8, lambda r: r["pages"] / r["seconds"]),
+    ("crawler CPU ms/page", 19, lambda r: r["crawler_cpu"] * 1000 / r["pages"]),
+    ("web ms/page", 11, lambda r: r["web_cpu"] * 1000 / r["pages"] if r["web_cpu"] is not None else None),
+    ("redis ms/page", 13, lambda r: r["redis_cpu"] * 1000 / r["pages"] if r["redis_cpu"] is not None else None),
+    ("total CPU ms/page", 17,
+     lambda r: sum(r[k] or 0.0 for k in ("crawler_cpu", "web_cpu", "redis_cpu")) * 1000 / r["pages"]),
+]
+
+
+def side_argv(python: str, level: int, args) -> list[str]:
+    """This script, one level one time, its row printed as JSON (``--row``)."""
+    return [python, __file__, "--row", "--levels", str(level), "--tasks", str(args.tasks), "--pages", str(args.pages),
+            "--sites", str(args.sites), "--seed", str(args.seed)]
+
+
+def run_side(python: str, checkout: str, level: int, args) -> dict:
+    """One run of a level with ``checkout``'s dedupnet and local_host (PYTHONPATH; the
+    synthetic web's child inherits it), in its own process and embedded Redis."""
+    env = {**os.environ, "PYTHONPATH": checkout}
+    proc = subprocess.run(side_argv(python, level, args), env=env, cwd=checkout, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"the run of {checkout} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def side_by_side(args, levels: list[int]) -> None:
+    """Every level run ``--rounds`` times on each side, alternately (baseline first), so
+    a change of the machine's load hits both alike; the median of each figure, and the
+    ratio this / baseline."""
+    here = str(Path(__file__).resolve().parent.parent)
+    sides = [("base", args.baseline_python or sys.executable, str(Path(args.baseline).resolve())),
+             ("this", sys.executable, here)]
+    print(f"synthetic web {args.pages:,} pages / {args.sites} sites (separate process); {args.tasks:,} tasks per "
+          f"level; politeness off, robots on; {psutil.cpu_count()} CPUs; base = {sides[0][2]}, "
+          f"{args.rounds} rounds alternated, medians")
+    head = f"{'concurrency':>11} {'run':>10}" + "".join(f" {h:>{w}}" for h, w, _ in FIGURES)
+    print(head)
+    for c in levels:
+        rows: dict[str, list[dict]] = {"base": [], "this": []}
+        for _ in range(max(1, args.rounds)):
+            for name, python, checkout in sides:
+                rows[name].append(run_side(python, checkout, c, args))
+        med = {name: [_median([f(r) for r in rs]) for _, _, f in FIGURES] for name, rs in rows.items()}
+        for name in ("base", "this"):
+            print(f"{c:>11} {name:>10}" + "".join(
+                f" {v:>{w}.2f}" if v is not None else f" {'-':>{w}}" for v, (_, w, _) in zip(med[name], FIGURES)))
+        ratios = [t / b if t is not None and b else None for t, b in zip(med["this"], med["base"])]
+        print(f"{c:>11} {'this/base':>10}" + "".join(
+            f" {v:>{w}.2f}" if v is not None else f" {'-':>{w}}" for v, (_, w, _) in zip(ratios, FIGURES)), flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--levels", default="1,8,32,64", help="concurrency levels, comma-separated (default 1,8,32,64)")
@@ -181,14 +250,27 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=1,
                     help="runs per level; the median run (by pages/s) is shown (default 1)")
     ap.add_argument("--redis", help="use this server instead of an embedded one (keys benchcrawl*:* are removed)")
+    ap.add_argument("--baseline", metavar="CHECKOUT",
+                    help="also run every level with another checkout's code (e.g. a worktree of main), side by "
+                         "side, each run in its own process; see --rounds")
+    ap.add_argument("--baseline-python", metavar="PYTHON",
+                    help="with --baseline: the interpreter for its runs (default: this one)")
+    ap.add_argument("--rounds", type=int, default=3, help="with --baseline: runs per level and side (default 3)")
+    ap.add_argument("--row", action="store_true", help=argparse.SUPPRESS)  # one run, its row as JSON
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",") if x.strip()]
     # 404s and the like are logged as warnings per page: not what is measured here.
     logging.getLogger("dedupnet").setLevel(logging.ERROR)
+    if args.baseline:
+        side_by_side(args, levels)
+        return
 
     server = None if args.redis else EmbeddedRedis()
     with nullcontext(args.redis) if args.redis else server as redis_url:
         redis_ps = psutil.Process(server.pid) if server is not None else None
+        if args.row:
+            print(json.dumps(asdict(run_level(redis_url, redis_ps, args, levels[0]))))
+            return
         print(f"synthetic web {args.pages:,} pages / {args.sites} sites (separate process); "
               f"{args.tasks:,} tasks per level; politeness off, robots on; {psutil.cpu_count()} CPUs")
         print(f"{'concurrency':>11} {'pages':>7} {'requests':>8} {'failed':>6} {'seconds':>8} {'pages/s':>8}"

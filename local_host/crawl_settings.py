@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dedupnet.codec.ages import RecrawlPolicy
+from dedupnet.codec.backoff import Backoff
 
 
 @dataclass
@@ -28,7 +29,8 @@ class CrawlerSettings:
     max_body: int = 2 * 1024 * 1024
     #: Retries of a request after a 5xx in ``retry_statuses``, a timeout or a connection error.
     max_retries: int = 3
-    #: Back-off before retry k is ``retry_base * 2**(k-1)`` seconds (at most ``retry_max_delay``).
+    #: Back-off before retry k is ``retry_base * 2**(k-1)`` seconds (at most
+    #: ``retry_max_delay``), jittered: :attr:`retry_backoff`.
     retry_base: float = 0.5
     retry_max_delay: float = 30.0
     retry_statuses: frozenset[int] = frozenset({500, 502, 503, 504})
@@ -69,3 +71,9 @@ class CrawlerSettings:
     block_timeout: float = 1.0
     #: Seconds between progress lines at INFO.
     progress_interval: float = 10.0
+
+    @property
+    def retry_backoff(self) -> Backoff:
+        """The waits before a page's retries. A quarter of jitter: the tasks of a site that
+        failed together (a burst of 503s) do not all come back in the same instant."""
+        return Backoff(first=self.retry_base, cap=self.retry_max_delay, jitter=0.25)

@@ -411,10 +411,10 @@ class Crawler:
                   finished=self._finished)
 
     def _backoff(self, retry: int, retry_after: float | None) -> float:
-        s = self.settings
-        delay = min(s.retry_base * 2 ** (retry - 1), s.retry_max_delay)
+        backoff = self.settings.retry_backoff
+        delay = backoff.delay(retry)
         if retry_after is not None:
-            delay = max(delay, min(retry_after, s.retry_max_delay))
+            delay = max(delay, min(retry_after, backoff.cap))
         return delay
 
     async def _until_store_answers(self) -> None:
