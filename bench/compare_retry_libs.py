@@ -42,10 +42,10 @@ import stamina  # noqa: E402
 import tenacity  # noqa: E402
 
 from dedupnet.codec.errors import StoreUnavailable  # noqa: E402
-from dedupnet.adapters.store import RetryPolicy, Store  # noqa: E402
+from dedupnet.adapters.store import STORE_RETRY, Store  # noqa: E402
 from import_cost import line  # noqa: E402
 
-POLICY = RetryPolicy()  # 6 attempts, 0.05 s doubling, capped at 2 s
+POLICY = STORE_RETRY  # 6 attempts, 0.05 s doubling, capped at 2 s
 logging.getLogger("dedupnet.adapters.store").setLevel(logging.ERROR)  # the retry warnings
 logging.getLogger("stamina").setLevel(logging.ERROR)
 stamina.instrumentation.set_on_retry_hooks([])  # no per-retry log lines in the figures
@@ -55,18 +55,18 @@ stamina.instrumentation.set_on_retry_hooks([])  # no per-retry log lines in the 
 
 def tenacity_retry(fn):
     return tenacity.retry(retry=tenacity.retry_if_exception_type(OSError),
-                          wait=tenacity.wait_exponential(multiplier=POLICY.first_delay, max=POLICY.max_delay),
+                          wait=tenacity.wait_exponential(multiplier=POLICY.first, max=POLICY.cap),
                           stop=tenacity.stop_after_attempt(POLICY.attempts), reraise=True)(fn)
 
 
 def stamina_retry(fn):
-    return stamina.retry(on=OSError, attempts=POLICY.attempts, wait_initial=POLICY.first_delay,
-                         wait_max=POLICY.max_delay, wait_jitter=0, timeout=None)(fn)
+    return stamina.retry(on=OSError, attempts=POLICY.attempts, wait_initial=POLICY.first,
+                         wait_max=POLICY.cap, wait_jitter=0, timeout=None)(fn)
 
 
 def backoff_retry(fn):
-    return backoff.on_exception(backoff.expo, OSError, max_tries=POLICY.attempts, factor=POLICY.first_delay,
-                                max_value=POLICY.max_delay, jitter=None)(fn)
+    return backoff.on_exception(backoff.expo, OSError, max_tries=POLICY.attempts, factor=POLICY.first,
+                                max_value=POLICY.cap, jitter=None)(fn)
 
 
 LIBS: dict[str, Callable] = {"tenacity": tenacity_retry, "stamina": stamina_retry, "backoff": backoff_retry}

@@ -12,8 +12,9 @@ from typing import Any
 
 from scrapy.exceptions import NotConfigured
 
-from dedupnet.adapters.store import RetryPolicy, Store
+from dedupnet.adapters.store import Store
 from dedupnet.adapters.store_choice import store_for
+from dedupnet.codec.backoff import Backoff
 from dedupnet.scrapy_census import CrawlCensus
 from dedupnet.scrapy_robots import RobotsGate
 from local_host.crawl_settings import CrawlerSettings
@@ -35,13 +36,17 @@ class Addon:
             settings.set(name, value, priority="addon")
 
 
+#: The scheduler's calls block the reactor: few, short retries (what is not written
+#: stays in memory and goes at the next tick).
+SCRAPY_STORE_RETRY = Backoff(first=0.05, cap=0.5, attempts=3)
+
+
 def scheduler_args(crawler) -> tuple[Store, Any, dict[str, Any]]:
     """The host's store, the dupefilter and the keyword arguments of the scheduler."""
     s = crawler.settings
     url, prefix, bits = _redis_settings(s)
-    # Calls block the reactor: short timeouts and few retries (what is not written
-    # stays in memory and goes at the next tick).
-    store = store_for(url, prefix, bucket_bits=bits, retry=RetryPolicy(attempts=3, max_delay=0.5),
+    # Calls block the reactor: short timeouts too.
+    store = store_for(url, prefix, bucket_bits=bits, retry=SCRAPY_STORE_RETRY,
                       socket_timeout=s.getfloat("DEDUPNET_SOCKET_TIMEOUT", 5.0))
     consumer = s.get("DEDUPNET_CONSUMER") or s.get("DEDUPNET_HOST_IP") or f"scrapy-{socket.gethostname()}"
     concurrency = s.getint("CONCURRENT_REQUESTS", 16)

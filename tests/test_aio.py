@@ -12,7 +12,8 @@ from dedupnet.adapters.children import free_port
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.adapters.runtime import Reactor
-from dedupnet.adapters.store import FINISH_URL, URL_POOL, RetryPolicy, Store
+from dedupnet.adapters.store import FINISH_URL, URL_POOL, Store
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.urls import fingerprint_many
 from local_host import protocol as hp
 from local_host.pools import HostPools
@@ -124,7 +125,7 @@ async def test_retried_on_a_fresh_connection_after_client_kill(store, astore):
 
 
 async def test_every_wait_has_a_deadline_then_store_unavailable(redis_url, prefix, autojump_clock):
-    store = Store(redis_url, prefix, socket_timeout=1.0, retry=RetryPolicy(attempts=3, first_delay=0.5))
+    store = Store(redis_url, prefix, socket_timeout=1.0, retry=Backoff(first=0.5, cap=2.0, attempts=3))
     astore = AsyncStore(store)
     start = trio.current_time()
     with pytest.raises(StoreUnavailable):
@@ -152,7 +153,7 @@ async def test_unreachable_server_is_store_unavailable(autojump_clock):
     with trio.socket.socket() as s:  # a port nobody listens on
         await s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=RetryPolicy(attempts=3))
+    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=Backoff(first=0.05, cap=2.0, attempts=3))
     with pytest.raises(StoreUnavailable):
         await AsyncStore(store).command(b"PING")
     assert store.reconnects == 2
@@ -202,7 +203,7 @@ async def test_until_stored_keeps_retrying_a_native_call(autojump_clock):
     with trio.socket.socket() as s:  # a port nobody listens on
         await s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=RetryPolicy(attempts=2))
+    store = Store(f"redis://127.0.0.1:{port}/0", "x", retry=Backoff(first=0.05, cap=2.0, attempts=2))
     counters = Counters()
     with trio.move_on_after(60) as scope:
         await until_stored(AsyncStore(store), counters, store.command_steps, b"PING")
@@ -311,7 +312,7 @@ async def test_a_restarted_server_still_loading_is_waited_for_not_read_as_data(t
     server = EmbeddedRedis(persistent=True, data_dir=tmp_path, port=free_port("127.0.0.1"), config={
         "key-load-delay": "1000", "loading-process-events-interval-bytes": "1024"})
     url = server.start()
-    store = Store(url, prefix, retry=RetryPolicy(attempts=60, first_delay=0.05, max_delay=0.2))
+    store = Store(url, prefix, retry=Backoff(first=0.05, cap=0.2, attempts=60))
     astore = AsyncStore(store)
     try:
         fps = fingerprint_many(urls(100))

@@ -34,7 +34,8 @@ from dedupnet.adapters.redis_cluster import (
     execute_plan,
     slot_of,
 )
-from dedupnet.adapters.store import FINISH_URL, RetryPolicy
+from dedupnet.adapters.store import FINISH_URL
+from dedupnet.codec.backoff import Backoff
 
 _prefixes = itertools.count()
 
@@ -265,7 +266,7 @@ def test_a_killed_master(cluster, caplog):
     from dedupnet.harness.report import SimConfig
     from dedupnet.harness.sim import simulate
 
-    s = store_for(cluster.url, "killed", retry=RetryPolicy(attempts=2, first_delay=0.01))
+    s = store_for(cluster.url, "killed", retry=Backoff(first=0.01, cap=2.0, attempts=2))
     before = fps(3000, seed=5)
     s.fp_add(FINISH_URL, before)
     victim = 1
@@ -319,7 +320,7 @@ def test_failover_to_a_replica(caplog):
     cluster = EmbeddedCluster(3, replicas=1, node_timeout=1000)
     cluster.start()
     try:
-        s = store_for(cluster.url, "failover", retry=RetryPolicy(attempts=12, first_delay=0.05, max_delay=0.5))
+        s = store_for(cluster.url, "failover", retry=Backoff(first=0.05, cap=0.5, attempts=12))
         f = fps(3000, seed=8)
         s.fp_add(FINISH_URL, f)
         slot = int(bucket_slots(s.fp_key(FINISH_URL), s.bucket_bits)[0])

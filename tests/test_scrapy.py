@@ -318,11 +318,12 @@ def test_a_finished_task_not_yet_written_is_not_taken_again(redis_url, store):
 
 
 def test_what_cannot_be_written_is_kept_and_written_when_redis_is_back(redis_url, store, caplog):
-    from dedupnet.adapters.store import RetryPolicy
+    from dedupnet.codec.backoff import Backoff
 
     sched, spider, stats = _scheduler(redis_url, store.prefix)
     reachable = sched.store
-    sched.store = Store("redis://127.0.0.1:1/0", store.prefix, retry=RetryPolicy(attempts=1))  # nobody there
+    nobody = Backoff(first=0.05, cap=2.0, attempts=1)  # one try: nobody is there
+    sched.store = Store("redis://127.0.0.1:1/0", store.prefix, retry=nobody)
     try:
         sched.enqueue_request(Request("http://a.example/"))
         sched._try_flush()

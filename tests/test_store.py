@@ -6,7 +6,8 @@ import trio
 
 from dedupnet.adapters.aio import AsyncStore
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.store import FINISH_URL, URL_POOL, RetryPolicy, Store, pack_command
+from dedupnet.adapters.store import FINISH_URL, URL_POOL, Store, pack_command
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.urls import fingerprint_many
 
 rng = np.random.default_rng(7)
@@ -100,7 +101,7 @@ def test_error_reply_does_not_desynchronise_the_batch(store):
 
 
 def test_unreachable_redis_gives_clear_error_after_backoff():
-    s = Store("redis://127.0.0.1:1/0", "x", retry=RetryPolicy(attempts=3, first_delay=0.01))
+    s = Store("redis://127.0.0.1:1/0", "x", retry=Backoff(first=0.01, cap=2.0, attempts=3))
     with pytest.raises(StoreUnavailable, match="unreachable"):
         s.fp_contains(FINISH_URL, random_fps(3))
     assert s.reconnects == 2
@@ -112,7 +113,7 @@ def test_store_survives_a_server_restart(tmp_path):
     server = EmbeddedRedis(persistent=True, data_dir=tmp_path)
     url = server.start()
     try:
-        s = Store(url, "p", retry=RetryPolicy(attempts=20, first_delay=0.05, max_delay=0.2))
+        s = Store(url, "p", retry=Backoff(first=0.05, cap=0.2, attempts=20))
         fps = random_fps(100)
         s.fp_add(FINISH_URL, fps)
         port = urlparse(url).port

@@ -21,6 +21,7 @@ import trio
 import trio.testing
 
 from dedupnet.codec import wire
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Kind, Register, Status, Task
 from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
 from dedupnet.adapters.metric_catalog import METRICS
@@ -517,7 +518,8 @@ async def test_connect_forever_waits_for_a_late_server(caplog, autojump_clock):
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(partial(connect_forever, host, port, reg(client_ip), on_connected, local_ip=client_ip,
-                                   counters=client_counters, backoff_initial=0.1, backoff_max=2.0, log_interval=5.0))
+                                   counters=client_counters, backoff=Backoff(first=0.1, cap=2.0, jitter=0.5),
+                                   log_interval=5.0))
         await trio.sleep(12)  # virtual: the client keeps trying meanwhile
         failures = client_counters.get("connect_failed")
         reports = lines(caplog, "cannot connect")
@@ -584,7 +586,7 @@ async def test_connect_forever_gives_a_silent_server_up_within_the_timeout_and_d
     async with trio.open_nursery() as nursery:
         nursery.start_soon(accept_forever)
         nursery.start_soon(partial(connect_forever, SERVER, port, reg(GOOD_IP), on_connected, local_ip=GOOD_IP,
-                                   counters=counters, backoff_initial=0.1, silence_timeout=5.0))
+                                   counters=counters, silence_timeout=5.0))
         with trio.fail_after(60):
             while len(accepted) < 2:
                 await trio.sleep(0.01)

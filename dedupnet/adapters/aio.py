@@ -14,7 +14,7 @@ borrows a connection of a small pool for its whole duration, so replies never
 interleave, and a MULTI/EXEC stays one atomic round trip on one connection. Every
 round trip runs under a deadline (the store's ``socket_timeout``); a connection that
 failed, timed out or was cancelled mid-way is closed, never reused. Connection loss
-is retried with the store's :class:`~dedupnet.adapters.store.RetryPolicy`, then surfaces as
+is retried with the store's back-off (``Store.retry``), then surfaces as
 :class:`~dedupnet.codec.errors.StoreUnavailable`, like the synchronous store.
 
 Anything still synchronous (the crawler, status sizes, restarts) runs through

@@ -67,6 +67,7 @@ import orjson
 import trio
 
 from dedupnet.codec.auth import TAG_LEN, Keyring
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.errors import DiscoveryError, ProtocolError
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.netinfo import address_in
@@ -104,10 +105,10 @@ LOG_EVERY = 5.0
 #: A center's answers a second (and burst): a LAN of hundreds of hosts booting at once
 #: is answered within seconds, a query flood cannot make the center a flood source.
 ANSWER_RATE = 200.0
-#: The host's first re-send, its longest interval between two, and how long it keeps
-#: listening after the first answer for the answers of other centers.
-FIRST_RETRY = 0.25
-MAX_RETRY = 2.0
+#: Between two sends of the host's query. Jittered: a LAN's hosts started together do
+#: not ask in step.
+RESEND = Backoff(first=0.25, cap=2.0, jitter=0.25)
+#: How long the host keeps listening after the first answer for the answers of other centers.
 SETTLE = 0.25
 #: A receive error is not about the next datagram; if it repeats, this bounds the loop.
 RECEIVE_ERROR_PAUSE = 0.01
@@ -398,18 +399,16 @@ class Target:
 
 
 async def find_center(search: Search, targets: Sequence[Target], port: int, timeout: float, *,
-                      first_retry: float = FIRST_RETRY, max_retry: float = MAX_RETRY, settle: float = SETTLE,
+                      resend: Backoff = RESEND, settle: float = SETTLE,
                       rng: random.Random | None = None) -> Answer:
-    """Send ``search``'s query to every target on UDP ``port``, again after ``first_retry``
-    seconds, doubling to ``max_retry`` (each wait shortened by up to a quarter at random,
-    so a LAN's hosts started together do not ask in step), until an answer comes; then
+    """Send ``search``'s query to every target on UDP ``port``, again after each wait of
+    ``resend`` (:data:`RESEND`, drawn from ``rng``), until an answer comes; then
     listen ``settle`` seconds more for other centers (:meth:`Search.result` refuses to
     choose between two). DiscoveryError when ``timeout`` passes with no answer, naming
     what was sent where and what came back; a target that cannot be sent to (no route
     yet: an interface still coming up) is retried like the others."""
     if not targets:
         raise DiscoveryError("no IPv4 address to broadcast from; give --center HOST:PORT or --discovery-address ADDR")
-    rng = rng or random.Random()
     sent: Counter[Target] = Counter()
     send_errors: dict[Target, OSError] = {}
     answered = trio.Event()
@@ -426,7 +425,7 @@ async def find_center(search: Search, targets: Sequence[Target], port: int, time
                 answered.set()
 
     async def ask(socks: dict) -> None:
-        wait = first_retry
+        sends = 0
         while True:
             for target in targets:
                 try:
@@ -438,10 +437,10 @@ async def find_center(search: Search, targets: Sequence[Target], port: int, time
                                     target.via, exc)
                     send_errors[target] = exc
                     search.counters.inc("discovery_failed", reason="send")
-            with trio.move_on_after(wait * (1 - rng.random() / 4)):
+            sends += 1
+            with trio.move_on_after(resend.delay(sends, rng)):
                 await answered.wait()
                 return
-            wait = min(2 * wait, max_retry)
 
     with contextlib.ExitStack() as stack:
         socks = await _bind_sockets(stack, targets)

@@ -18,6 +18,7 @@ import trio
 from redis.exceptions import RedisError
 
 from dedupnet.codec import wire
+from dedupnet.codec.backoff import Backoff
 from dedupnet.adapters import datadir
 from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError, SettingsError
@@ -71,6 +72,8 @@ class RedisDied(EmbeddedRedisError):
 SUPERVISE_POLL = 0.2
 #: Attempts to start a dead server again before the daemon gives up.
 RESTART_ATTEMPTS = 3
+#: Between two attempts to start it again (one process restarting its own server: no jitter).
+RESTART_BACKOFF = Backoff(first=0.5, cap=4.0)
 #: A server that died this often within ``RESTART_WINDOW`` seconds keeps dying: give up.
 MAX_RESTARTS, RESTART_WINDOW = 5, 60.0
 
@@ -101,7 +104,6 @@ async def supervise_redis(server: EmbeddedRedis, counters, *, poll: float = SUPE
         counters.inc("redis_restarts")
         where = server.data_dir or "a temporary directory (its data is lost)"
         log.error("embedded Redis (pid %d) died (%s): restarting it on %s", pid, how, where)
-        delay = 0.5
         for attempt in range(1, attempts + 1):
             try:
                 url = await trio.to_thread.run_sync(server.restart)
@@ -111,29 +113,33 @@ async def supervise_redis(server: EmbeddedRedis, counters, *, poll: float = SUPE
                     raise RedisDied(f"its embedded Redis (pid {pid}) died ({how}) and could not be restarted "
                                     f"on {where}: {why}") from None
                 log.warning("restarting embedded Redis failed (attempt %d of %d): %s", attempt, attempts, why)
-                await trio.sleep(delay)
-                delay *= 2
+                await trio.sleep(RESTART_BACKOFF.delay(attempt))
             else:
                 log.warning("embedded Redis restarted (pid %s) at %s; carrying on", server.pid, url)
                 break
 
 
+#: Between two tries of a daemon's store call while Redis does not answer. Jittered: the
+#: many calls of a daemon waiting on one Redis do not all ask again in the same instant.
+STORE_WAIT = Backoff(first=0.1, cap=5.0, jitter=0.5)
+
+
 async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
     """Run a store call until it succeeds. A Redis that goes away stops the daemon's
     progress, never its state: the core's writes and sends wait here, logged and
-    counted, and go on when Redis is back (back-off up to 5 s). A generator function
+    counted, and go on when Redis is back (:data:`STORE_WAIT`). A generator function
     (a sans-I/O ``*_steps`` operation) runs on trio with ``astore.drive``, started
     afresh on each attempt; anything else in a worker thread."""
-    delay = 0.1
     native = inspect.isgeneratorfunction(fn)
+    failures = 0
     while True:
         try:
             return await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
         except (DedupnetError, RedisError) as e:
             counters.inc("store_errors")
             _complain(astore.store.url, getattr(fn, "__name__", fn), e)
-            await trio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            failures += 1
+            await trio.sleep(STORE_WAIT.delay(failures))
 
 
 #: Seconds between two lines about one Redis that does not answer, however many calls wait on it.

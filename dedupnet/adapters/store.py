@@ -72,6 +72,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.codec.pools import (  # noqa: F401 - re-exported: the pools' key names
     ADMITTED, CONCLUDED, DIST_REDUCE_POOL, FINISH_URL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL,
@@ -145,19 +146,11 @@ def is_cluster_url(url: str | None) -> bool:
     return isinstance(url, str) and url.split("://", 1)[0].endswith("+cluster")
 
 
-@dataclass(frozen=True)
-class RetryPolicy:
-    """How long to keep trying a Redis that went away: exponential back-off, capped."""
-
-    attempts: int = 6
-    first_delay: float = 0.05
-    max_delay: float = 2.0
-
-    def delays(self) -> Iterator[float]:
-        delay = self.first_delay
-        for _ in range(self.attempts - 1):
-            yield delay
-            delay = min(delay * 2, self.max_delay)
+#: How long a store keeps trying a Redis that went away before it raises
+#: StoreUnavailable: about 1.5 s in all, enough for a restart or a failover to answer;
+#: longer waits are the caller's (the daemons' ``until_stored`` waits for ever). No
+#: jitter: each store is one client retrying its own connection.
+STORE_RETRY = Backoff(first=0.05, cap=2.0, attempts=6)
 
 
 class _BucketHeads(dict):
@@ -338,7 +331,7 @@ class Store:
         prefix: str,
         *,
         bucket_bits: int | None = None,
-        retry: RetryPolicy = RetryPolicy(),
+        retry: Backoff = STORE_RETRY,
         socket_timeout: float = 30.0,
     ):
         if is_cluster_url(url):
@@ -348,7 +341,7 @@ class Store:
             url, socket_timeout=socket_timeout, socket_connect_timeout=5.0, protocol=2
         )
 
-    def _settle(self, url: str, prefix: str, bucket_bits: int | None, retry: RetryPolicy, socket_timeout: float) -> None:
+    def _settle(self, url: str, prefix: str, bucket_bits: int | None, retry: Backoff, socket_timeout: float) -> None:
         """What every store keeps of its arguments (a cluster's too), checked."""
         if bucket_bits and not MIN_BUCKET_BITS <= bucket_bits <= MAX_BUCKET_BITS:
             raise ValueError(f"bucket_bits must be within {MIN_BUCKET_BITS}..{MAX_BUCKET_BITS}")

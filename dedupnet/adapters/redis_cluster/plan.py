@@ -15,7 +15,8 @@ import hiredis
 from redis.exceptions import ResponseError
 
 from dedupnet.adapters.redis_cluster.slots import EXEC, MULTI, Addr, ClusterBatch, SlotMap, key_of, slot_of
-from dedupnet.adapters.store import RetryPolicy, T, pack_command
+from dedupnet.adapters.store import T, pack_command
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.errors import StoreUnavailable
 
 log = logging.getLogger("dedupnet.adapters.redis_cluster")
@@ -33,7 +34,7 @@ class PlannedStore(Protocol):
 
     url: str
     prefix: str
-    retry: RetryPolicy
+    retry: Backoff
     slots: SlotMap
     home_slot: int
     reconnects: int

@@ -20,7 +20,8 @@ from redis.exceptions import ResponseError
 from dedupnet.adapters.aio import ASYNC_TRANSIENT_ERRORS, CONNECT_TIMEOUT, AsyncStore, _Connection, _exchange
 from dedupnet.adapters.redis_cluster.plan import ASKING, Plan, Refresh, Wave, execute_plan
 from dedupnet.adapters.redis_cluster.slots import Addr, ClusterBatch, SlotMap, admin_client, cluster_seeds, slot_of
-from dedupnet.adapters.store import Batch, RetryPolicy, Steps, Store, T, pack_command, read_replies
+from dedupnet.adapters.store import STORE_RETRY, Batch, Steps, Store, T, pack_command, read_replies
+from dedupnet.codec.backoff import Backoff
 
 
 class ClusterStore(Store):
@@ -29,7 +30,7 @@ class ClusterStore(Store):
 
     is_cluster = True
 
-    def __init__(self, url: str, prefix: str, *, bucket_bits: int = 10, retry: RetryPolicy = RetryPolicy(),
+    def __init__(self, url: str, prefix: str, *, bucket_bits: int = 10, retry: Backoff = STORE_RETRY,
                  socket_timeout: float = 30.0):
         self._settle(url, prefix, bucket_bits, retry, socket_timeout)
         self.bucket_bits = bucket_bits  # a cluster keeps the layout it always had (store_choice.py)

@@ -9,12 +9,12 @@ deadlines and the retries.
 from __future__ import annotations
 
 import logging
-import random
 import ssl
 
 import trio
 
 from dedupnet.codec.auth import Keyring
+from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.errors import SettingsError
 from dedupnet.codec.messages import Register
 from dedupnet.codec.wire import encode
@@ -140,7 +140,9 @@ async def _connect_tls(stream: trio.SocketStream, context: ssl.SSLContext, expec
     return ssl_stream
 
 
-_jitter = random.Random()
+#: Between two dials of one server. Jittered: when a center restarts, every host that was
+#: connected to it dials again at once, and would go on dialling in step.
+RECONNECT = Backoff(first=0.1, cap=5.0, jitter=0.5)
 
 
 async def connect_forever(
@@ -151,8 +153,7 @@ async def connect_forever(
     *,
     local_ip: str | None = None,
     counters: Counters,
-    backoff_initial: float = 0.1,
-    backoff_max: float = 5.0,
+    backoff: Backoff = RECONNECT,
     log_interval: float = 5.0,
     silence_timeout: float | None = None,
     **connect_options: object,
@@ -161,10 +162,8 @@ async def connect_forever(
 
     Runs until cancelled. A failed attempt is counted (``connect_failed``) and logged at
     most once per ``log_interval`` seconds (with the number of failures since the last
-    line); the next attempt waits an exponential back-off (``backoff_initial`` doubling up
-    to ``backoff_max``) with jitter (a random 50-100 % of it), so that many hosts whose
-    center restarts do not reconnect in lock step. The back-off also applies after a
-    session ends; it is reset by a session that lasted at least ``backoff_max`` seconds,
+    line); the next attempt waits ``backoff`` (:data:`RECONNECT`). The back-off also
+    applies after a session ends; it is reset by a session that lasted at least its cap,
     so a server that accepts and immediately drops us is not hammered.
 
     ``on_connected`` gets a running :class:`Connection`; ConnectionClosed from it is the
@@ -180,7 +179,7 @@ async def connect_forever(
     TCP connection open (a stopped process, a hung host) is held for as long as our own
     sends find room in the socket buffers, which with little to send is for ever.
     """
-    delay, last_log, failures_unlogged = backoff_initial, -float("inf"), 0
+    failures, last_log, failures_unlogged = 0, -float("inf"), 0
     while True:
         try:
             conn = await connect(host, port, register, local_ip=local_ip, counters=counters, **connect_options)
@@ -199,10 +198,10 @@ async def connect_forever(
             await _session(conn, on_connected, silence_timeout, f"{host}:{port}")
             refused_for_good(conn, register, f"{host}:{port}")
             log.info("connection to %s:%d ended (%s); reconnecting", host, port, conn.close_reason)
-            if trio.current_time() - started >= backoff_max:
-                delay = backoff_initial
-        await trio.sleep(delay * _jitter.uniform(0.5, 1.0))
-        delay = min(delay * 2, backoff_max)
+            if trio.current_time() - started >= backoff.cap:
+                failures = 0
+        failures += 1
+        await trio.sleep(backoff.delay(failures))
 
 
 class RefusedForGood(SettingsError):
