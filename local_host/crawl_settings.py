@@ -20,8 +20,6 @@ class CrawlerSettings:
     #: robots.txt ``Crawl-delay`` is honoured up to this many seconds; 0 ignores it.
     max_crawl_delay: float = 10.0
     respect_robots: bool = True
-    #: How long a fetched robots.txt is trusted (RFC 9309: at most 24 h).
-    robots_ttl: float = 86400.0
     user_agent: str = "dedupnet-crawler/0.1"
     #: The product token robots.txt groups are matched against.
     robots_agent: str = "dedupnet"

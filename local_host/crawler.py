@@ -74,7 +74,7 @@ from dedupnet.codec.urls import URLGate, normalize, site_of
 from .crawl_settings import CrawlerSettings
 from .crawl_records import (DEPTH, FAILED, SEEDS, Failure, Outcome, depth_of, fill_done, internal_failure,
                             requeue_seeds, add_seeds, seed_urls)
-from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError, Politeness, Response, RobotsCache,
+from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError, Politeness, Response, RobotsCheck,
                     RobotsUnavailable, client_factory, fetch_robots, get_page, retry_after)
 from .links import decode_html, extract_links, in_scope
 from . import sites
@@ -130,8 +130,7 @@ class Crawler:
         self._reader = on_trio(store, max_threads=1)  # the blocking XREADGROUP
         self._writer = on_trio(store, max_threads=8)
         self.politeness = Politeness(s.concurrency, s.per_site_concurrency, s.per_site_delay)
-        self.robots = RobotsCache(self._fetch_robots, agent=s.robots_agent, ttl=s.robots_ttl,
-                                  on_rules=self._robots_rules)
+        self.robots = RobotsCheck(self._fetch_robots, agent=s.robots_agent, on_rules=self._robots_rules)
         self.allowed = frozenset(d.lower().strip(".") for d in s.allowed_domains)
         self.depth_key = s.depth_key or store.key(DEPTH)
         self._finished = AgedSet(store, FINISH_URL, s.recrawl) if s.recrawl is not None else None
@@ -591,7 +590,7 @@ class Crawler:
                                   any_body=bool(s.store_dir))
 
     async def _fetch_robots(self, origin: str) -> str | None:
-        """robots.txt of an origin for :class:`RobotsCache`, with the pages' gate and clients."""
+        """robots.txt of an origin for :class:`RobotsCheck`, with the pages' gate and clients."""
         assert self._clients is not None
         return await fetch_robots(origin, self.politeness, self._clients, self.counters, self.settings.page_timeout)
 

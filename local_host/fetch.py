@@ -5,9 +5,10 @@ Nothing here touches Redis; :mod:`local_host.crawler` wires these to the store.
 * :class:`Politeness` — a global bound on concurrent requests plus, per site (host),
   at most ``per_site`` concurrent requests and a minimum delay between the *starts* of
   two requests to it. A request holds its slots only while it is on the wire.
-* :class:`RobotsCache` — one robots.txt fetch per origin (single-flight), parsed with
-  ``protego``, cached with a TTL and an LRU bound; :func:`fetch_robots` fetches it
-  through the same politeness gate and clients as the pages.
+* :class:`RobotsCache` — robots.txt rules per origin (``protego``), with a TTL and an
+  LRU bound, for every crawler of a host; :class:`RobotsCheck` fetches an origin's once
+  (single-flight) through :func:`fetch_robots`, the same politeness gate and clients as
+  the pages.
 * :class:`ClientPool` — a few small ``httpx.AsyncClient`` objects per site, the least
   recently used idle ones closed beyond a bound (why not one client: its docstring);
   :func:`client_factory` makes them.
@@ -41,6 +42,7 @@ __all__ = [
     "Politeness",
     "Response",
     "RobotsCache",
+    "RobotsCheck",
     "RobotsUnavailable",
     "ROBOTS_MAX",
     "client_factory",
@@ -198,6 +200,12 @@ def origin_of(url: str) -> str:
     return m.group(1)
 
 
+#: How long a fetched robots.txt is trusted (RFC 9309: at most 24 h), and how many origins'
+#: rules are kept (the least recently used dropped first), for every crawler of a host.
+ROBOTS_TTL = 86400.0
+ROBOTS_ORIGINS = 10_000
+
+
 @dataclass
 class _RobotsEntry:
     rules: Protego | None  # None: allow everything (robots.txt missing, 4xx)
@@ -205,40 +213,63 @@ class _RobotsEntry:
 
 
 class RobotsCache:
-    """robots.txt per origin, fetched once (concurrent askers wait for the one fetch).
+    """robots.txt rules per origin, as every crawler in front of a host keeps them: ours
+    (:class:`RobotsCheck`) and the Scrapy scheduler's gate (dedupnet/scrapy_robots.py).
+    Sans-I/O: told what an origin's robots.txt says, asked whether a URL may be
+    fetched; the clock is the caller's (trio's in our crawler, so tests run on a
+    virtual one)."""
 
-    ``fetch(origin)`` returns the robots.txt text (parsed with protego), or None when
-    every URL is allowed (4xx: no robots.txt), or raises :class:`RobotsUnavailable`
-    (not cached: the next check fetches again). Cached entries live ``ttl`` seconds;
-    at most ``max_entries`` origins are kept (least recently used dropped first).
-    """
-
-    def __init__(
-        self,
-        fetch: Callable[[str], Awaitable[str | None]],
-        *,
-        agent: str,
-        ttl: float = 86400.0,
-        max_entries: int = 10_000,
-        on_rules: Callable[[str, Protego], None] | None = None,
-    ):
-        self._fetch = fetch
+    def __init__(self, agent: str, *, clock: Callable[[], float], ttl: float = ROBOTS_TTL,
+                 max_entries: int = ROBOTS_ORIGINS):
         self.agent = agent
+        self.clock = clock
         self.ttl = ttl
         self.max_entries = max_entries
-        self._on_rules = on_rules
-        self._cache: collections.OrderedDict[str, _RobotsEntry] = collections.OrderedDict()
-        self._inflight: dict[str, tuple[trio.Event, list]] = {}
+        self._entries: collections.OrderedDict[str, _RobotsEntry] = collections.OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._cache)
+        return len(self._entries)
 
-    async def rules(self, origin: str) -> Protego | None:
-        while True:
-            entry = self._cache.get(origin)
-            if entry is not None and entry.expires > trio.current_time():
-                self._cache.move_to_end(origin)
-                return entry.rules
+    def allowed(self, url: str) -> bool | None:
+        """Whether ``url`` may be fetched by its origin's rules; None when they are not
+        known (never fetched, or older than ``ttl``): fetch them first."""
+        origin = origin_of(url)
+        entry = self._entries.get(origin)
+        if entry is None or entry.expires <= self.clock():
+            return None
+        self._entries.move_to_end(origin)
+        return entry.rules is None or entry.rules.can_fetch(url, self.agent)
+
+    def learn(self, origin: str, text: str | None) -> Protego | None:
+        """``origin``'s robots.txt says ``text`` (None: there is none, everything is
+        allowed); its parsed rules."""
+        rules = Protego.parse(text) if text is not None else None
+        self._entries[origin] = _RobotsEntry(rules, self.clock() + self.ttl)
+        self._entries.move_to_end(origin)
+        while len(self._entries) > self.max_entries:
+            self._entries.popitem(last=False)
+        return rules
+
+
+class RobotsCheck:
+    """Our crawler's robots.txt check: the :class:`RobotsCache`, and one fetch per origin
+    whose rules it does not know (concurrent askers wait for that one fetch).
+
+    ``fetch(origin)`` returns the robots.txt text, or None when every URL is allowed
+    (4xx: no robots.txt), or raises :class:`RobotsUnavailable` (nothing cached: the
+    next check fetches again). ``on_rules`` hears each origin's new rules (Crawl-delay).
+    """
+
+    def __init__(self, fetch: Callable[[str], Awaitable[str | None]], *, agent: str,
+                 on_rules: Callable[[str, Protego], None] | None = None):
+        self._fetch = fetch
+        self.cache = RobotsCache(agent, clock=trio.current_time)
+        self._on_rules = on_rules
+        self._inflight: dict[str, tuple[trio.Event, list]] = {}
+
+    async def allowed(self, url: str) -> bool:
+        while (verdict := self.cache.allowed(url)) is None:
+            origin = origin_of(url)
             pending = self._inflight.get(origin)
             if pending is not None:
                 event, box = pending
@@ -249,30 +280,22 @@ class RobotsCache:
             event, box = trio.Event(), []
             self._inflight[origin] = (event, box)
             try:
-                text = await self._fetch(origin)
-                rules = Protego.parse(text) if text is not None else None
-                self._cache[origin] = _RobotsEntry(rules, trio.current_time() + self.ttl)
-                self._cache.move_to_end(origin)
-                while len(self._cache) > self.max_entries:
-                    self._cache.popitem(last=False)
+                rules = self.cache.learn(origin, await self._fetch(origin))
                 if rules is not None and self._on_rules is not None:
                     self._on_rules(origin, rules)
-                return rules
+                return rules is None or rules.can_fetch(url, self.cache.agent)
             except BaseException as e:
                 box.append(e if isinstance(e, Exception) else RobotsUnavailable("fetch cancelled"))
                 raise
             finally:
                 del self._inflight[origin]
                 event.set()
-
-    async def allowed(self, url: str) -> bool:
-        rules = await self.rules(origin_of(url))
-        return rules is None or rules.can_fetch(url, self.agent)
+        return verdict
 
 
 async def fetch_robots(origin: str, politeness: Politeness, clients: ClientPool, counters: Counters,
                        timeout: float) -> str | None:
-    """robots.txt of an origin, for :class:`RobotsCache`: through the politeness gate
+    """robots.txt of an origin, for :class:`RobotsCheck`: through the politeness gate
     and the site's clients like any request, redirects followed, within ``timeout``."""
     url = origin + "/robots.txt"
     site = site_of(url)

@@ -69,16 +69,17 @@ ROBOTS = b"User-agent: *\nDisallow: /private/\n"
 
 def test_the_gate_fetches_once_per_origin_and_checks_every_waiting_task_by_its_rules():
     from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, WAIT, RobotsGate
+    from local_host.fetch import ROBOTS_TTL
 
     now = [0.0]
-    gate = RobotsGate("bot", ttl=100, clock=lambda: now[0])
+    gate = RobotsGate("bot", clock=lambda: now[0])
     assert gate.check("http://a.example/private/1", "t1") == FETCH
     assert gate.check("http://a.example/private/2", "t2") == WAIT
     assert gate.check("http://a.example/x", "t3") == WAIT
     assert len(gate) == 3
     assert gate.answered("http://a.example", 200, ROBOTS) == ["t1", "t2", "t3"]
     assert [gate.check(u, None) for u in ("http://a.example/private/1", "http://a.example/x")] == [DISALLOWED, ALLOWED]
-    now[0] = 101  # the rules are old: fetched again
+    now[0] = ROBOTS_TTL + 1  # the rules are old: fetched again
     assert gate.check("http://a.example/x", "t4") == FETCH
     assert gate.answered("http://a.example", 404, b"") == ["t4"]  # none: everything allowed
     assert gate.check("http://a.example/private/1", None) == ALLOWED
