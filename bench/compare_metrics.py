@@ -2,9 +2,9 @@
 
 Prints, for the same series:
 
-* equivalence: the expectations of ``tests/test_transport.py``
-  (``test_counters_snapshot_and_prometheus_text``: its strict text parser and its
-  sample values) applied to prometheus-client's output, in two ways of using it:
+* equivalence: what our renderer's test expects (``dedupnet/harness/prometheus_text.py``:
+  its strict reader and its reference scrape) applied to prometheus-client's output,
+  in two ways of using it:
   ``native`` (its ``Counter``/``Gauge`` objects, which a switch would mean) and
   ``collector`` (our registry kept, only the text rendered by ``generate_latest``
   through a custom collector); then the samples of both outputs side by side, parsed
@@ -45,7 +45,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from dedupnet.adapters.metrics import Counters, render_prometheus  # noqa: E402
 from import_cost import line  # noqa: E402
-from tests.test_transport import parse_prometheus, sample_counters  # noqa: E402
+from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters  # noqa: E402
 
 PREFIX = "dedupnet_"
 
@@ -113,20 +113,12 @@ class OurCollector:
 # --- equivalence ----------------------------------------------------------------------
 
 def test_expectations(text: str) -> str:
-    """The assertions of test_counters_snapshot_and_prometheus_text on ``text``."""
-    expected = {
-        "dedupnet_frames_received_total": (
-            "counter", {(("kind", "frame"), ("flag", "1")): 5.0, (("kind", "register"),): 1.0}),
-        "dedupnet_bad_input_total": ("counter", {(("reason", 'we"ird\\re\nason'),): 1.0}),
-        "dedupnet_sent_bytes_total": ("counter", {(): 1234.0}),
-        "dedupnet_connections_open": ("gauge", {(("role", "host"),): 3.0}),
-        "dedupnet_load": ("gauge", {(): 0.25}),
-    }
+    """What our renderer's test expects of the reference scrape, on ``text``."""
     try:
         metrics = parse_prometheus(text)
-    except AssertionError as e:
-        return f"FAIL: the test's parser rejects the line {str(e).splitlines()[0][:70]!r}"
-    wrong = [name for name, want in expected.items() if metrics.get(name) != want]
+    except ValueError as e:
+        return f"FAIL: the strict reader refuses it: {str(e)[:70]}"
+    wrong = [name for name, want in REFERENCE.items() if metrics.get(name) != want]
     if wrong:
         return f"FAIL: {wrong[0]} is {metrics.get(wrong[0])}"
     return "pass"
@@ -138,7 +130,7 @@ def samples(text: str) -> set[tuple]:
 
 
 def native_sample_counters() -> tuple[str | None, str]:
-    """``sample_counters()`` written with the library's own objects, if it can be."""
+    """``reference_counters()`` written with the library's own objects, if it can be."""
     reg = CollectorRegistry()
     try:
         frames = PCounter(PREFIX + "frames_received", "frames", ["kind", "flag"], registry=reg)
@@ -151,8 +143,8 @@ def native_sample_counters() -> tuple[str | None, str]:
 
 
 def equivalence() -> None:
-    print("== equivalence (tests/test_transport.py expectations) ==")
-    ours = sample_counters()
+    print("== equivalence (the reference scrape of dedupnet/harness/prometheus_text.py) ==")
+    ours = reference_counters()
     text = render_prometheus(ours)
     print(f"  ours                       {test_expectations(text)}")
     native, why = native_sample_counters()

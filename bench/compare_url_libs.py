@@ -10,7 +10,7 @@ where the library keeps it):
 * ``url_normalize``            RFC 3986 normalisation, pure Python.
 
 Prints, for each candidate, how it does on the project's own URL expectations:
-``tests/test_urls.py`` ``NORMALISED`` (raw -> our canonical form) and ``REJECTED``
+``dedupnet/harness/url_cases.py`` ``NORMALISED`` (raw -> our canonical form) and ``REJECTED``
 (URLs we refuse, with a reason), whether its output is a fixed point, and the URLs of
 the conformance vectors; every differing URL is listed (``--quiet`` for counts only).
 Then speed, in URLs/s, on a realistic list: every link of the synthetic web
@@ -46,7 +46,7 @@ from dedupnet.codec.errors import BadURL  # noqa: E402
 from dedupnet.codec.urls import normalize  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 from local_host.links import extract_links  # noqa: E402
-from tests.test_urls import NORMALISED, REJECTED  # noqa: E402
+from dedupnet.harness.url_cases import NORMALISED, REJECTED  # noqa: E402
 
 REJECT = "<rejected>"
 
@@ -149,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     print(f"Python {sys.version.split()[0]}; " + ", ".join(f"{k} {v}" for k, v in VERSIONS.items()))
 
-    print("== the project's URL expectations (tests/test_urls.py tables, conformance vectors) ==")
+    print("== the project's URL expectations (dedupnet/harness/url_cases.py, conformance vectors) ==")
     results: dict[str, dict] = {"ours": conformance("ours (dedupnet.codec.urls)", ours, args.quiet)}
     for name, fn in CANDIDATES.items():
         results[name] = conformance(name, _glue(fn), args.quiet)

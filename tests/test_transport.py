@@ -26,6 +26,7 @@ from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Kind,
 from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
 from dedupnet.adapters.metric_catalog import METRICS
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever, serve
+from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters
 from dedupnet.codec.wire import Decoder, encode
 
 SERVER = "127.0.0.1"
@@ -637,54 +638,8 @@ async def test_connect_failure_is_an_oserror():
 
 # --- metrics --------------------------------------------------------------------------------
 
-SAMPLE = re.compile(r'([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\[\\"n])*",?)*\})? (\S+)')
-LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\\n]|\\[\\"n])*)"')
-
-
-def parse_prometheus(text: str) -> dict[str, tuple[str, dict[tuple, float]]]:
-    """Parse the text format strictly enough to fail on a malformed line."""
-    assert text.endswith("\n")
-    metrics: dict[str, tuple[str, dict[tuple, float]]] = {}
-    current = helped = None
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            m = re.fullmatch(r"# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (\S.*)", line)
-            assert m, line
-            helped = m.group(1)
-            continue
-        if line.startswith("#"):
-            m = re.fullmatch(r"# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge)", line)
-            assert m, line
-            assert m.group(1) not in metrics, f"second TYPE line for {m.group(1)}"
-            assert helped == m.group(1), f"no HELP line right before the TYPE line of {m.group(1)}"
-            current = m.group(1)
-            metrics[current] = (m.group(2), {})
-            continue
-        m = SAMPLE.fullmatch(line)
-        assert m, line
-        assert m.group(1) == current, f"sample {line!r} not under its TYPE line"
-        labels = tuple(
-            (k, v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\"))
-            for k, v in LABEL.findall(m.group(2) or "")
-        )
-        metrics[current][1][labels] = float(m.group(3))
-    return metrics
-
-
-def sample_counters() -> Counters:
-    c = Counters()
-    c.inc("frames_received", kind="frame", flag="1")
-    c.inc("frames_received", 4, flag="1", kind="frame")  # keyword order does not matter
-    c.inc("frames_received", kind="register")
-    c.inc("bad_input", reason='we"ird\\re\nason')
-    c.inc("sent_bytes", 1234)
-    c.set_gauge("connections_open", 3, role="host")
-    c.set_gauge("load", 0.25)
-    return c
-
-
 def test_counters_snapshot_and_prometheus_text():
-    c = sample_counters()
+    c = reference_counters()
     assert c.get("frames_received", kind="frame", flag="1") == 5
     assert c.get("frames_received", kind="ack") == 0
     assert c.total("frames_received") == 6
@@ -693,13 +648,7 @@ def test_counters_snapshot_and_prometheus_text():
     assert snap['frames_received{kind="register"}'] == 1
     assert snap["sent_bytes"] == 1234
     assert c.gauges() == {'connections_open{role="host"}': 3, "load": 0.25}
-    metrics = parse_prometheus(render_prometheus(c))
-    assert metrics["dedupnet_frames_received_total"] == (
-        "counter", {(("kind", "frame"), ("flag", "1")): 5.0, (("kind", "register"),): 1.0})
-    assert metrics["dedupnet_bad_input_total"] == ("counter", {(("reason", 'we"ird\\re\nason'),): 1.0})
-    assert metrics["dedupnet_sent_bytes_total"] == ("counter", {(): 1234.0})
-    assert metrics["dedupnet_connections_open"] == ("gauge", {(("role", "host"),): 3.0})
-    assert metrics["dedupnet_load"] == ("gauge", {(): 0.25})
+    assert parse_prometheus(render_prometheus(c)) == REFERENCE
     assert "x_frames_received_total" in parse_prometheus(render_prometheus(c, prefix="x_"))
     text = render_prometheus(c)
     assert f"# HELP dedupnet_sent_bytes_total {METRICS['sent_bytes'].help}\n# TYPE dedupnet_sent_bytes_total counter\n" in text
@@ -711,6 +660,14 @@ def test_counters_snapshot_and_prometheus_text():
         c.inc("ok", **{"bad-label": "x"})
     with pytest.raises(ValueError):
         c.inc("ok", -1)
+
+
+@pytest.mark.parametrize("text", ["x_total 1\n", "# TYPE x_total counter\nx_total 1\n",
+                                  "# HELP x_total x\n# TYPE x_total counter\nx_total{a=1} 1\n",
+                                  "# HELP x_total x\n# TYPE x_total counter\nx_total 1"])
+def test_the_reader_refuses_what_a_scraper_would(text):
+    with pytest.raises(ValueError):
+        parse_prometheus(text)
 
 
 async def http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
@@ -730,7 +687,7 @@ async def http(port: int, request: bytes) -> tuple[int, dict[str, str], bytes]:
 
 
 async def test_serve_metrics_over_tcp():
-    c = sample_counters()
+    c = reference_counters()
     async with trio.open_nursery() as nursery:
         port = await nursery.start(serve_metrics, c, SERVER, 0)
         status, headers, body = await http(port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n")
