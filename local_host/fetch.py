@@ -25,6 +25,7 @@ import contextlib
 import functools
 import math
 import re
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -35,6 +36,8 @@ from protego import Protego
 
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.urls import site_of
+
+from .http1 import Http1Client
 
 __all__ = [
     "ClientPool",
@@ -447,7 +450,12 @@ def client_factory(connections: int, *, user_agent: str, timeout: float, local_a
     timeouts = httpx.Timeout(timeout)
     headers = {"User-Agent": user_agent}
 
-    def make() -> httpx.AsyncClient:
+    proxied = trust_env and any(k in urllib.request.getproxies() for k in ("http", "https", "all"))
+
+    def make() -> httpx.AsyncClient | Http1Client:
+        if not proxied:  # local_host/http1.py: what the crawler uses of httpx, for far less CPU
+            return Http1Client(ssl_context=tls, timeout=timeout, user_agent=user_agent, local_address=local_address,
+                               connections=connections)
         transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, local_address=local_address,
                                              trust_env=trust_env, retries=0)
         return httpx.AsyncClient(transport=transport, verify=tls, timeout=timeouts, follow_redirects=False,
