@@ -5,7 +5,7 @@ on a permitted address, a key rotation during a crawl) are at the end."""
 from __future__ import annotations
 
 import logging
-from functools import partial
+import math
 
 import pytest
 import trio
@@ -20,6 +20,8 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.transport import Connection, ConnectionClosed, _signed, connect, serve, watch_keyrings
 from dedupnet.codec.wire import NEED_DATA, Decoder, encode
 
+from .helpers import echo, reg, start_server, until
+
 SERVER = "127.0.0.1"
 HOST_IP = "127.0.0.5"
 OUTSIDER = "127.0.0.9"
@@ -33,10 +35,6 @@ def frame(ip: str = HOST_IP, flag: int = 1, n: int = 3) -> Frame:
 
 
 BIG = Frame({f"http://site{i % 7}.test/a/long/path/{i}.html": 0 for i in range(400)}, HOST_IP, 43, 1)
-
-
-def reg(ip: str, role: str = "host") -> Register:
-    return Register(ip, 1, role, f"{ip}:7001", "127.0.0.0/8")
 
 
 # --- key files ----------------------------------------------------------------------------
@@ -153,16 +151,6 @@ def test_rotation_keyring_accepts_old_and_new(tmp_path):
 # --- over TCP -----------------------------------------------------------------------------
 
 
-async def echo(conn: Connection) -> None:
-    while True:
-        msg = await conn.receive()
-        await conn.send(encode(msg))
-
-
-async def start(nursery, handler, counters, **options) -> int:
-    return await nursery.start(partial(serve, counters=counters, **options), SERVER, 0, handler)
-
-
 async def raw_exchange(port: int, data: bytes, local_ip: str = OUTSIDER) -> list:
     """Raw bytes from ``local_ip``; every message received (tags ignored) until the server closes."""
     with trio.fail_after(10):
@@ -191,7 +179,7 @@ async def test_keyed_connection_tags_both_ways_and_compresses(offer):
         await echo(conn)
 
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, handler, server, keyrings={"host": lan})
+        port = await start_server(nursery, handler, server, keyrings={"host": lan})
         with trio.fail_after(10):
             register = Register(HOST_IP, 1, "host", f"{HOST_IP}:7001", None, offer)
             async with await connect(SERVER, port, register, local_ip=HOST_IP, counters=client,
@@ -231,7 +219,7 @@ async def test_outsider_without_the_key_is_refused_before_registering(caplog, ke
         called.append(conn)
 
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, handler, counters, keyrings={"host": lan, "control": lan},
+        port = await start_server(nursery, handler, counters, keyrings={"host": lan, "control": lan},
                            accept_roles=("host", "control"))
         data = encode(reg(OUTSIDER)) + encode(frame(OUTSIDER, flag=3)) + encode(frame(OUTSIDER, flag=1))
         if key is not None:
@@ -258,7 +246,7 @@ async def test_role_must_be_tagged_with_its_own_key():
         roles.append((conn.register.role, conn.keyring))
 
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, handler, counters, keyrings={"host": lan, "center": peer})
+        port = await start_server(nursery, handler, counters, keyrings={"host": lan, "center": peer})
         bad = await raw_exchange(port, peer.sign(encode(reg(OUTSIDER, "host"))))
         worse = await raw_exchange(port, lan.sign(encode(reg(OUTSIDER, "center"))))
         with trio.fail_after(10):
@@ -280,7 +268,7 @@ async def test_unkeyed_roles_are_served_as_before():
     counters = Counters()
 
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, echo, counters, keyrings={"host": lan})
+        port = await start_server(nursery, echo, counters, keyrings={"host": lan})
         with trio.fail_after(10):
             async with await connect(SERVER, port, reg(HOST_IP, "center"), local_ip=HOST_IP,
                                      counters=Counters()) as conn:
@@ -294,7 +282,7 @@ async def test_unkeyed_roles_are_served_as_before():
 async def test_client_rejects_an_untagged_server():
     counters = Counters()
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, echo, Counters())  # a server without the key
+        port = await start_server(nursery, echo, Counters())  # a server without the key
         with trio.fail_after(10):
             async with await connect(SERVER, port, reg(HOST_IP), local_ip=HOST_IP, counters=counters,
                                      keyring=Keyring.single(K1)) as conn:
@@ -420,22 +408,22 @@ async def test_key_rotation_during_a_crawl_loses_nothing_and_drops_no_connection
     async def rotate(system, web) -> None:
         daemons = [*system.centers.values(), *system.hosts.values()]
 
-        async def until(check, what: str) -> None:
-            with trio.fail_after(20):
-                while not all(check(d.lan_keyring) for d in daemons):
-                    await trio.sleep(0.05)
-            steps.append((what, sum(web.answer_counts.values())))
-            start = sum(web.answer_counts.values())
-            while sum(web.answer_counts.values()) < start + 20:  # crawl on under this step for a while
-                await trio.sleep(0.05)
+        def answers() -> int:
+            return sum(web.answer_counts.values())
 
-        await until(lambda ring: ring.send_id == 1, "key 1")
+        async def step(check, what: str) -> None:
+            await until(lambda: all(check(d.lan_keyring) for d in daemons), poll=0.05, what=what)
+            steps.append((what, answers()))
+            start = answers()  # crawl on under this step for a while (the simulation's timeout bounds it)
+            await until(lambda: answers() >= start + 20, math.inf, poll=0.05)
+
+        await step(lambda ring: ring.send_id == 1, "key 1")
         write_key_file(path, [f"1 {K1.hex()} send\n", f"2 {K2.hex()}\n"])
-        await until(lambda ring: ring.accepted == {1, 2}, "accept 2")
+        await step(lambda ring: ring.accepted == {1, 2}, "accept 2")
         write_key_file(path, [f"1 {K1.hex()}\n", f"2 {K2.hex()} send\n"])
-        await until(lambda ring: ring.send_id == 2, "send 2")
+        await step(lambda ring: ring.send_id == 2, "send 2")
         write_key_file(path, [f"2 {K2.hex()} send\n"])
-        await until(lambda ring: ring.accepted == {2}, "drop 1")
+        await step(lambda ring: ring.accepted == {2}, "drop 1")
 
     r = await simulate(small(lan_key_file=str(path), key_poll_interval=0.2, pages=600, sites=8), redis_url,
                        out=None, during=rotate)
@@ -470,7 +458,7 @@ async def test_a_keyed_client_refused_for_another_reason_reads_why():
     """The server's Error is tagged when the Register verified, so the client learns the reason."""
     lan = Keyring.single(K1)
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, echo, Counters(), keyrings={"host": lan})
+        port = await start_server(nursery, echo, Counters(), keyrings={"host": lan})
         with trio.fail_after(10):
             async with await connect(SERVER, port, reg(OUTSIDER), local_ip=HOST_IP, counters=Counters(),
                                      keyring=Keyring.single(K1)) as conn:  # claims another IP

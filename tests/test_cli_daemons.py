@@ -5,32 +5,12 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
+from .helpers import DEDUPNET, dedupnet, status, wait_for
 from .procs import server_processes
 
-DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
-
-
-def run(*args, **kw):
-    return subprocess.run([*DEDUPNET, *args], capture_output=True, text=True, timeout=60, **kw)
-
-
-def wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
-
-
-def status(address):
-    out = run("status", address, "--json")
-    return json.loads(out.stdout) if out.returncode == 0 else None
 
 
 @pytest.fixture
@@ -60,7 +40,7 @@ def test_two_networks_from_the_command_line(deployment):
     urls = tmp / "urls.txt"
     urls.write_text("\n".join(f"http://site{i % 4}.example/p{i}" for i in range(100)) + "\nftp://nope/\n")
     for net in (1, 2):
-        out = run("push", "--data-dir", f"dedupnet-data/host-127.0.{net}.10", "--ip", f"127.0.{net}.10",
+        out = dedupnet("push", "--data-dir", f"dedupnet-data/host-127.0.{net}.10", "--ip", f"127.0.{net}.10",
                   "--file", str(urls), cwd=tmp)
         assert json.loads(out.stdout) == {"pushed": 100, "rejected": 1}, out.stderr
 
@@ -84,7 +64,7 @@ def test_two_networks_from_the_command_line(deployment):
 
 
 def test_status_of_nothing_says_so():
-    out = run("status", "127.0.0.1:1")
+    out = dedupnet("status", "127.0.0.1:1")
     assert out.returncode == 1 and "no answer from 127.0.0.1:1" in out.stderr and not out.stdout
 
 
@@ -98,7 +78,7 @@ def test_status_of_nothing_says_so():
     (["certs", "--networks", "1", "--days", "0"], "argument --days: must be at least 1, not 0"),
 ])
 def test_daemons_explain_missing_or_bad_settings(args, message):
-    out = run(*args)
+    out = dedupnet(*args)
     assert out.returncode == 2 and message in out.stderr
 
 
@@ -110,7 +90,7 @@ def test_daemons_explain_missing_or_bad_settings(args, message):
     ["center", "--network", "1", "--listen", "127.0.0.1:1", "--peer", "65536,127.0.2.1:1,127.0.2.0/24"],
 ])
 def test_network_ids_outside_1_to_65535_are_refused_in_one_line(args):
-    out = run(*args)
+    out = dedupnet(*args)
     assert out.returncode == 2, out.stderr
     assert "must be a network id within 1..65535" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr, out.stderr

@@ -22,18 +22,18 @@ import shlex
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from .helpers import DEDUPNET, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "DEPLOY.md"
 SECTION = re.compile(r"<!-- common-mistakes -->\n(?P<table>.*?)<!-- end of the common mistakes -->", re.S)
 ROW = re.compile(r"^\| (?P<what>[^|]+?) \| `(?P<command>[^`]+)` \| `` (?P<line>.+) `` \| (?P<exit>\w+) \|$")
-DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
 #: A daemon's own log records: the mistake's line is the one that is not one of these,
 #: or (for a mistake that does not stop it) the record that carries it.
 RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO|WARNING|ERROR|CRITICAL) [\w.]+: ")
@@ -46,12 +46,6 @@ def rows(text: str | None = None) -> list[dict[str, str]]:
     assert match, "docs/DEPLOY.md has no <!-- common-mistakes --> section"
     found = [m.groupdict() for line in match["table"].splitlines() if (m := ROW.match(line))]
     return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Place:

@@ -27,6 +27,8 @@ from local_host.crawler import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSett
 from local_host.links import extract_links, in_scope
 from local_host.pools import HostPools
 
+from .helpers import until
+
 HOSTS = {"a": "127.88.0.1", "b": "127.88.0.2", "c": "127.88.0.3"}
 
 
@@ -165,13 +167,6 @@ async def crawling(store, *, consumer="c1", counters=None, **overrides):
             await nursery.start(crawler.run)
         yield crawler
         nursery.cancel_scope.cancel()
-
-
-async def until(predicate, timeout=10.0):
-    """Wait for a condition (polled), failing the test after ``timeout`` seconds."""
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.01)
 
 
 async def settle(store, crawler, timeout=10.0):

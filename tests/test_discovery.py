@@ -18,7 +18,6 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 from pathlib import Path
 
 import orjson
@@ -39,11 +38,11 @@ from dedupnet.adapters.store import Store
 from local_host.pools import HostPools
 
 from . import netns
+from .helpers import DEDUPNET
 from .netns import in_netns
 from .test_netns import Daemon, lab, stop  # noqa: F401 - lab: the fixture that builds (and removes) namespaces
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "dedupnet.cli"]
 KEY = Keyring.single(b"k" * 32)
 OTHER_KEY = Keyring.single(b"o" * 32, key_id=1)  # same key id, another secret: a forger's guess
 LAN = "127.0.1.0/24"
@@ -389,7 +388,7 @@ async def test_dedupnet_local_center_auto_finds_a_keyed_center_and_its_urls_come
             await nursery.start(center.run)
             assert center.discovery_port
             with open(log, "wb") as out:
-                proc = subprocess.Popen([*CLI, "local", "--center", "auto", "--ip", "127.0.5.10",
+                proc = subprocess.Popen([*DEDUPNET, "local", "--center", "auto", "--ip", "127.0.5.10",
                                          "--discovery-address", LOOPBACK_BROADCAST,
                                          "--discovery-port", str(center.discovery_port), "--lan-key-file", str(keys),
                                          "--redis", redis_url, "--prefix", f"{prefix}:host", "--no-crawl",
@@ -422,7 +421,7 @@ async def test_dedupnet_local_center_auto_finds_a_keyed_center_and_its_urls_come
 
 def test_dedupnet_local_center_auto_says_so_when_nobody_answers():
     port = free_udp_port()
-    out = subprocess.run([*CLI, "local", "--center", "auto", "--ip", HOST_IP, "--discovery-address",
+    out = subprocess.run([*DEDUPNET, "local", "--center", "auto", "--ip", HOST_IP, "--discovery-address",
                           LOOPBACK_BROADCAST, "--discovery-port", str(port), "--discovery-timeout", "0.3", "--no-crawl"],
                          capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 1, out.stderr
@@ -447,9 +446,9 @@ async def test_a_host_finds_its_center_by_broadcast_across_a_bridge(lab, tmp_pat
         lab.ip("sw", "link", "set", f"p{name}", "master", "br0")
         lab.ip(name, "addr", "add", address, *(("brd", "+") if brd else ()), "dev", dev)
     # --insecure: discovery, not keys, is what this test is about (tests/test_exposure.py is about keys).
-    center = Daemon("c", "center", 1, [*CLI, "center", "--network", "1", "--listen", "0.0.0.0:7700", "--insecure",
+    center = Daemon("c", "center", 1, [*DEDUPNET, "center", "--network", "1", "--listen", "0.0.0.0:7700", "--insecure",
                                        "--data-dir", str(tmp_path / "c")], 7700, tmp_path / "c.log")
-    host = Daemon("h", "host", 1, [*CLI, "local", "--center", "auto", "--listen", "0.0.0.0:7701", "--no-crawl",
+    host = Daemon("h", "host", 1, [*DEDUPNET, "local", "--center", "auto", "--listen", "0.0.0.0:7701", "--no-crawl",
                                    "--insecure", "--data-dir", str(tmp_path / "h")], 7701, tmp_path / "h.log")
     try:
         with trio.fail_after(60):

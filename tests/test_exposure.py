@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -24,15 +23,11 @@ from dedupnet.service.daemons import fetch_status
 from dedupnet.service.exposure import Unprotected, check_exposure, is_loopback, warn_while_running
 
 from . import netns
+from .helpers import DEDUPNET, dedupnet
 from .netns import in_netns
 from .test_netns import Daemon, lab, stop  # noqa: F401 - lab: the fixture that builds (and removes) namespaces
 
 ROOT = Path(__file__).resolve().parent.parent
-CLI = [sys.executable, "-m", "dedupnet.cli"]
-
-
-def run(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([*CLI, *args], capture_output=True, text=True, timeout=60, cwd=ROOT, **kw)
 
 
 def one_line(text: str) -> str:
@@ -94,7 +89,7 @@ def test_an_exposed_daemon_without_keys_refuses_to_start_in_one_line(tmp_path, a
     """Nothing is bound, no Redis started: the check comes first. (Every address the
     daemons would dial is loopback, so that even code without the check sends nothing
     out of this machine.)"""
-    out = run(*args, "--data-dir", str(tmp_path / "data"))
+    out = dedupnet(*args, "--data-dir", str(tmp_path / "data"), cwd=ROOT)
     assert out.returncode == 2, out.stderr
     line = one_line(out.stderr)
     assert line.startswith(f"dedupnet {args[0]}: refusing to listen on ") and what in line
@@ -135,7 +130,7 @@ def build(lab) -> None:  # noqa: F811 - the fixture
 
 
 def center_argv(tmp_path: Path, *extra: str) -> list[str]:
-    return [*CLI, "center", "--network", "2", "--listen", f"0.0.0.0:{PORT}", "--lan", "10.2.0.0/24",
+    return [*DEDUPNET, "center", "--network", "2", "--listen", f"0.0.0.0:{PORT}", "--lan", "10.2.0.0/24",
             "--ip", "10.255.0.2", "--peer", PEER, "--no-discovery", "--data-dir", str(tmp_path / "c"), *extra]
 
 

@@ -10,7 +10,6 @@ pool), the daemons do.
 import importlib
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,11 +25,10 @@ from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Store  # noqa: E402
 from local_host.sites import task_count  # noqa: E402
 from dedupnet.codec.urls import fingerprint_many  # noqa: E402
 
-from .test_cli_daemons import wait_for  # noqa: E402
+from .helpers import DEDUPNET, free_port, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = ROOT / "local_host" / "urlfrontier" / "urlfrontier.proto"
-DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
 OK, SKIPPED, FAIL = 0, 1, 2
 
 
@@ -47,12 +45,6 @@ def stubs(tmp_path_factory):
         return importlib.import_module("urlfrontier_pb2"), importlib.import_module("urlfrontier_pb2_grpc")
     finally:
         sys.path.remove(str(out))
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 class Deployment:

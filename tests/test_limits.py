@@ -7,7 +7,6 @@ trio's MockClock (``autojump_clock``)."""
 from __future__ import annotations
 
 import random
-from functools import partial
 
 import pytest
 import trio
@@ -19,23 +18,11 @@ from dedupnet.harness.sim import simulate
 from dedupnet.adapters.transport import Connection, TokenBucket, connect, serve
 from dedupnet.codec.wire import Decoder, encode
 
+from .helpers import echo, reg, start_server
+
 SERVER = "127.0.0.1"
 GOOD_IP = "127.0.0.5"
 BAD_IP = "127.0.0.9"
-
-
-def reg(ip: str) -> Register:
-    return Register(ip, 1, "host", f"{ip}:7001", "127.0.0.0/8")
-
-
-async def start(nursery, handler, counters, **options) -> int:
-    return await nursery.start(partial(serve, counters=counters, **options), SERVER, 0, handler)
-
-
-async def echo(conn: Connection) -> None:
-    while True:
-        msg = await conn.receive()
-        await conn.send(encode(msg))
 
 
 def test_token_bucket():
@@ -57,7 +44,7 @@ async def test_slowloris_is_cut_at_the_handshake_deadline(autojump_clock):
     data = encode(reg(BAD_IP))
     sent = 0
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, echo, counters, handshake_timeout=5.0)
+        port = await start_server(nursery, echo, counters, handshake_timeout=5.0)
         with trio.fail_after(120):
             stream = await trio.open_tcp_stream(SERVER, port, local_address=BAD_IP)
             started = trio.current_time()
@@ -90,7 +77,7 @@ async def test_slowloris_is_cut_at_the_handshake_deadline(autojump_clock):
 async def test_connections_per_source_are_capped(autojump_clock):
     counters = Counters()
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, echo, counters, max_connections_per_source=3, handshake_timeout=60.0)
+        port = await start_server(nursery, echo, counters, max_connections_per_source=3, handshake_timeout=60.0)
         with trio.fail_after(30):
             held = [await trio.open_tcp_stream(SERVER, port, local_address=BAD_IP) for _ in range(3)]
             await trio.sleep(0.1)
@@ -136,7 +123,7 @@ async def test_a_connection_over_its_rate_is_throttled_and_loses_nothing(autojum
         options = dict(max_bytes_per_s=2048.0, burst_bytes=1.0, max_frame_size=4096)
         msgs = [Frame({f"http://site.test/{i}/{j}" + "x" * 20: 0 for j in range(25)}, GOOD_IP, i, 1) for i in range(n)]
     async with trio.open_nursery() as nursery:
-        port = await start(nursery, handler, counters, **options)
+        port = await start_server(nursery, handler, counters, **options)
         with trio.fail_after(600):
             async with await connect(SERVER, port, reg(GOOD_IP), local_ip=GOOD_IP, counters=Counters(),
                                      compress=False) as conn:

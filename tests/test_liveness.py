@@ -7,44 +7,18 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
+from .helpers import DEDUPNET, dedupnet, free_port, status, wait_for
+
 NET = 41  # 127.0.41.0/24: a LAN of its own (other tests use 127.0.1-2.x)
 CENTER = f"127.0.{NET}.1"
 HOSTS = [f"127.0.{NET}.10", f"127.0.{NET}.11"]
 TIMEOUT = 3.0  # --heartbeat-timeout of every daemon
-
-
-def run(*args, **kw):
-    return subprocess.run([*DEDUPNET, *args], capture_output=True, text=True, timeout=60, **kw)
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout=30.0, what=""):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout:g} s: {what}")
-
-
-def status(address: str) -> dict | None:
-    out = run("status", address, "--json")
-    return json.loads(out.stdout) if out.returncode == 0 else None
 
 
 def state(pid: int) -> str:
@@ -84,7 +58,7 @@ def lan(tmp_path):
 
 
 def push(tmp, ip, urls):
-    out = run("push", "--data-dir", f"dedupnet-data/host-{ip}", "--ip", ip, *urls, cwd=tmp)
+    out = dedupnet("push", "--data-dir", f"dedupnet-data/host-{ip}", "--ip", ip, *urls, cwd=tmp)
     assert json.loads(out.stdout)["pushed"] == len(urls), out.stdout + out.stderr
 
 
@@ -102,14 +76,14 @@ def tasks(listen) -> int | None:
 
 def test_a_stopped_center_is_given_up_by_every_host_and_its_sets_go_again_after_it_resumes(lan):
     tmp, procs, logs, center, listen = lan
-    wait_for(lambda: all((s := status(a)) and s["connected"] for a in listen.values()), what="hosts connected")
+    assert wait_for(lambda: all((s := status(a)) and s["connected"] for a in listen.values())), "hosts connected"
     for i, ip in enumerate(HOSTS):
         push(tmp, ip, [f"http://before{i}.example/p{j}" for j in range(30)])
-    assert wait_for(lambda: tasks(listen) == 60, what="the first URLs admitted")
+    assert wait_for(lambda: tasks(listen) == 60), "the first URLs admitted"
 
     pid = procs["center"].pid
     os.kill(pid, signal.SIGSTOP)
-    wait_for(lambda: state(pid) == "T", 5, "the center stopped")
+    assert wait_for(lambda: state(pid) == "T", 5), "the center stopped"
     stopped = time.monotonic()
     for i, ip in enumerate(HOSTS):
         push(tmp, ip, [f"http://during{i}.example/p{j}" for j in range(30)])
@@ -118,7 +92,8 @@ def test_a_stopped_center_is_given_up_by_every_host_and_its_sets_go_again_after_
     pattern = re.compile(rf"{re.escape(center)} sent nothing for ([\d.]+) s \(heartbeat timeout 3 s\): "
                          r"giving the connection up and dialling again")
     for ip in HOSTS:
-        found = wait_for(lambda: pattern.search(logs[ip].read_text()), 4 * TIMEOUT, f"{ip} gave the center up")
+        found = wait_for(lambda: pattern.search(logs[ip].read_text()), 4 * TIMEOUT)
+        assert found, f"{ip} gave the center up"
         assert TIMEOUT <= float(found.group(1)) < TIMEOUT + 1
     assert time.monotonic() - stopped < 4 * TIMEOUT
     # ... and keeps the sets the center has not acknowledged.
@@ -127,6 +102,6 @@ def test_a_stopped_center_is_given_up_by_every_host_and_its_sets_go_again_after_
         assert s["sets_in_flight"]["unacked"] > 0 and s["pools"]["unacked_sets"] > 0, s
 
     os.kill(pid, signal.SIGCONT)
-    assert wait_for(lambda: tasks(listen) == 120, 40, "every URL admitted after the center resumed")
+    assert wait_for(lambda: tasks(listen) == 120, 40), "every URL admitted after the center resumed"
     for ip in HOSTS:
         assert status(listen[ip])["counters"].get("heartbeat_missed", 0) >= 1

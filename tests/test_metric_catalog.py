@@ -18,6 +18,8 @@ from dedupnet.adapters.metric_catalog import METRICS, reference_markdown
 from dedupnet.adapters.metrics import Counters, render_prometheus
 from dedupnet.harness.cluster import open_cluster
 
+from .helpers import until
+
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 #: What the daemons run: the harness (simulations, baselines) counts its own names.
 PRODUCT = [p for d in ("center_host", "local_host", "dedupnet") for p in (ROOT / d).rglob("*.py")
@@ -154,12 +156,6 @@ async def scrape(port: int) -> dict[str, float]:
     return {line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if not line.startswith("#")}
 
 
-async def until(predicate, timeout: float = 20.0, poll: float = 0.05):
-    with trio.fail_after(timeout):
-        while not await predicate():
-            await trio.sleep(poll)
-
-
 async def test_member_and_waiting_gauges_move_when_a_peer_network_goes_down(redis_url):
     """Network 2's center goes down: center 1's scrape shows it down and the URLs of
     network 2's sites waiting for it; back, they are taken and it is up again."""
@@ -176,16 +172,16 @@ async def test_member_and_waiting_gauges_move_when_a_peer_network_goes_down(redi
 
         port2 = system.centers[2].port
         await system.kill("center2")
-        await until(lambda: _value(c1.http_port, up, 0))
+        await until(lambda: _value(c1.http_port, up, 0), poll=0.05)
         urls = [f"http://site{i}.example/p" for i in range(40)]
         await h10.store.run(h10.pools.push, urls)
-        await until(lambda: _positive(c1.http_port, 'dedupnet_urls_waiting{network="2"}'))
+        await until(lambda: _positive(c1.http_port, 'dedupnet_urls_waiting{network="2"}'), poll=0.05)
         m = await scrape(c1.http_port)
         assert m['dedupnet_members{kind="peer",state="down"}'] == 1
 
         await system.start_center(2, 2, port=port2)
-        await until(lambda: _value(c1.http_port, up, 1))
-        await until(lambda: _absent(c1.http_port, 'dedupnet_urls_waiting{network="2"}'))
+        await until(lambda: _value(c1.http_port, up, 1), poll=0.05)
+        await until(lambda: _absent(c1.http_port, 'dedupnet_urls_waiting{network="2"}'), poll=0.05)
 
 
 async def _value(port, series, want) -> bool:

@@ -8,19 +8,15 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
+from .helpers import DEDUPNET, dedupnet, free_port
+
 #: A daemon's own log records (its start-up before it meets the mistake).
 LOG_RECORD = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (DEBUG|INFO) ")
-
-
-def run(*args, cwd, timeout=60):
-    return subprocess.run([*DEDUPNET, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
 
 
 def the_line(out, who="dedupnet") -> str:
@@ -56,17 +52,17 @@ def certs(tmp_path_factory):
 
 # -- on the command line --------------------------------------------------------------
 def test_a_port_in_use_names_the_address(tmp_path, taken_port):
-    out = run("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", cwd=tmp_path)
+    out = dedupnet("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")  # said before Redis starts: no lines about it
     assert f"127.0.0.1:{taken_port}" in line and "--listen" in line and "in use" in line
-    quiet = run("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", "--log-level", "WARNING",
+    quiet = dedupnet("center", "--network", "1", "--listen", f"127.0.0.1:{taken_port}", "--log-level", "WARNING",
                 cwd=tmp_path)
     assert quiet.returncode == 2 and only_line(quiet, "dedupnet center") == line
 
 
 def test_a_port_in_use_for_http_names_the_address(tmp_path, taken_port):
-    out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{taken_port}",
+    out = dedupnet("center", "--network", "1", "--listen", "127.0.0.1:0", "--http", f"127.0.0.1:{taken_port}",
               cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")
@@ -75,7 +71,7 @@ def test_a_port_in_use_for_http_names_the_address(tmp_path, taken_port):
 
 def test_a_certificate_and_a_key_that_do_not_match_are_named(tmp_path, certs):
     cert, key = certs / "center-1.pem", certs / "center-2-key.pem"
-    out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
+    out = dedupnet("center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(cert), "--tls-key", str(key),
               "--tls-ca", str(certs / "ca.pem"), cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")
@@ -83,7 +79,7 @@ def test_a_certificate_and_a_key_that_do_not_match_are_named(tmp_path, certs):
 
 
 def test_a_network_id_that_is_not_a_number_is_one_line(tmp_path):
-    out = run("local", "--network", "abc", cwd=tmp_path)
+    out = dedupnet("local", "--network", "abc", cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet local")
     assert "--network" in line and "'abc'" in line and "usage" not in out.stderr
@@ -92,9 +88,9 @@ def test_a_network_id_that_is_not_a_number_is_one_line(tmp_path):
 def test_the_traceback_comes_with_debug_only(tmp_path, certs):
     args = ["center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(certs / "center-1.pem"),
             "--tls-key", str(certs / "center-2-key.pem"), "--tls-ca", str(certs / "ca.pem")]
-    out = run(*args, "--log-level", "DEBUG", cwd=tmp_path)
+    out = dedupnet(*args, "--log-level", "DEBUG", cwd=tmp_path)
     assert out.returncode == 2 and "Traceback" in out.stderr
-    assert out.stderr.splitlines()[-1] == only_line(run(*args, cwd=tmp_path), "dedupnet center")
+    assert out.stderr.splitlines()[-1] == only_line(dedupnet(*args, cwd=tmp_path), "dedupnet center")
 
 
 @pytest.mark.parametrize("args, line", [
@@ -103,7 +99,7 @@ def test_the_traceback_comes_with_debug_only(tmp_path, certs):
     (["center", "--nope"], "dedupnet center: unrecognized arguments: --nope (see dedupnet center --help)"),
 ])
 def test_an_unknown_flag_names_the_subcommands_help(tmp_path, args, line):
-    out = run(*args, cwd=tmp_path)
+    out = dedupnet(*args, cwd=tmp_path)
     assert out.returncode == 2 and only_line(out, "dedupnet " + args[0]) == line
 
 
@@ -117,7 +113,7 @@ def test_an_unknown_flag_names_the_subcommands_help(tmp_path, args, line):
 def test_a_mistake_in_the_config_file_names_the_key(tmp_path, text, named):
     cfg = tmp_path / "dedupnet.toml"
     cfg.write_text(text)
-    out = run("center", "--config", str(cfg), cwd=tmp_path)
+    out = dedupnet("center", "--config", str(cfg), cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")
     assert all(part in line for part in named), line
@@ -135,7 +131,7 @@ def test_paths_in_the_config_file_are_relative_to_it(tmp_path, certs):
                                   'tls_key = "certs/center-2-key.pem"\ntls_ca = "certs/ca.pem"\n')
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    out = run("center", "--config", "../conf/c1.toml", cwd=elsewhere)
+    out = dedupnet("center", "--config", "../conf/c1.toml", cwd=elsewhere)
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")
     assert f"{conf / 'certs' / 'center-1.pem'} and tls_key {conf / 'certs' / 'center-2-key.pem'} do not match" in line
@@ -143,7 +139,7 @@ def test_paths_in_the_config_file_are_relative_to_it(tmp_path, certs):
 
 # -- the small clients -----------------------------------------------------------------
 def test_push_without_a_daemon_says_none_was_found(tmp_path):
-    out = run("push", "--data-dir", "host-data", "--ip", "127.0.1.10", "http://a.example/", cwd=tmp_path)
+    out = dedupnet("push", "--data-dir", "host-data", "--ip", "127.0.1.10", "http://a.example/", cwd=tmp_path)
     assert out.returncode == 2
     assert "no daemon found in host-data" in only_line(out, "dedupnet push")
 
@@ -155,7 +151,7 @@ def test_push_after_the_daemon_was_killed_says_none_answers(tmp_path):
         gone = s.getsockname()[1]
     (tmp_path / "host-data").mkdir()
     (tmp_path / "host-data" / "redis.url").write_text(f"redis://127.0.0.1:{gone}/0\n")
-    out = run("push", "--data-dir", "host-data", "--ip", "127.0.1.10", "http://a.example/", cwd=tmp_path)
+    out = dedupnet("push", "--data-dir", "host-data", "--ip", "127.0.1.10", "http://a.example/", cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet push")
     assert "no daemon found in host-data" in line and f"127.0.0.1:{gone}" in line
@@ -191,14 +187,14 @@ def test_status_takes_the_key_file_from_the_daemons_config(tmp_path, keyed_cente
     config, address = keyed_center
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    out = run("status", "--config", str(config), cwd=elsewhere)
+    out = dedupnet("status", "--config", str(config), cwd=elsewhere)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith(f"center {address}")
 
 
 def test_status_without_the_key_says_so_in_a_sentence(tmp_path, keyed_center):
     config, address = keyed_center
-    out = run("status", address, cwd=tmp_path)
+    out = dedupnet("status", address, cwd=tmp_path)
     assert out.returncode == 1
     line = only_line(out, "dedupnet status")
     assert "needs the LAN key" in line and "--key-file" in line and "--config" in line
@@ -210,19 +206,13 @@ def test_status_cluster_tries_each_key_file_until_one_is_taken(tmp_path, keyed_c
     side does not hold is not the end of the survey, the next key is tried."""
     config, address = keyed_center
     (tmp_path / "other.keys").write_text("1 " + "cd" * 32 + " send\n")
-    out = run("status", "--cluster", address, "--key-file", "other.keys", "--key-file", str(config.parent / "lan1.keys"),
+    out = dedupnet("status", "--cluster", address, "--key-file", "other.keys", "--key-file", str(config.parent / "lan1.keys"),
               cwd=tmp_path)
     assert out.returncode == 5, out.stderr  # nothing was ever admitted: not started
     assert "verdict: not started" in out.stdout and f"center {address}" in out.stdout
 
 
 # -- the data directory, Ctrl-C -----------------------------------------------------------
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def wait_listening(port, proc, host="127.0.0.1", timeout=30):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -244,7 +234,7 @@ def test_a_second_daemon_on_a_data_directory_names_the_one_holding_it(tmp_path):
     first = start("center", "--network", "1", "--listen", f"127.0.0.1:{port}", "--data-dir", "c1", cwd=tmp_path)
     try:
         wait_listening(port, first)
-        out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--data-dir", "c1", cwd=tmp_path)
+        out = dedupnet("center", "--network", "1", "--listen", "127.0.0.1:0", "--data-dir", "c1", cwd=tmp_path)
         assert out.returncode == 2
         line = only_line(out, "dedupnet center")
         assert "data directory c1" in line and f"pid {first.pid}" in line and "--data-dir" in line
@@ -297,7 +287,7 @@ def test_ctrl_c_stops_a_host_cleanly_with_its_redis(tmp_path):
 
 @pytest.mark.parametrize("seed", ["example.com/page", "htp:/bad url"])
 def test_a_seed_that_is_not_a_url_is_named(tmp_path, seed):
-    out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--seed", seed,
+    out = dedupnet("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--seed", seed,
               cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet local")
@@ -306,14 +296,14 @@ def test_a_seed_that_is_not_a_url_is_named(tmp_path, seed):
 
 def test_a_seed_that_is_not_a_url_is_named_with_its_line(tmp_path):
     (tmp_path / "seeds.txt").write_text("# the two sites\nhttp://a.example/\n\nexample.com/page\n")
-    out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--seeds-file",
+    out = dedupnet("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--seeds-file",
               "seeds.txt", cwd=tmp_path)
     assert out.returncode == 2
     assert "seeds_file seeds.txt line 4: 'example.com/page'" in only_line(out, "dedupnet local")
 
 
 def test_a_center_given_another_networks_certificate_stops_at_start(tmp_path, certs):
-    out = run("center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(certs / "center-2.pem"),
+    out = dedupnet("center", "--network", "1", "--listen", "127.0.0.1:0", "--tls-cert", str(certs / "center-2.pem"),
               "--tls-key", str(certs / "center-2-key.pem"), "--tls-ca", str(certs / "ca.pem"), cwd=tmp_path)
     assert out.returncode == 2
     line = only_line(out, "dedupnet center")
@@ -327,7 +317,7 @@ def test_a_center_given_another_networks_certificate_stops_at_start(tmp_path, ce
 ])
 def test_a_host_the_center_refuses_for_good_stops(tmp_path, keyed_center, args, reason, setting):
     config, address = keyed_center
-    out = run("local", "--ip", "127.0.0.1", "--lan", "127.0.0.0/24", "--center", address, "--no-crawl", *args,
+    out = dedupnet("local", "--ip", "127.0.0.1", "--lan", "127.0.0.0/24", "--center", address, "--no-crawl", *args,
               cwd=tmp_path, timeout=30)
     assert out.returncode == 2, out.stderr
     assert "Traceback" not in out.stderr
@@ -378,7 +368,7 @@ def test_a_quick_start_crawl_logs_less_than_a_line_per_ten_pages(tmp_path):
     try:
         wait_listening(port, center, "127.0.1.1")
         wait_listening(web_port, web, "127.77.0.1")
-        out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", f"127.0.1.1:{port}", "--seed",
+        out = dedupnet("local", "--network", "1", "--ip", "127.0.1.10", "--center", f"127.0.1.1:{port}", "--seed",
                   f"http://127.77.0.1:{web_port}/", "--per-site-delay", "0.01", "--exit-when-complete",
                   cwd=tmp_path, timeout=120)
     finally:
@@ -405,7 +395,7 @@ def test_a_key_file_others_can_read_is_warned_of_once(tmp_path, mode, warned):
 
 
 def test_a_host_given_a_certificate_that_is_not_its_own_stops_at_start(tmp_path, certs):
-    out = run("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--lan-tls",
+    out = dedupnet("local", "--network", "1", "--ip", "127.0.1.10", "--center", "127.0.1.1:1", "--lan-tls",
               "--tls-cert", str(certs / "center-1.pem"), "--tls-key", str(certs / "center-1-key.pem"),
               "--tls-ca", str(certs / "ca.pem"), cwd=tmp_path)
     assert out.returncode == 2

@@ -22,6 +22,8 @@ from dedupnet.codec.messages import Ack, Frame, Heartbeat, Register, Task
 from dedupnet.codec.numbers import make_number
 from local_host.daemon import LocalDaemon, LocalSettings
 
+from .helpers import until
+
 CENTER, LAN = "127.0.5.1", "127.0.5.0/24"
 BAD_NUMBER = make_number(5, 66, 1)
 
@@ -35,12 +37,6 @@ def raising_on(reactor, marked):
             raise RuntimeError("a bug the message found")
         return handle(event)
     reactor._handle = patched
-
-
-async def until(cond, timeout=10.0):
-    with trio.fail_after(timeout):
-        while not cond():
-            await trio.sleep(0.01)
 
 
 async def host_conn(port, ip, nursery, received):

@@ -18,6 +18,8 @@ from dedupnet.adapters.status_page import by_label, key_family
 from dedupnet.harness.simpage import SimStatus, serve_sim_status
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
+from .helpers import until
+
 HTTP = ("127.0.0.1", 0)
 
 
@@ -31,12 +33,6 @@ async def get_json(port: int) -> dict:
     assert r.status_code == 200 and r.headers["content-type"] == "application/json"
     assert r.headers["cache-control"] == "no-store"
     return r.json()
-
-
-async def until(predicate, timeout: float = 20.0, poll: float = 0.02):
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(poll)
 
 
 async def test_status_json_reports_what_the_center_did(redis_url):

@@ -7,7 +7,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import pytest
@@ -18,9 +17,9 @@ from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.runtime import RedisDied, supervise_redis
 
+from .helpers import DEDUPNET
 from .procs import server_processes
 
-DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
 
 
 @pytest.fixture

@@ -23,6 +23,8 @@ from dedupnet.adapters.tls import (
 )
 from dedupnet.adapters.transport import ConnectionClosed, connect, serve
 
+from .helpers import until
+
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory):
@@ -141,12 +143,6 @@ async def two_centers(redis_url, tls1, tls2):
         for s in stores:
             s.delete_prefix()
             s.close()
-
-
-async def until(predicate, timeout=15.0):
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.02)
 
 
 async def test_two_centers_peer_over_tls_with_client_certificates(redis_url, certs):

@@ -22,32 +22,19 @@ import trio.testing
 
 from dedupnet.codec import wire
 from dedupnet.codec.backoff import Backoff
-from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Kind, Register, Status, Task
+from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Kind, Status, Task
 from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
 from dedupnet.adapters.metric_catalog import METRICS
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever, serve
 from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters
 from dedupnet.codec.wire import Decoder, encode
 
+from .helpers import echo, free_port, reg, start_server
+
 SERVER = "127.0.0.1"
 GOOD_IP = "127.0.0.5"  # the well-behaved client
 BAD_IP = "127.0.0.9"  # the misbehaving one
 T = "dedupnet.adapters.transport"
-
-
-def reg(ip: str, role: str = "host") -> Register:
-    return Register(ip, 1, role, f"{ip}:7001", "127.0.0.0/8")
-
-
-async def echo(conn: Connection) -> None:
-    while True:
-        msg = await conn.receive()
-        await conn.send(encode(msg))
-
-
-async def start_server(nursery: trio.Nursery, handler, counters: Counters, host: str = SERVER, port: int = 0,
-                       **options) -> int:
-    return await nursery.start(partial(serve, counters=counters, **options), host, port, handler)
 
 
 async def round_trip(conn: Connection, msg) -> None:
@@ -79,12 +66,6 @@ def lines(caplog, text: str) -> list[str]:
 
 def frame(ip: str = GOOD_IP, flag: int = 1, n: int = 3) -> Frame:
     return Frame({f"http://site{i}.test/page": 0 for i in range(n)}, ip, 42, flag)
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 # --- handshake, source binding, echo ------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import socket
 import zlib
-from functools import partial
 
 import pytest
 import trio
@@ -24,26 +23,14 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.transport import Connection, ConnectionClosed, _recode, connect, serve
 from dedupnet.codec.wire import FLAG_ZSTD, Decoder, encode, is_compressed
 
+from .helpers import echo, reg, start_server
+
 SERVER = "127.0.0.1"
 CLIENT_IP = "127.0.0.5"
 OLD_IP = "127.0.0.6"
 
 BIG_FRAME = Frame({f"http://site{i % 13}.example/docs/{i}/index.html": 0 for i in range(400)}, CLIENT_IP, 77, 1)
 BIG_FRAME_BYTES = len(encode(BIG_FRAME))
-
-
-def reg(ip: str, compress: tuple[str, ...] | None = None) -> Register:
-    return Register(ip, 1, "host", f"{ip}:7001", "127.0.0.0/8", compress)
-
-
-async def start_server(nursery: trio.Nursery, handler, counters: Counters, **options) -> int:
-    return await nursery.start(partial(serve, counters=counters, **options), SERVER, 0, handler)
-
-
-async def echo(conn: Connection) -> None:
-    while True:
-        msg = await conn.receive()
-        await conn.send(encode(msg))
 
 
 class RawPeer:
@@ -153,7 +140,7 @@ async def test_zstd_bodies_when_that_is_what_is_offered():
     async with trio.open_nursery() as nursery:
         port = await start_server(nursery, handler, server_counters)
         with trio.fail_after(10):
-            async with await connect(SERVER, port, reg(CLIENT_IP, ("zstd",)), local_ip=CLIENT_IP,
+            async with await connect(SERVER, port, reg(CLIENT_IP, compress=("zstd",)), local_ip=CLIENT_IP,
                                      counters=client_counters) as conn:
                 assert conn.register.compress == ("zstd",) and conn.compression is None
                 await conn.send(encode(Status(True)))  # plain: the Welcome is not read yet
@@ -217,7 +204,7 @@ async def test_client_with_compress_off_offers_nothing():
     async with trio.open_nursery() as nursery:
         port = await start_server(nursery, handler, counters)
         with trio.fail_after(10):
-            async with await connect(SERVER, port, reg(CLIENT_IP, ("zstd",)), local_ip=CLIENT_IP,
+            async with await connect(SERVER, port, reg(CLIENT_IP, compress=("zstd",)), local_ip=CLIENT_IP,
                                      counters=Counters(), compress=False) as conn:
                 assert conn.register.compress is None
                 await conn.send(encode(BIG_FRAME, compress=True))
@@ -337,7 +324,7 @@ async def test_bad_compressed_input_is_counted_and_closes_only_that_connection(o
     async with trio.open_nursery() as nursery:
         port = await start_server(nursery, echo, counters, max_frame_size=1024 * 1024)
         with trio.fail_after(10):
-            got = await _bad_client(port, reg(OLD_IP, offer), payload)
+            got = await _bad_client(port, reg(OLD_IP, compress=offer), payload)
             assert got[-1].reason == reason  # told why, then closed
             async with await connect(SERVER, port, reg(CLIENT_IP), local_ip=CLIENT_IP,
                                      counters=Counters()) as good:  # everyone else is served

@@ -41,6 +41,7 @@ from local_host import sites
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import UNACKED, HostPools
 
+from ..helpers import until
 from .vectors import (assert_sent, cases, counter_mismatches, expected_sent, message, observed_sent, pick,
                       pools_mismatch)
 
@@ -65,14 +66,6 @@ def first_address(cidr: str) -> str:
     return str(next(ipaddress.ip_network(cidr).hosts()))
 
 
-async def wait_until(cond, what: str) -> None:
-    with trio.move_on_after(TIMEOUT):
-        while not cond():
-            await trio.sleep(0.005)
-        return
-    pytest.fail(f"timed out after {TIMEOUT} s waiting for {what}")
-
-
 def in_thread(fn, *args):
     return trio.to_thread.run_sync(partial(fn, *args))
 
@@ -91,8 +84,8 @@ class Tap:
         reactor.process = counted
 
     async def settle(self) -> None:
-        await wait_until(lambda: all(self.done[k] >= n for k, n in self.want.items()),
-                         f"the daemon to process {dict(self.want)} (done: {dict(self.done)})")
+        await until(lambda: all(self.done[k] >= n for k, n in self.want.items()), TIMEOUT, poll=0.005,
+                    what=f"the daemon to process {dict(self.want)} (done: {dict(self.done)})")
 
 
 class Fakes:
