@@ -80,6 +80,10 @@ def run(args) -> int:
     or ``--chaos N`` (N random fault schedules, dedupnet/harness/chaos.py)."""
     if args.sweep:
         return _sweep(args)
+    if args.baseline or args.baseline_python:
+        from dedupnet.harness.simside import run_side_by_side
+
+        return run_side_by_side(args)
 
     base = config_from(args)
     try:
@@ -386,7 +390,14 @@ def _add_run_arguments(p) -> None:
                    help="run these layouts (e.g. 2x2,3x3,5x5,8x4; --networks/--hosts ignored) one after the other "
                         "and print one table (see bench/bench_topology.py for all its options)")
     p.add_argument("--baseline-python", metavar="PYTHON",
-                   help="with --sweep: also run each layout with another checkout's interpreter, side by side")
+                   help="also run with another checkout's interpreter (its .venv/bin/python), side by side: each "
+                        "layout of --sweep, or else this run, every figure with its ratio")
+    p.add_argument("--baseline", metavar="CHECKOUT",
+                   help="this run side by side with another checkout's code (e.g. a git worktree of main; this "
+                        "interpreter unless --baseline-python), each run its own process, every figure with its ratio "
+                        "(dedupnet/harness/simside.py)")
+    p.add_argument("--rounds", type=int, default=1, metavar="N",
+                   help="with --baseline: runs per side, alternated; the medians are shown (default %(default)s)")
 
 
 def _add_security_arguments(p) -> None:
