@@ -28,6 +28,8 @@ from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.watermark import tagged
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, CoreWrites, Steps, Store
+from dedupnet.codec import wire
+from dedupnet.codec.messages import Done
 from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import URLGate, fingerprint_many
 
@@ -144,6 +146,17 @@ class HostPools(CoreWrites):
     def tasks_done(self, count: int) -> list[str]:
         """The oldest ``count`` finished tasks' URLs not yet reported."""
         return [u.decode() for u in self.store.command(b"LRANGE", self.store.key(TASKS_DONE), 0, count - 1)]
+
+    def unreported(self) -> int:
+        """Finished tasks whose report has not been acknowledged: not yet in one
+        (``tasks_done``) or in one awaiting the center's ack. What the center would give
+        to other hosts if this host never came back with its store."""
+        batch = self.store.batch()
+        waiting = batch.add(b"LLEN", self.store.key(TASKS_DONE))
+        frames = batch.add(b"HVALS", self.store.key(UNACKED))
+        results = self.store.execute(batch)
+        reports = (wire.decode_one(f) for f in results[frames])
+        return int(results[waiting]) + sum(len(m.URLs) for m in reports if isinstance(m, Done))
 
     def released_steps(self) -> Steps[list[bytes]]:
         """The re-offer log, newest first (raw entries: :func:`untag` gives the frame)."""

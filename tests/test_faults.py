@@ -303,6 +303,22 @@ async def test_a_host_whose_own_redis_is_killed_restarts_it_and_the_crawl_comple
     assert report.duplicate_fetches <= SimConfig().concurrency, report.invariant_examples
 
 
+async def test_a_host_gone_for_good_with_its_disk_loses_nothing_and_no_operator_acts(redis_url):
+    """SIGKILL and its Redis data deleted, never started again: its center re-issues what
+    it held once it has been silent for reissue_after, and the crawl completes. What is
+    fetched twice is what the host had in flight or had finished without its center
+    knowing (counted from its store as it died); the run is not quiescent meanwhile (the
+    center's ledger holds the gone host's tasks)."""
+    report, log = await _run_fault(redis_url, "host-gone-disk-lost:at=0.3,target=host:1.1",
+                                   settings={"reissue_after": 6.0})
+    _assert_clean(report, log)
+    (fault,) = report.faults
+    assert "its data deleted" in fault["note"], (fault, log)
+    assert fault["in_flight"] is not None, (fault, log)
+    assert report.duplicate_fetches <= fault["in_flight"], (fault, log)
+    assert report.per_host_pages.get("127.0.1.11", 0) < sum(report.per_host_pages.values()) / 2
+
+
 #: The power-cut scenario's runs: (web and fault seed, share of the URLs fetched at the cut).
 POWER_CUTS = [(1, 0.2), (2, 0.3), (3, 0.4), (4, 0.5), (5, 0.6)]
 

@@ -208,7 +208,7 @@ _LIST = (
                          "on the LAN's center and hosts)"}),
     _s("reissue_after", float, 300.0, "seconds a LAN host may be silent before its unfinished tasks (its ledger) go "
        "to the LAN's live hosts, whole sites at a time, and it is no longer one of the LAN's hosts (0: never; "
-       "dedupnet reassign does it at once)", CENTER, metavar="S"),
+       "dedupnet reassign does it at once)", CENTER, SIM, metavar="S"),
     _s("stop_grace", float, 10.0, "on SIGTERM: seconds the pages already requested get to finish (then they are "
        "handed back and fetched again elsewhere)", LOCAL, metavar="S"),
     _s("stop_timeout", float, 60.0, "on SIGTERM: seconds the whole stop (pages, URL_pool, the hand-back) may take "

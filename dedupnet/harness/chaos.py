@@ -18,7 +18,7 @@ import time
 
 import trio
 
-from dedupnet.harness.faults import chaos_schedule
+from dedupnet.harness.faults import SET_UP_FAULTS, chaos_schedule
 from dedupnet.harness.report import Report, SimConfig
 from dedupnet.harness.sim import INPROCESS_FAULTS, simulate
 
@@ -43,7 +43,7 @@ def run_chaos(base: SimConfig, args) -> int:
     seed = args.chaos_seed if args.chaos_seed is not None else base.seed
     if args.processes:
         from dedupnet.harness.simproc import SUPPORTED_FAULTS, simulate_processes
-        kinds, runner = tuple(k for k in SUPPORTED_FAULTS if k != "power-cut"), simulate_processes
+        kinds, runner = tuple(k for k in SUPPORTED_FAULTS if k not in SET_UP_FAULTS), simulate_processes
     else:
         kinds, runner = INPROCESS_FAULTS, simulate
     if not kinds:

@@ -32,7 +32,7 @@ def carriers(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
 
 def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
                     max_depth: int | None = None, *, killed: frozenset[str] = frozenset(),
-                    windows: int = 1) -> tuple[list[str], int]:
+                    gone: frozenset[str] = frozenset(), windows: int = 1) -> tuple[list[str], int]:
     """The design guide's invariant, checked from what the web served, not from anything
     the daemons say: every URL a crawler extracted (a seed, a link of a page the web
     answered, a redirect's target) ends crawled exactly once, or, if robots.txt forbids
@@ -45,7 +45,9 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     a page in the same transaction that takes its task (local_host/crawler.py), so a
     crawler killed between the web's answer and that transaction fetches the page again
     when it restarts: at least once, never by another host. No crawler can do better:
-    the request is a side effect outside its store. Who made a request is the client
+    the request is a side effect outside its store. A host in ``gone`` (taken away for
+    good with its data) does not come back: what it fetched and could not report is
+    fetched again by the host its task went to; those re-fetches are excused too. Who made a request is the client
     address the web saw (the daemons' crawlers send from their host's IP). With
     ``windows`` K (re-crawl by age, ``--windows``) "once" is K times: once in each window."""
     extracted = carriers(web, seeds, depth, max_depth)
@@ -70,6 +72,10 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
         n = web.answer_counts.get(url, 0)
         by = set(web.answered_by.get(url, ()))
         if n > windows and len(by) == 1 and by <= killed:
+            excused += n - windows
+            continue
+        by_gone = sum(1 for client in web.answered_by.get(url, ()) if client in gone)
+        if n > windows and n - by_gone <= windows:
             excused += n - windows
             continue
         if web.disallowed(url):

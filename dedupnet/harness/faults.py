@@ -28,6 +28,11 @@ filesystems are mounted again and every daemon started on its data (root only;
 :mod:`dedupnet.harness.powercut`). Its target is ``redis`` (all of them). Chaos never
 draws it: it needs a run set up for it.
 
+``host-gone-disk-lost`` SIGKILLs a host and deletes its Redis data, for good: nobody
+starts it again. Its center re-issues its unfinished tasks to the LAN's other hosts once
+it has been silent for ``reissue_after`` (docs/PROTOCOL.md section 12), which the run
+must set below its timeout (``--reissue-after``); chaos never draws it either.
+
 Targets: ``host:<network>.<index>`` (index 0-based: ``host:1.0`` is 127.0.1.10, the
 first host of network 1), ``center:<network>``, ``wan:<a>-<b>`` (the link between two
 networks' centers), ``redis`` (the server the daemons use; in the simulation they share
@@ -41,11 +46,13 @@ import random
 import re
 from dataclasses import dataclass, replace
 
-__all__ = ["PROCESS_FAULTS", "LINK_FAULTS", "FAULTS", "Fault", "parse_fault", "format_fault", "resolve",
+__all__ = ["PROCESS_FAULTS", "SET_UP_FAULTS", "LINK_FAULTS", "FAULTS", "Fault", "parse_fault", "format_fault", "resolve",
            "chaos_schedule", "DEFAULT_DURATION"]
 
 PROCESS_FAULTS = ("kill-host", "kill-center", "kill-redis", "freeze-host", "freeze-center", "leave-host",
-                  "kill-host-redis", "power-cut")
+                  "kill-host-redis", "power-cut", "host-gone-disk-lost")
+#: Kinds a run must be set up for: chaos never draws them.
+SET_UP_FAULTS = ("power-cut", "host-gone-disk-lost")
 LINK_FAULTS = ("partition", "lossy-wan", "lossy-lan", "duplicate-frames")
 FAULTS = PROCESS_FAULTS + LINK_FAULTS
 
@@ -56,6 +63,7 @@ FAULTS = PROCESS_FAULTS + LINK_FAULTS
 DEFAULT_DURATION: dict[str, float | None] = {
     "kill-host": 3.0, "kill-center": 3.0, "kill-redis": 2.0,
     "freeze-host": 7.0, "freeze-center": 7.0, "leave-host": None, "kill-host-redis": None, "power-cut": 1.0,
+    "host-gone-disk-lost": None,
     "partition": 20.0, "lossy-wan": None, "lossy-lan": None, "duplicate-frames": None,
 }
 
@@ -63,7 +71,7 @@ DEFAULT_DURATION: dict[str, float | None] = {
 TARGET_ROLES: dict[str, tuple[str, ...]] = {
     "kill-host": ("host",), "freeze-host": ("host",), "leave-host": ("host",), "lossy-lan": ("host",),
     "kill-center": ("center",), "freeze-center": ("center",),
-    "kill-redis": ("redis",), "kill-host-redis": ("host",), "power-cut": ("redis",),
+    "kill-redis": ("redis",), "kill-host-redis": ("host",), "power-cut": ("redis",), "host-gone-disk-lost": ("host",),
     "partition": ("wan",), "lossy-wan": ("wan",), "duplicate-frames": ("wan", "host"),
 }
 
@@ -181,8 +189,8 @@ def targets(kind: str, networks: int, hosts: int) -> list[str]:
 def check_target(f: Fault, networks: int, hosts: int) -> None:
     """ValueError unless ``f``'s target exists in this layout (and a leaving host is not
     its network's last one: nobody would be left to crawl the network's tasks)."""
-    if f.kind == "leave-host" and hosts < 2:
-        raise ValueError("leave-host needs at least 2 hosts per network: the one left crawls the network's tasks")
+    if f.kind in ("leave-host", "host-gone-disk-lost") and hosts < 2:
+        raise ValueError(f"{f.kind} needs at least 2 hosts per network: the one left crawls the network's tasks")
     if f.target is None:
         return
     if target_role(f.target) == "redis":

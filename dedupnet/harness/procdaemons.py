@@ -206,7 +206,7 @@ async def poll_all(daemons: list[Daemon]) -> dict[str, dict | None]:
         for d in live:
             nursery.start_soon(one, d)
     for d in live:
-        if not d.down:  # a fault may have begun while it was polled
+        if not (d.down or d.gone):  # a fault may have begun while it was polled
             d.check_alive()
     return results
 
@@ -312,8 +312,10 @@ def is_quiet(d: Daemon, st: dict | None) -> bool:
     if not st:
         return False
     pools = st.get("pools", {})
-    if d.role == "center":
-        return not st.get("sets_in_flight") and not pools.get("task_URL")
+    if d.role == "center":  # and no host that is not live holds tasks on its ledger: they wait for a re-issue
+        held = any(m.get("kind") == "host" and m.get("state") != "live" and m.get("ledger")
+                   for m in st.get("liveness", ()))
+        return not st.get("sets_in_flight") and not pools.get("task_URL") and not held
     crawler = st.get("crawler")  # None: --no-crawl, the host's tasks are its other crawlers'
     idle = crawler is None or (crawler.get("idle") and not crawler.get("in_progress"))
     return bool(st.get("connected") and idle

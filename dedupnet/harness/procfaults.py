@@ -22,6 +22,9 @@ deployment, with signals, while the crawl runs:
   (:mod:`dedupnet.harness.powercut`); every filesystem is shut down without flushing its
   journal, then every Redis and daemon SIGKILLed, the filesystems unmounted and mounted
   again, and after the duration every daemon started once more on its data.
+* ``host-gone-disk-lost``: SIGKILL of a host and its Redis data deleted (its key prefix
+  on the shared server, or its own data dir), for good: its center must re-issue what it
+  held (``reissue_after``) with no operator action.
 
 Link faults (``partition``, ``lossy-wan``, ...) are the relay's, run by the harness:
 see :func:`dedupnet.harness.simproc.start_link_faults`.
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import signal
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,6 +49,8 @@ import trio
 
 from dedupnet.adapters.children import free_port
 from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.store import Store
+from local_host.pools import HostPools
 from dedupnet.harness.faults import PROCESS_FAULTS, Fault, format_fault
 
 __all__ = ["FaultRunner", "KillableRedis", "FaultRecord"]
@@ -122,6 +128,8 @@ class FaultRunner:
     disks: dict[str, object] = field(default_factory=dict)
     #: The run's SyntheticWeb, whose request log tells what started around a power cut.
     web: object = None
+    #: The shared Redis's URL (a gone host's keys are deleted there).
+    redis_url: str | None = None
 
     def __post_init__(self) -> None:
         self._pending = list(self.faults)
@@ -158,6 +166,12 @@ class FaultRunner:
             d.name for r in self.records if r.kind == "power-cut" and r.started is not None
             for d in self.daemons.values() if d.role == "host")
 
+    def gone_hosts(self) -> frozenset[str]:
+        """The IPs of the hosts this run took away for good with their data: the pages they
+        had in flight are fetched again by the hosts their tasks went to."""
+        return frozenset(self.daemons[r.target].name for r in self.records
+                         if r.kind == "host-gone-disk-lost" and r.started is not None)
+
     def _log(self, text: str) -> None:
         if self.out is not None:
             print(f"  t={time.perf_counter() - self.t0:6.1f}s  {text}", file=self.out, flush=True)
@@ -184,6 +198,8 @@ class FaultRunner:
                 await self._power_cut(f, rec)
             elif f.kind == "kill-host-redis":
                 await self._kill_host_redis(self.daemons[f.target], rec)
+            elif f.kind == "host-gone-disk-lost":
+                await self._gone(self.daemons[f.target], rec)
             else:
                 d = self.daemons.get(f.target)
                 if d is None or d.gone:
@@ -231,6 +247,33 @@ class FaultRunner:
         d.gone, d.down = True, False
         rec.note = f"left for good (exit code {code})"
 
+    async def _gone(self, d, rec: FaultRecord) -> None:
+        """SIGKILL, data deleted, never started again. ``in_flight`` bounds the re-fetches:
+        its pages in progress at the poll, what it asked the web for after it, and the
+        pages it had finished without its center knowing (its ledger gives them out again)."""
+        polled = trio.current_time()
+        in_progress = await _in_progress([d])
+        d.down = True
+        d.new_life()
+        d.proc.kill()
+        await trio.to_thread.run_sync(d.proc.wait)
+        unreported = None  # its own server (a data dir) died with it: unknown
+        if d.data_dir is not None:
+            await trio.to_thread.run_sync(shutil.rmtree, d.data_dir)
+        else:
+            store = Store(self.redis_url, d.prefix)
+            try:
+                unreported = await trio.to_thread.run_sync(HostPools(store, exact=True).unreported)  # as it died
+                await trio.to_thread.run_sync(store.delete_prefix)
+            finally:
+                store.close()
+        d.gone, d.down = True, False
+        if None not in (in_progress, unreported) and self.web is not None:
+            in_progress += _asked_since(self.web, polled, d.name)
+            rec.in_flight = in_progress + unreported
+        rec.note = (f"pid {d.proc.pid} killed, its data deleted; {'?' if in_progress is None else in_progress} "
+                    f"pages in flight, {unreported} finished but not reported to its center")
+
     async def _kill_redis(self, f: Fault, rec: FaultRecord) -> None:
         if self.redis is None:
             raise ValueError("kill-redis needs the harness's own Redis (KillableRedis)")
@@ -269,7 +312,7 @@ class FaultRunner:
             await trio.to_thread.run_sync(_remount, disk)
         await trio.sleep(f.duration or 0)
         if rec.in_flight is not None and self.web is not None:
-            rec.in_flight += sum(1 for t, _, path, _ in self.web.request_log if t >= polled and path != "/robots.txt")
+            rec.in_flight += _asked_since(self.web, polled)
         rec.note = (f"{len(self.disks)} filesystems shut down without their journal's tail, {len(live)} daemons "
                     f"killed, {'?' if rec.in_flight is None else rec.in_flight} pages in flight")
         for d in sorted(live, key=lambda d: d.role != "center"):  # centers first, as at the start
@@ -314,6 +357,12 @@ async def _in_progress(hosts: list, timeout: float = 1.0) -> int | None:
     if any(r is None for r in replies):
         return None
     return sum((r.get("crawler") or {}).get("in_progress", 0) for r in replies)
+
+
+def _asked_since(web, since: float, client: str | None = None) -> int:
+    """Pages the web was asked for from ``since`` on (by ``client``, or by anyone)."""
+    return sum(1 for t, _, path, peer in web.request_log
+               if t >= since and path != "/robots.txt" and client in (None, peer))
 
 
 def _remount(disk) -> None:

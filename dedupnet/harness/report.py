@@ -385,6 +385,7 @@ def progress_line(sample: dict) -> str:
 def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observer, timeline, wall, timed_out, *,
             plan: dict[str, list[str]] | None = None, center_cpu: float | None = None,
             memory: dict[str, dict[str, int]] | None = None, killed: frozenset[str] = frozenset(),
+            gone: frozenset[str] = frozenset(),
             windows: list[dict] | None = None, web_t0: float | None = None,
             cpu_roles: dict[str, float | None] | None = None) -> Report:
     """A run's report; ``web_t0``: its start on trio's clock, for the pacing figures (None: the bound only);
@@ -392,7 +393,8 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
     k = cfg.windows
-    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed, windows=k)
+    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed, gone=gone,
+                                           windows=k)
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
@@ -541,7 +543,7 @@ def format_report(r: Report) -> str:
   lost URLs                   {r.lost_urls:>10,}{'   e.g. ' + r.lost_examples[0] if r.lost_examples else ''}{_bloom_note(c)}
   unexpected fetches          {r.unexpected_fetches:>10,}   (not in the ground truth, e.g. robots-disallowed)
   extracted -> crawled once   {r.invariant_violations:>10,} violations{'   e.g. ' + r.invariant_examples[0] if r.invariant_examples else ''}
-  re-fetched after a kill     {r.refetched_after_kill:>10,}   (by the killed host itself: pages it had in progress)
+  re-fetched after a kill     {r.refetched_after_kill:>10,}   (pages a killed host had in progress, fetched again by itself; or a gone host had not reported, by another)
   requests to the web         {r.requests:>10,}   {r.pages_per_s:,.0f}/s
   links found (URL_pool)      {r.urls_found:>10,}   {r.urls_per_s:,.0f}/s
   frames sent                 {sum(r.frames.values()):>10,}   {frames}

@@ -130,6 +130,9 @@ def _check_flags(args, base: SimConfig) -> None:
     if base.recrawl_after is not None and (args.processes or args.compare or args.chaos is not None):
         raise ValueError("--recrawl-after runs in one process, one mode (not with --processes, --compare "
                          "or --chaos)")
+    if any(f.kind == "host-gone-disk-lost" for f in base.faults) and not 0 < base.setting("reissue_after") < base.timeout:
+        raise ValueError(f"host-gone-disk-lost waits for the center to re-issue the host's tasks: give --reissue-after "
+                         f"S with 0 < S < --timeout ({base.timeout:g}), e.g. --reissue-after 10")
     if args.compare and base.secure:
         raise ValueError("--secure cannot be combined with --compare (its owner baseline has no centers)")
 

@@ -262,7 +262,8 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
                     if f.kind in PROCESS_FAULTS]
         by_target = {f"center:{c.network}": c for c in centers}
         by_target |= {f"host:{h.network}.{int(h.name.rsplit('.', 1)[1]) - 10}": h for h in hosts}
-        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out, disks=disks or {}, web=web)
+        faults = FaultRunner(resolved, by_target, start_again, killable, t0, out, disks=disks or {}, web=web,
+                             redis_url=redis_url)
     total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
     if links is not None:
         links.total = total
@@ -275,12 +276,13 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
                  "web": time.process_time() - cpu_start[0],  # the harness's process serves the web
                  "redis": None if redis_now is None or cpu_start[1] is None else redis_now - cpu_start[1]}
     memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
-    killed = frozenset()
+    killed = gone = frozenset()
     if faults is not None:
         faults.not_started()
-        killed = faults.killed_hosts()
+        killed, gone = faults.killed_hosts(), faults.gone_hosts()
     report = _build_report(cfg, web, seeds, centers, hosts, server, timeline, wall, timed_out, plan=plan,
-                           center_cpu=cpu, memory=memory, killed=killed, web_t0=trio_t0, cpu_roles=cpu_roles)
+                           center_cpu=cpu, memory=memory, killed=killed, gone=gone, web_t0=trio_t0,
+                           cpu_roles=cpu_roles)
     if faults is not None:
         report.faults = [r.to_json() for r in faults.records]
     if links is not None:

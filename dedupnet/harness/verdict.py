@@ -36,7 +36,7 @@ def verdict(r) -> tuple[str, bool]:
         paper or (dups == 0 and r.invariant_violations == 0))
     figures = f"{dups:,} duplicates, {r.lost_urls:,} lost, {r.fetched_urls:,} of {r.reachable_urls:,} URLs"
     if r.refetched_after_kill:
-        figures += f" ({r.refetched_after_kill:,} re-fetched after a kill, by the killed host)"
+        figures += f" ({r.refetched_after_kill:,} re-fetched after a kill: pages in flight on the killed or gone host)"
     if ok and dups == 0:
         return f"exact: {figures}", True
     if ok:
