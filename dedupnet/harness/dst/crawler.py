@@ -8,8 +8,9 @@ tasks first, so the pages in progress at a crash are fetched again); at most
 ``per_site_concurrency`` per site, ``per_site_delay`` between two starts on a site;
 robots.txt's ``/private/`` is skipped without a request; a redirect's target is a link
 like any other (it goes through de-dup); a flaky page's 503s are retried after
-``retry_base * 2**k``; a done task writes ``finish_URL`` (its chain), pushes its links
-to ``URL_pool`` and acknowledges the task in one transaction.
+``retry_base * 2**k`` (:attr:`CrawlModel.retry_backoff`); a done task writes
+``finish_URL`` (its chain), pushes its links to ``URL_pool`` and acknowledges the task
+in one transaction.
 """
 
 from __future__ import annotations
@@ -18,7 +19,9 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dedupnet.codec.backoff import Backoff
 from dedupnet.harness.web import SyntheticWeb
+from local_host.crawl_settings import CrawlerSettings
 
 from .clock import Scheduler
 from .store import HostStore
@@ -34,6 +37,12 @@ class CrawlModel:
     max_retries: int = 3
     #: A site's answer time: drawn per site between these (seconds), times a jitter per request.
     site_latency: tuple[float, float] = (0.02, 0.2)
+
+    @property
+    def retry_backoff(self) -> Backoff:
+        """The crawler's waits before a retry (``CrawlerSettings.retry_backoff``) without
+        its jitter: a draw here would change the story of every seeded run."""
+        return Backoff(first=self.retry_base, cap=CrawlerSettings.retry_max_delay)
 
 
 class Web:
@@ -138,7 +147,7 @@ class Crawler:
         self.site_busy[site] -= 1
         status, links = self.web.request(url, self.ip)
         if status == 503 and tries < self.model.max_retries:
-            self.after(self.model.retry_base * 2**tries, self._retry, eid, url, tries + 1)
+            self.after(self.model.retry_backoff.delay(tries + 1), self._retry, eid, url, tries + 1)
         else:
             self._done(eid, url, links if status != 503 else [])
         self._start()

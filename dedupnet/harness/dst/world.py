@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from center_host.daemon import CenterSettings, PeerAddress
 from local_host.daemon import LocalSettings
 
+from dedupnet.adapters.transport.client import RECONNECT
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Ack, Frame, Register, Task
 from dedupnet.harness.cluster import center_ip, host_ip, lan
@@ -102,7 +103,8 @@ class World:
         self.pending = list(self.schedule)
         self.last_heal = 0.0
         self.silent: dict[tuple[str, str], object] = {}
-        self.backoff: dict[tuple[str, str], float] = {}
+        #: Failed dials in a row, per (dialler, target): RECONNECT's waits, as connect_forever's.
+        self.failures: Counter[tuple[str, str]] = Counter()
         self.delivered: Counter[str] = Counter()
         self.delivered_bytes: Counter[str] = Counter()
         self.reach = self.synthetic.reachable_detail(self.seed_urls)
@@ -150,8 +152,13 @@ class World:
         return self.net.pair(a, b, wan=a.startswith("c") and b.startswith("c"))
 
     def dial(self, node: Node, target: str) -> None:
-        delay = self.backoff.get((node.name, target), 0.0)
-        node.after(delay * (0.5 + 0.5 * self.sched.rng.random()), self._attempt, node, target)
+        failures = self.failures[(node.name, target)]
+        if failures:
+            delay = RECONNECT.delay(failures, self.sched.rng)
+        else:  # at once: a first dial, or after a long session (the draw keeps each seed's run as it was)
+            delay = 0.0
+            self.sched.rng.random()
+        node.after(delay, self._attempt, node, target)
 
     def _attempt(self, node: Node, target: str) -> None:
         if target.startswith("c") and int(target[1:]) not in self.configured:
@@ -163,8 +170,8 @@ class World:
         tnode = self.nodes[target]
         epoch = None if tnode.state != "up" else self.net.connect(p)
         if epoch is None:
-            self.backoff[key] = min(max(2 * self.backoff.get(key, 0.0), 0.1), 5.0)
-            node.after(self.backoff[key] * (0.5 + 0.5 * self.sched.rng.random()), self._attempt, node, target)
+            self.failures[key] += 1
+            node.after(RECONNECT.delay(self.failures[key], self.sched.rng), self._attempt, node, target)
             return
         # connect_forever: the Register goes first, then the session reads (and the host's
         # core hears Connected) before anything the other end sends can arrive.
@@ -208,8 +215,8 @@ class World:
     def _closed(self, end: str, other: str, epoch: int) -> None:
         node = self.nodes[end]
         p = self.pair_of(end, other)
-        if self.sched.now - p.since >= 5.0:
-            self.backoff[(end, other)] = 0.0
+        if self.sched.now - p.since >= RECONNECT.cap:
+            self.failures[(end, other)] = 0
         node.post(node.incarnation, node.closed, other, epoch)
 
     # -- heartbeats (center_host/daemon.py _heartbeats) --------------------------------
