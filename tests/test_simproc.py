@@ -6,9 +6,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 import redis
@@ -18,39 +15,13 @@ from dedupnet.harness.report import SimConfig
 from dedupnet.harness.simproc import simulate_processes
 from dedupnet.harness.web import SyntheticWeb
 
-from .procs import server_processes
+from .helpers import DEDUPNET, wait_for
+from .procs import live_processes, server_processes
 from .test_simcpu import check_cpu_figures
 
 
-def _proc_stats() -> list[tuple[int, int, int, str]]:
-    """(pid, ppid, session id, cmdline) of every live, non-zombie process."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        if fields[0] in ("Z", "X"):
-            continue
-        found.append((int(entry.name), int(fields[1]), int(fields[3]), cmdline))
-    return found
-
-
 def _children(pid: int) -> set[int]:
-    return {p for p, ppid, _, _ in _proc_stats() if ppid == pid}
-
-
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return predicate()
+    return {p.pid for p in live_processes() if p.ppid == pid}
 
 
 async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(redis_url, monkeypatch):
@@ -109,7 +80,8 @@ async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(re
     assert [p.returncode for p in spawned] == [0] * 6
     pids = {p.pid for p in spawned}
     assert _children(me) <= children_before
-    assert not [s for s in _proc_stats() if s[0] in pids or ("dedupnet.cli" in s[3] and redis_url in s[3])]
+    assert not [p for p in live_processes() if p.pid in pids
+                or ("dedupnet.cli" in p.cmdline and redis_url in p.cmdline)]
     assert server_processes(lambda ppid, cwd, cmdline: ppid == me) == servers_before
     assert not server_processes(lambda ppid, cwd, cmdline: ppid in pids)
     server = redis.Redis.from_url(redis_url)
@@ -132,12 +104,12 @@ def test_cli_sim_processes_writes_its_report_and_leaves_nothing_behind(tmp_path)
     report = tmp_path / "out.json"
 
     def left():
-        return [s for s in _proc_stats() if s[2] == proc.pid]
+        return [p for p in live_processes() if p.session == proc.pid]
 
     # Its own session: every process it starts (daemons, the embedded Redis) carries its
     # session id, so what outlives it can be found even after being re-parented.
     proc = subprocess.Popen(
-        [sys.executable, "-m", "dedupnet.cli", "sim", "--processes", "--networks", "2", "--hosts", "2",
+        [*DEDUPNET, "sim", "--processes", "--networks", "2", "--hosts", "2",
          "--pages", "200", "--sites", "5", "--timeout", "90", "--json", str(report)],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
@@ -147,7 +119,7 @@ def test_cli_sim_processes_writes_its_report_and_leaves_nothing_behind(tmp_path)
         output, _ = proc.communicate(timeout=10)
         pytest.fail(f"dedupnet sim --processes did not finish in 150 s:\n{output}")
     finally:
-        if not _wait_for(lambda: not left(), 10):
+        if not wait_for(lambda: not left(), 10):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, output
     assert "quiescent" in output and "duplicate fetches" in output
