@@ -1,6 +1,7 @@
 """What many test files need, written once: waiting for a condition (on trio's clock, or in
 real time beside daemons in other processes), the ``dedupnet`` command, a free port, and
-a protocol server that echoes, with the Register of its clients."""
+a protocol server that echoes, with the Register of its clients, and raw bytes sent to a
+server."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import trio
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.transport import Connection, serve
 from dedupnet.codec.messages import Register
-from dedupnet.codec.wire import encode
+from dedupnet.codec.wire import Decoder, encode
 
 #: The command line of ``dedupnet``, as an operator runs it, in this interpreter.
 DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
@@ -86,3 +87,20 @@ async def start_server(nursery: trio.Nursery, handler, counters: Counters, host:
                        **options) -> int:
     """A protocol server on ``host`` running ``handler`` for each session; its port."""
     return await nursery.start(partial(serve, counters=counters, **options), host, port, handler)
+
+
+async def raw_exchange(port: int, data: bytes, local_ip: str, host: str = "127.0.0.1") -> list:
+    """Raw bytes sent from ``local_ip`` (none: only listen); every message received until
+    the server closes, which must be at a message's end."""
+    with trio.fail_after(30):
+        stream = await trio.open_tcp_stream(host, port, local_address=local_ip)
+        async with stream:
+            if data:
+                await stream.send_all(data)
+            decoder = Decoder()
+            received = []
+            while chunk := await stream.receive_some(65536):
+                decoder.feed(chunk)
+                received.extend(decoder)
+            decoder.eof()
+            return received

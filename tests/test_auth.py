@@ -20,7 +20,7 @@ from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.transport import Connection, ConnectionClosed, _signed, connect, serve, watch_keyrings
 from dedupnet.codec.wire import NEED_DATA, Decoder, encode
 
-from .helpers import echo, reg, start_server, until
+from .helpers import echo, raw_exchange, reg, start_server, until
 
 SERVER = "127.0.0.1"
 HOST_IP = "127.0.0.5"
@@ -151,20 +151,6 @@ def test_rotation_keyring_accepts_old_and_new(tmp_path):
 # --- over TCP -----------------------------------------------------------------------------
 
 
-async def raw_exchange(port: int, data: bytes, local_ip: str = OUTSIDER) -> list:
-    """Raw bytes from ``local_ip``; every message received (tags ignored) until the server closes."""
-    with trio.fail_after(10):
-        stream = await trio.open_tcp_stream(SERVER, port, local_address=local_ip)
-        async with stream:
-            await stream.send_all(data)
-            decoder = Decoder()
-            received = []
-            while chunk := await stream.receive_some(65536):
-                decoder.feed(chunk)
-                received.extend(decoder)
-            return received
-
-
 @pytest.mark.parametrize("offer", [None, ("zstd",)], ids=["deflate-stream", "zstd"])
 async def test_keyed_connection_tags_both_ways_and_compresses(offer):
     """The tag covers each message as sent before the stream's compression (deflate-
@@ -224,7 +210,7 @@ async def test_outsider_without_the_key_is_refused_before_registering(caplog, ke
         data = encode(reg(OUTSIDER)) + encode(frame(OUTSIDER, flag=3)) + encode(frame(OUTSIDER, flag=1))
         if key is not None:
             data = Keyring.single(key).sign(data)
-        received = await raw_exchange(port, data)
+        received = await raw_exchange(port, data, OUTSIDER)
         with trio.fail_after(10):
             while not counters.total("handshake_failed"):  # counted once the server has closed
                 await trio.sleep(0.01)
@@ -247,8 +233,8 @@ async def test_role_must_be_tagged_with_its_own_key():
 
     async with trio.open_nursery() as nursery:
         port = await start_server(nursery, handler, counters, keyrings={"host": lan, "center": peer})
-        bad = await raw_exchange(port, peer.sign(encode(reg(OUTSIDER, "host"))))
-        worse = await raw_exchange(port, lan.sign(encode(reg(OUTSIDER, "center"))))
+        bad = await raw_exchange(port, peer.sign(encode(reg(OUTSIDER, "host"))), OUTSIDER)
+        worse = await raw_exchange(port, lan.sign(encode(reg(OUTSIDER, "center"))), OUTSIDER)
         with trio.fail_after(10):
             for role, ring in (("host", lan), ("center", peer)):
                 async with await connect(SERVER, port, reg(HOST_IP, role), local_ip=HOST_IP, counters=Counters(),
@@ -274,7 +260,7 @@ async def test_unkeyed_roles_are_served_as_before():
                                      counters=Counters()) as conn:
                 await conn.send(encode(frame()))
                 assert await conn.receive() == frame()
-        refused = await raw_exchange(port, encode(reg(OUTSIDER, "host")))  # untagged host: parsed, refused
+        refused = await raw_exchange(port, encode(reg(OUTSIDER, "host")), OUTSIDER)  # untagged host: parsed, refused
         nursery.cancel_scope.cancel()
     assert [m.reason for m in refused] == ["bad-tag"]
 

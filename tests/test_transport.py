@@ -29,7 +29,7 @@ from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, c
 from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters
 from dedupnet.codec.wire import Decoder, encode
 
-from .helpers import echo, free_port, reg, start_server
+from .helpers import echo, free_port, raw_exchange, reg, start_server
 
 SERVER = "127.0.0.1"
 GOOD_IP = "127.0.0.5"  # the well-behaved client
@@ -42,22 +42,6 @@ async def round_trip(conn: Connection, msg) -> None:
     with trio.fail_after(10):
         await conn.send(encode(msg))
         assert await conn.receive() == msg
-
-
-async def raw_exchange(port: int, data: bytes, local_ip: str = BAD_IP) -> list:
-    """Send raw bytes from ``local_ip``; return every message received until the server closes."""
-    with trio.fail_after(30):
-        stream = await trio.open_tcp_stream(SERVER, port, local_address=local_ip)
-        async with stream:
-            if data:
-                await stream.send_all(data)
-            decoder = Decoder()
-            received = []
-            while chunk := await stream.receive_some(65536):
-                decoder.feed(chunk)
-                received.extend(decoder)
-            decoder.eof()
-            return received
 
 
 def lines(caplog, text: str) -> list[str]:
@@ -232,7 +216,7 @@ async def test_malformed_input_closes_only_that_connection(caplog, data, name, l
         with trio.fail_after(20):
             async with await connect(SERVER, port, reg(GOOD_IP), local_ip=GOOD_IP, counters=Counters()) as good:
                 await round_trip(good, frame())
-                received = await raw_exchange(port, data)
+                received = await raw_exchange(port, data, BAD_IP)
                 await round_trip(good, frame(flag=2))
                 assert not good.closed
         nursery.cancel_scope.cancel()
@@ -259,7 +243,7 @@ async def test_silence_past_handshake_timeout(caplog, autojump_clock):
             async with await connect(SERVER, port, reg(GOOD_IP), local_ip=GOOD_IP, counters=Counters()) as good:
                 await round_trip(good, frame())
                 started = trio.current_time()
-                received = await raw_exchange(port, b"")  # connects and says nothing
+                received = await raw_exchange(port, b"", BAD_IP)  # connects and says nothing
                 assert trio.current_time() - started >= 5.0
                 # The good client was connected all along, past the same deadline.
                 await round_trip(good, frame(flag=3))
