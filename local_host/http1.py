@@ -359,12 +359,12 @@ class Http1Client:
                 if trace is not None:
                     await trace("http11.send_request_headers.started", {})
                 try:
-                    with trio.fail_after(self._timeout):
+                    with trio.CancelScope(deadline=trio.current_time() + self._timeout) as scope:
                         await conn.stream.send_all(request)
-                except trio.TooSlowError:
-                    raise httpx.WriteTimeout("write timed out") from None
                 except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
                     raise _Stale() if not fresh else httpx.WriteError(str(e) or type(e).__name__) from None
+                if scope.cancelled_caught:
+                    raise httpx.WriteTimeout("write timed out")
                 parsed = _Parsed()
                 while not parsed.headers_done:
                     try:
@@ -384,13 +384,15 @@ class Http1Client:
     async def _receive(self, conn: _Connection, parsed: _Parsed, timeout: float, *, eof_ends: bool) -> None:
         """Feed the parser what comes next; at the end of the stream the answer ends
         if it had neither length nor chunks (``eof_ends``), else it was cut short."""
+        data = None
         try:
-            with trio.fail_after(timeout):
+            # A plain cancel scope: trio.fail_after is a generator context manager, dearer.
+            with trio.CancelScope(deadline=trio.current_time() + timeout):
                 data = await conn.stream.receive_some(65536)
-        except trio.TooSlowError:
-            raise httpx.ReadTimeout("read timed out") from None
         except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as e:
             raise httpx.ReadError(str(e) or type(e).__name__) from None
+        if data is None:
+            raise httpx.ReadTimeout("read timed out")
         if not data:
             if eof_ends and parsed.headers_done and not parsed.parser.should_keep_alive():
                 parsed.complete = True  # an answer without a length ends with its connection

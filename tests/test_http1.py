@@ -231,3 +231,19 @@ async def test_https_verifies_the_server_and_keeps_its_connection(nursery, tmp_p
     with pytest.raises(httpx.ConnectError):  # the system's CAs do not know this one
         await get(client(), f"https://127.0.0.1:{port}/")
     await trusting.aclose()
+
+
+async def test_a_server_that_stops_answering_is_a_read_timeout(nursery, autojump_clock):
+    def answer(n, head):
+        if b"/half" in head:
+            return b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nfive!"  # and the rest never comes
+        return b""  # nothing at all
+
+    server = Scripted(answer)
+    await server.serve(nursery)
+    c = client()
+    with pytest.raises(httpx.ReadTimeout):
+        await get(c, server.url("/silent"))
+    with pytest.raises(httpx.ReadTimeout):
+        await get(c, server.url("/half"))
+    await c.aclose()
