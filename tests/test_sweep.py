@@ -114,6 +114,7 @@ def test_short_sweep_has_a_row_per_layout_and_is_exact(tmp_path):
         assert r["redis_bytes"]["center"]["admitted"] > 0 and r["redis_bytes"]["host"]["finish_URL"] > 0
         assert r["center_redis_bytes_per_url"] > 0
         assert f["duplicates"] == 0 and f["lost"] == 0 and f["networks_idle"] == []
+        assert f["cpu_ms_per_page"] > 0
         # From the web's log: one host per site (each site has one home).
         assert f["multi_host_sites"] == 0 and f["hosts_per_site_1s"] == 1 and f["host_max_mean"] >= 1
         assert 1 / n <= f["busiest_share"] <= 1 and f["busiest_x_l"] == pytest.approx(f["busiest_share"] * n)
@@ -125,12 +126,13 @@ def test_table_prints_n_a_for_what_an_older_report_lacks():
            "bytes_on_wire": 5000, "latency_p50": 0.1, "latency_p99": 0.3, "sets_concluded_incomplete": 0,
            "duplicate_fetches": 0, "lost_urls": 0, "timed_out": False}
     new = {**old, "set_fill": 12.0, "center_cpu_ms_per_1k_urls": 300.0, "center_redis_bytes_per_url": 120.0,
+           "cpu_total_ms_per_page": 3.0,
            "wall_time": 1.0, "pages_per_s": 200.0, "config": {"networks": 2}, "busiest_network_share": 0.6,
            "pages_per_host_max": 30, "pages_per_host_mean": 20.0, "sites_multi_host": 0, "max_hosts_per_site_1s": 1}
     table = sweep.format_table([{"layout": "2x2", "side": "main", "figures": sweep.figures(old)},
                                 {"layout": "2x2", "side": "this", "figures": sweep.figures(new)}])
     head, _, main, this, ratio = table.splitlines()
-    assert main.split()[:2] == ["2x2", "main"] and main.count("n/a") == 8
+    assert main.split()[:2] == ["2x2", "main"] and main.count("n/a") == 9
     assert "n/a" not in this and this.split()[-5:] == ["0.60", "1.20", "1.50", "0", "1"]
     assert "busiest" in head and "host max/mean" in head and "sites >1 host" in head and "hosts/site/s" in head
     assert "0.500" in main and "500" in main  # frames/URL from frames / URLs found, bytes/URL from bytes / distinct

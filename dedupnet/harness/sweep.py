@@ -51,6 +51,7 @@ COLUMNS = [
     ("duplicates", "dups", 6, ",d"),
     ("lost", "lost", 6, ",d"),
     ("cpu_ms_per_1k", "CPU ms/1k", 10, ",.0f"),
+    ("cpu_ms_per_page", "CPU ms/page", 12, ",.2f"),
     ("redis_b_per_url", "Redis B/URL", 12, ",.0f"),
     ("busiest_share", "busiest", 8, ".2f"),
     ("busiest_x_l", "xL", 6, ".2f"),
@@ -60,9 +61,10 @@ COLUMNS = [
 ]
 #: Columns where this/main is a meaningful ratio (the rest are counts that should be 0).
 RATIO = {"wall_s", "pages_per_s", "frames_per_url", "bytes_per_url", "set_fill", "p50_ms", "p99_ms",
-         "cpu_ms_per_1k", "redis_b_per_url", "busiest_x_l", "host_max_mean"}
+         "cpu_ms_per_1k", "cpu_ms_per_page", "redis_b_per_url", "busiest_x_l", "host_max_mean"}
 #: What the columns mean, printed under the table.
 LEGEND = ("bytes/URL: bytes on the wire per distinct URL; CPU ms/1k: center CPU per 1,000 admitted URLs; "
+          "CPU ms/page: every process of the run per request to the web; "
           "p99 ms: discovery -> admission; busiest: the busiest network's share of pages fetched (xL: times the "
           "number of networks, 1.00 = even); host max/mean: pages per host; sites >1 host: sites fetched by more "
           "than one host; hosts/site/s: the most hosts on one site within 1 s (the last five from the web's log)")
@@ -114,6 +116,7 @@ def figures(report: dict) -> dict:
         "p50_ms": ms("latency_p50"), "p99_ms": ms("latency_p99"),
         "incomplete": report.get("sets_concluded_incomplete"), "duplicates": report.get("duplicate_fetches"),
         "lost": report.get("lost_urls"), "cpu_ms_per_1k": report.get("center_cpu_ms_per_1k_urls"),
+        "cpu_ms_per_page": report.get("cpu_total_ms_per_page"),
         "redis_b_per_url": report.get("center_redis_bytes_per_url"),
         "busiest_share": share, "busiest_x_l": share * networks if share is not None and networks else None,
         "host_max_mean": host_max / host_mean if host_max is not None and host_mean else None,
