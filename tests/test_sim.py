@@ -39,7 +39,7 @@ async def test_small_exact_simulation_loses_nothing_and_fetches_nothing_twice(re
     assert r.sites_multi_host == 0 and r.max_hosts_per_site_1s == 1 and r.sites_fetched == 8
     assert r.pages_per_host_max == max(r.per_host_pages.values())
     assert "sites fetched by >1 host" in format_report(r)
-    check_cpu_figures(r, {"hosts", "centers", "web", "redis"})
+    check_cpu_figures(r, {"hosts", "centers", "web", "harness", "redis"})
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

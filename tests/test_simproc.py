@@ -69,7 +69,7 @@ async def test_processes_mode_runs_a_2x2_simulation_and_leaves_nothing_behind(re
     assert report.config["processes"] is True
     # The centers' own CPU (/proc/<pid>/stat) and the run's Redis memory by key family.
     assert report.center_cpu_s > 0 and report.center_cpu_ms_per_1k_urls > 0
-    check_cpu_figures(report, {"hosts", "centers", "web", "redis"})
+    check_cpu_figures(report, {"hosts", "centers", "web", "harness", "redis"})
     assert report.redis_bytes["center"]["admitted"] > 0 and report.redis_bytes["host"]["finish_URL"] > 0
     assert report.set_fill > 1 and report.seeds_per_network == {"net:1": 3, "net:2": 3}
     assert report.timeline and report.timeline[-1]["pages_fetched"] == report.requests

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import threading
 import time
 from collections import Counter
 from typing import Any
@@ -42,98 +41,12 @@ from dedupnet.codec.homes import parse_weights
 from dedupnet.harness.faults import LINK_FAULTS
 from dedupnet.adapters.redis_cluster import admin_client
 from dedupnet.adapters.store import TASK_POOL, URL_POOL
-from dedupnet.harness.simcpu import redis_cpu
+from dedupnet.harness.simcpu import CpuMeter, Timed, redis_cpu
 from dedupnet.harness.web import SyntheticWeb
 from dedupnet.harness.report import (
     SimConfig, Report, Observer, redis_memory, wants_lan_key, check_secure, secure_certs,
     seed_count, assign_seeds, check_routing, check_windows, progress_line, build_report, web_spec,
 )
-
-
-class _Timed:
-    """Awaits a coroutine, adding the CPU time of this thread spent *inside* it (each
-    step between two suspensions) to a meter: what other tasks do while it waits is
-    not counted."""
-
-    def __init__(self, coro, meter: "CpuMeter"):
-        self._coro, self._meter = coro, meter
-
-    def __await__(self):
-        it = self._coro.__await__()
-        value, error = None, None
-        while True:
-            t = time.thread_time()
-            try:
-                yielded = it.throw(error) if error is not None else it.send(value)
-            except StopIteration as stop:
-                return stop.value
-            finally:
-                self._meter.add(time.thread_time() - t)
-            value, error = None, None
-            try:
-                value = yield yielded
-            except GeneratorExit:
-                it.close()
-                raise
-            except BaseException as e:  # noqa: BLE001 - handed to the coroutine, as await would
-                error = e
-
-
-class CpuMeter:
-    """CPU time of the centers' work when they run in this process, for the report's
-    "center CPU per 1,000 URLs": each center's core (``reactor._handle``), the carrying
-    out of its actions (``reactor._execute``, step by step) and its Redis client calls
-    (``store.run``, in the worker thread). Not counted: reading and decoding frames in
-    the transport tasks and the heartbeats, which --processes (whole-process CPU) does
-    count; so the in-process figure is a lower bound of the same thing."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._lock = threading.Lock()
-
-    def add(self, seconds: float) -> None:
-        with self._lock:
-            self.seconds += seconds
-
-    def attach(self, daemon) -> None:
-        """Instrument one center daemon (once; a restarted center is a new daemon)."""
-        if getattr(daemon, "_sim_cpu_meter", None) is self:
-            return
-        daemon._sim_cpu_meter = self
-        reactor, store = daemon.reactor, daemon.store
-        handle, execute, run = reactor._handle, reactor._execute, store.run
-
-        def timed_handle(event):
-            t = time.thread_time()
-            try:
-                return handle(event)
-            finally:
-                self.add(time.thread_time() - t)
-
-        async def timed_execute(actions):
-            return await _Timed(execute(actions), self)
-
-        def timed_call(fn, args, kwargs):
-            t = time.thread_time()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.add(time.thread_time() - t)
-
-        async def timed_run(fn, *args, **kwargs):
-            return await run(timed_call, fn, args, kwargs)
-
-        reactor._handle, reactor._execute, store.run = timed_handle, timed_execute, timed_run
-
-    def attach_web(self, web: SyntheticWeb) -> None:
-        """Instrument the synthetic web's connections (before it serves): each one's
-        steps, from reading a request to sending its answer."""
-        handle = web._handle
-
-        async def timed_handle(stream):
-            return await _Timed(handle(stream), self)
-
-        web._handle = timed_handle
 
 
 async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=None) -> Report:
@@ -161,7 +74,7 @@ async def simulate(cfg: SimConfig, redis_url: str, *, out=sys.stdout, during=Non
 async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: str | None,
                     tls_dir: str | None) -> Report:
     web = SyntheticWeb(web_spec(cfg), port=0, latency=cfg.web_latency)
-    web_meter = CpuMeter()
+    web_meter, harness_meter = CpuMeter(), CpuMeter()
     web_meter.attach_web(web)
     server = admin_client(redis_url)  # redis-py's RedisCluster for redis+cluster:// URLs
     server.config_resetstat()
@@ -202,17 +115,17 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
                 if hasattr(h, "on_found"):
                     h.on_found = observer.on_found
             meter_start = meter.seconds if meter else 0.0
-            cpu_start = (time.process_time(), web_meter.seconds, redis_cpu(server))
+            cpu_start = (time.process_time(), web_meter.seconds, redis_cpu(server), harness_meter.seconds)
             if during is not None:
                 crawling.start_soon(during, system, web)
             plan = await _seed(system, seeds, cfg.scenario)
             t0, web_t0 = time.perf_counter(), trio.current_time()
             timeline: list[dict] = []
-            timed_out, windows = await _run_windows(cfg, system, crawlers, web, timeline, t0, out, meter, links,
-                                                    seeds, observer)
+            timed_out, windows = await Timed(_run_windows(cfg, system, crawlers, web, timeline, t0, out, meter,
+                                                           links, seeds, observer, harness_meter), harness_meter)
             wall = time.perf_counter() - t0
             center_cpu = meter.seconds - meter_start if meter else None
-            cpu_roles = _cpu_roles(cpu_start, center_cpu, web_meter.seconds, redis_cpu(server))
+            cpu_roles = _cpu_roles(cpu_start, center_cpu, web_meter.seconds, redis_cpu(server), harness_meter.seconds)
             memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
             report = build_report(cfg, web, seeds, system, server, observer, timeline, wall, timed_out, plan=plan,
                              center_cpu=center_cpu, memory=memory, windows=windows, web_t0=web_t0,
@@ -224,15 +137,15 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
     return report
 
 
-def _cpu_roles(start: tuple[float, float, float | None], center_cpu: float | None, web_cpu: float,
-               redis_now: float | None) -> dict[str, float | None]:
-    """CPU seconds since ``start`` (process time, web meter, Redis) by role: the
-    process's time less what the centers and the web spent in it is the hosts' (and
-    the harness's polling)."""
+def _cpu_roles(start: tuple[float, float, float | None, float], center_cpu: float | None, web_cpu: float,
+               redis_now: float | None, harness_cpu: float) -> dict[str, float | None]:
+    """CPU seconds since ``start`` (process time, web meter, Redis, harness meter) by
+    role: the process's time less what the centers, the web and the harness's own
+    sampling spent in it is the hosts'."""
     process = time.process_time() - start[0]
-    web = web_cpu - start[1]
+    web, harness = web_cpu - start[1], harness_cpu - start[3]
     centers = center_cpu or 0.0
-    return {"hosts": process - centers - web, "centers": center_cpu, "web": web,
+    return {"hosts": process - centers - web - harness, "centers": center_cpu, "web": web, "harness": harness,
             "redis": None if redis_now is None or start[2] is None else redis_now - start[2]}
 
 
@@ -315,10 +228,19 @@ def _push(host, urls: list[str]) -> None:
     host.pools.push(urls)
 
 
-async def _pool_sizes(system) -> dict[str, int]:
+async def _pool_sizes(system, meter: CpuMeter | None = None) -> dict[str, int]:
+    hosts = list(system.hosts.values())
+
+    def read() -> list[dict[str, int]]:  # every host's in one worker thread's turn, timed
+        t = time.thread_time()
+        try:
+            return [h.pools.sizes() for h in hosts]
+        finally:
+            if meter is not None:
+                meter.add(time.thread_time() - t)
+
     sizes: Counter[str] = Counter()
-    for h in system.hosts.values():
-        pools = await trio.to_thread.run_sync(h.pools.sizes)
+    for pools in await trio.to_thread.run_sync(read):
         sizes["URL_pool"] += pools[URL_POOL]
         sizes["task_pool"] += pools[TASK_POOL]
     for c in getattr(system, "centers", {}).values():
@@ -335,7 +257,8 @@ def recrawl_policy(cfg: SimConfig):
 
 
 async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, timeline, t0, out, meter, links,
-                       seeds: list[str], observer: Observer) -> tuple[bool, list[dict]]:
+                       seeds: list[str], observer: Observer,
+                       harness_meter: CpuMeter | None = None) -> tuple[bool, list[dict]]:
     """Window 1 is the crawl from the seeds, to quiescence. With ``recrawl_after`` A each
     further window waits until A and one slice (dedupnet/adapters/recrawl.py: how much longer a URL
     may still count as seen) have passed since the previous one was quiescent, so that
@@ -355,7 +278,8 @@ async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, time
             observer.found.clear()
             await _seed(system, seeds, cfg.scenario)
         start, before = time.perf_counter() - t0, sum(web.answer_counts.values())
-        timed_out |= await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links)
+        timed_out |= await _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter, links,
+                                              harness_meter)
         windows.append({"window": k + 1, "start": round(start, 2), "end": round(time.perf_counter() - t0, 2),
                         "requests": sum(web.answer_counts.values()) - before, "end_wall": time.time()})
         if timed_out:
@@ -366,7 +290,7 @@ async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, time
 
 
 async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None,
-                             links=None) -> bool:
+                             links=None, harness_meter: CpuMeter | None = None) -> bool:
     """Sample progress until nothing is left anywhere (twice in a row) or the timeout.
     With link faults, a fault with an end must have ended (healed) first."""
     quiet = 0
@@ -376,7 +300,7 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
         while quiet < 2:
             await trio.sleep(0.1)
             try:
-                sizes = await _pool_sizes(system)
+                sizes = await _pool_sizes(system, harness_meter)
             except (DedupnetError, redis.RedisError) as e:  # Redis (a cluster node) is down: not done yet
                 sizes = {"store_unavailable": 1}
                 if out is not None:

@@ -61,7 +61,7 @@ from dedupnet.harness.procdaemons import (
 from dedupnet.harness.procfaults import FaultRecord, FaultRunner, KillableRedis
 from dedupnet.harness.procplan import center_ports, daemon_env, make_disks, plan_daemons, remove_disks, wants_disks
 from dedupnet.harness.relay import LinkFaults, schedule_link_faults, start_link_relays
-from dedupnet.harness.simcpu import redis_cpu
+from dedupnet.harness.simcpu import CpuMeter, Timed, redis_cpu
 from dedupnet.harness.report import (
     Observer, Report, SimConfig, build_report, assign_seeds, check_routing, check_secure, progress_line,
     redis_memory, seed_count, wants_lan_key, web_spec,
@@ -267,13 +267,16 @@ async def _run(cfg, redis_url, prefix, web, seeds, centers, hosts, server, logdi
     total = len(web.reachable_detail(seeds, max_depth=cfg.max_depth).fetched)
     if links is not None:
         links.total = total
-    timed_out = await _run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart, faults, total, links)
+    harness = CpuMeter()  # the harness's own polling, in this process beside the web
+    timed_out = await Timed(_run_to_quiescence(cfg, centers, hosts, web, timeline, t0, out, restart, faults, total,
+                                                links), harness)
     wall = time.perf_counter() - t0
     await poll_all(centers + hosts)  # the counters as they are now
     cpu = sum(c.cpu_used() for c in centers)
     redis_now = redis_cpu(server)
     cpu_roles = {"hosts": sum(h.cpu_used() for h in hosts), "centers": cpu,
-                 "web": time.process_time() - cpu_start[0],  # the harness's process serves the web
+                 "web": time.process_time() - cpu_start[0] - harness.seconds,  # this process serves the web
+                 "harness": harness.seconds,
                  "redis": None if redis_now is None or cpu_start[1] is None else redis_now - cpu_start[1]}
     memory = await trio.to_thread.run_sync(redis_memory, server, prefix)
     killed = gone = frozenset()

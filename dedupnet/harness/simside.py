@@ -31,7 +31,7 @@ __all__ = ["run_side_by_side", "sim_argv_of", "format_side_by_side"]
 
 #: Options of the comparison itself, with how many values each takes: not passed on.
 OWN_OPTIONS = {"--baseline": 1, "--baseline-python": 1, "--rounds": 1, "--json": 1, "--plot": 1}
-ROLES = ("hosts", "centers", "web", "redis")
+ROLES = ("hosts", "centers", "web", "harness", "redis")
 
 
 def sim_argv_of(argv: list[str]) -> list[str]:
