@@ -1,7 +1,7 @@
 """Nothing a peer sends ends a daemon: bench/fuzz_daemons.py's storm, in the suite.
 
 A live center and a live host (real daemons, real TCP, the session's Redis) take
-100,000 hostile messages between them — valid-shaped ones with hostile contents from
+20,000 hostile messages between them — valid-shaped ones with hostile contents from
 registered hosts, a registered peer center, control clients and a hostile center, and
 mutated inputs that break the decoder — and then must still serve: the center admits
 a well-behaved host's new URLs into its task_pool, and the fuzzed host queues a task
@@ -20,7 +20,7 @@ fuzz_daemons = importlib.util.module_from_spec(_spec)
 sys.modules["fuzz_daemons"] = fuzz_daemons  # its dataclasses look their module up
 _spec.loader.exec_module(fuzz_daemons)
 
-FRAMES = 100_000
+FRAMES = 20_000
 
 
 async def test_a_storm_of_hostile_frames_ends_neither_daemon(redis_url, prefix, caplog):

@@ -96,7 +96,7 @@ async def test_5x5_under_a_squeeze_answers_are_late_not_missing(redis_url, polic
     wan = (Fault("lossy-wan", at=0.0),) if policy == "admit" else ()
     # A set concluded without a late network exists only where every network is asked
     # (routing "broadcast"); under home routing a home's answer is never given up.
-    cfg = SimConfig(networks=5, hosts=5, pages=2000, sites=20, timeout=400, seeds=5, faults=wan,
+    cfg = SimConfig(networks=5, hosts=5, pages=1000, sites=20, timeout=400, seeds=5, faults=wan,
                     answer_timeout=0.25 if policy == "wait" else 0.05, send_delay=1.0, partition_policy=policy,
                     routing="broadcast" if policy == "admit" else None)
     r = await simulate(cfg, redis_url, out=None)
