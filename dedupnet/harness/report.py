@@ -393,14 +393,12 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     reach = web.reachable_detail(seeds, max_depth=cfg.max_depth)
     expected = reach.fetched
     k = cfg.windows
-    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed, gone=gone,
-                                           windows=k)
+    violations, refetched = check_extracted(web, seeds, reach.depth, cfg.max_depth, killed=killed, gone=gone, windows=k)
     fetched = set(web.answer_counts)
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
     frames, stages, kind_bytes = _frames(daemons, getattr(system, "centers", {}).values())
-    stats = merged_info(server, "commandstats")
-    lookups = sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
+    lookups = _lookups(server)
     trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
     found = sum(d.counters.get("links_pushed") for d in system.hosts.values())
     per_host = {ip: sum(v for k, v in h.counters.snapshot().items() if k.startswith("pages_fetched"))
@@ -410,14 +408,11 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     crawler_requests = sum(v for h in system.hosts.values() for k, v in h.counters.snapshot().items()
                            if k.startswith("pages_fetched{") and k != 'pages_fetched{status="503"}')
     stores = [h.pools.store for h in system.hosts.values() if hasattr(h, "pools")]
-    centers = list(getattr(system, "centers", {}).values())
     admitted = sum(per_net.values())
-    set_frames = sum(c.counters.get("frames_in", stage="lan", flag="1") for c in centers)
-    set_urls = sum(c.counters.get("urls_in", stage="lan") for c in centers)
     frames_sent = sum(frames.values())
     extra = dict(
         seeds_per_network=seeds_per_network(plan or {}), urls_admitted=admitted,
-        set_fill=round(set_urls / set_frames, 1) if set_frames else None,
+        set_fill=_set_fill(getattr(system, "centers", {}).values()),
         frames_per_url=round(frames_sent / found, 3) if found else None,
         bytes_per_url=round(sum(wire_bytes(d.counters) for d in daemons) / len(expected), 1) if expected else None,
         **_tls_figures(daemons), max_url_pool=max((s.get("URL_pool", 0) for s in timeline), default=0),
@@ -446,6 +441,19 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         sets_concluded_incomplete=sum(d.counters.total("concluded_incomplete") for d in daemons),
         per_host_pages=per_host, per_network_admitted=per_net, timeline=timeline, **extra,
     )
+
+
+def _lookups(server) -> int:
+    """Redis look-up commands the run sent (SMISMEMBER, HMGET), from the server's stats."""
+    stats = merged_info(server, "commandstats")
+    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
+
+
+def _set_fill(centers) -> float | None:
+    """URLs per URL_set the centers received from their hosts (flag=1 frames)."""
+    frames = sum(c.counters.get("frames_in", stage="lan", flag="1") for c in centers)
+    urls = sum(c.counters.get("urls_in", stage="lan") for c in centers)
+    return round(urls / frames, 1) if frames else None
 
 
 def _frames(daemons, centers) -> tuple[Counter[str], Counter[str], Counter[str]]:
