@@ -5,7 +5,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: sim demo test bench clean browser promtool
+.PHONY: sim demo test test-fast bench clean browser promtool
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,10 @@ demo: $(STAMP)
 
 test: $(STAMP) browser promtool
 	$(BIN)/python -m pytest -q
+
+# The inner loop: everything but the slow tier (tests/conftest.py SLOW_FILES).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -q -m "not slow"
 
 # tests/test_status_page.py drives the status page in headless Chromium. On a fresh
 # machine (CI) running as root, Debian's chromium is installed if missing: best-effort

@@ -13,6 +13,23 @@ from .procs import server_processes
 
 _prefixes = itertools.count()
 
+#: The slow tier (``make test`` runs it, ``make test-fast`` leaves it out): files whose
+#: tests run whole clusters of daemon processes, network namespaces, a browser or long
+#: seeded runs. A single slow test elsewhere is marked ``@pytest.mark.slow`` where it is.
+SLOW_FILES = frozenset({
+    "test_alerts.py", "test_bench_frontier.py", "test_cli_daemons.py", "test_common_mistakes.py", "test_daemons.py",
+    "test_deploy_guide.py", "test_exposure.py", "test_faults.py", "test_frontier_crawl.py", "test_fuzz_daemons.py",
+    "test_liveness.py", "test_local_exit.py", "test_netns.py", "test_operator_errors.py", "test_redis_cluster.py",
+    "test_relay.py", "test_scrapy.py", "test_scrapy_exit.py", "test_sim.py", "test_simproc.py", "test_status_page.py",
+    "test_sweep.py", "test_tls.py",
+})
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.path.name in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session", autouse=True)
 def no_server_left_behind():

@@ -3,6 +3,8 @@ given by the test: who is handed out when, and that nothing is handed out twice 
 
 from __future__ import annotations
 
+import pytest
+
 from dedupnet.adapters.store import TASK_POOL
 from local_host import sites
 from local_host.sites import Pace
@@ -146,6 +148,7 @@ def test_queued_tasks_and_the_schedule_survive_a_redis_restart(tmp_path):
         store.close()
 
 
+@pytest.mark.slow
 def test_a_million_queued_urls_cost_the_taker_no_memory(store):
     """1,000,000 tasks over 100,000 sites wait in Redis; the process that takes from
     them holds nothing per queued URL or per queued site (only what it takes): its
