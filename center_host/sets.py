@@ -154,7 +154,7 @@ def task_parts(key: str) -> tuple[int, str]:
 def owner_of(url: str, hosts: Iterable[str]) -> str:
     """The host whose ``task_pool`` gets ``url``: rendezvous hashing on the URL's site,
     so one site stays with one host (politeness) and a host that leaves moves only
-    its own sites (paper gap 8, related-systems A)."""
+    its own sites (paper gap 8; a site-hash task split, as crawler engines do)."""
     site = site_of(url).encode()
     return max(hosts, key=lambda h: xxhash.xxh3_64_intdigest(site + b"@" + h.encode()))
 

@@ -192,7 +192,6 @@ class Http1Response:
         parsed.headers = []
         self.headers = headers
         self.num_bytes_downloaded = 0
-        self._done = False
 
     @property
     def charset_encoding(self) -> str | None:
@@ -208,7 +207,6 @@ class Http1Response:
                     self.num_bytes_downloaded += len(chunk)
                     yield chunk
             if parsed.complete:
-                self._done = True
                 return
             await self._client._receive(self._conn, parsed, self._timeout, eof_ends=True)
 
@@ -218,7 +216,7 @@ class Http1Response:
             if decode is not None:
                 try:
                     chunk = decode(chunk)
-                except (zlib.error, Exception) as e:  # brotli.error is a plain Exception
+                except Exception as e:  # noqa: BLE001 - zlib.error, brotli.error (a plain Exception)
                     raise httpx.DecodingError(f"{type(e).__name__}: {e}") from None
             if chunk:
                 yield chunk
@@ -235,7 +233,7 @@ class Http1Response:
         if conn is None:
             return
         self._parsed.parser = None  # no cycle left for the garbage collector
-        if self._done and self._parsed.keep_alive:
+        if self._parsed.complete and self._parsed.keep_alive:  # all of it read off the connection
             self._client._put_back(self._key, conn)
         else:
             await conn.aclose()
@@ -275,7 +273,8 @@ async def _discard(r: Http1Response) -> None:
                 pass
     except (ValueError, httpx.HTTPError):
         pass
-    await r.aclose()
+    finally:
+        await r.aclose()
 
 
 class Http1Client:

@@ -247,3 +247,14 @@ async def test_a_server_that_stops_answering_is_a_read_timeout(nursery, autojump
     with pytest.raises(httpx.ReadTimeout):
         await get(c, server.url("/half"))
     await c.aclose()
+
+
+async def test_an_answer_without_a_body_keeps_its_connection_unread(nursery):
+    server = Scripted(lambda n, head: b"HTTP/1.1 204 No Content\r\n\r\n")
+    await server.serve(nursery)
+    c = client()
+    for _ in range(3):
+        async with c.stream("GET", server.url("/")) as r:
+            assert r.status_code == 204  # nothing iterated: the answer was whole with its head
+    assert server.connections == 1
+    await c.aclose()

@@ -1,4 +1,4 @@
-"""An optional Bloom-filter ``finish_URL`` (related-systems C).
+"""An optional Bloom-filter ``finish_URL`` (as ZooKeeper + Redis crawlers keep theirs).
 
 For operators who trade exactness for memory: ``finish_url_filter = "bloom"`` keeps a
 host's ``finish_URL`` (paper §1.1, "the URLs this host has crawled", looked up in §2.2

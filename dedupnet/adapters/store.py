@@ -521,13 +521,10 @@ class Store:
             return f"its AOF was not fsynced within {FSYNC_PROBE_MS} ms (appendfsync no?)"
         return None
 
-    def apply_writes(self, actions: list, kinds: tuple, queue: Callable[[Batch, list], None]) -> None:
-        """The writes among a core's ``actions`` (those of ``kinds``), queued by ``queue``,
-        as one MULTI/EXEC: all of one event's writes or none."""
-        self.drive(self.apply_writes_steps(actions, kinds, queue))
-
     def apply_writes_steps(self, actions: list, kinds: tuple, queue: Callable[[Batch, list], None], *,
                            durable: bool = False) -> Steps[None]:
+        """The writes among a core's ``actions`` (those of ``kinds``), queued by ``queue``,
+        as one MULTI/EXEC: all of one event's writes or none."""
         writes = [a for a in actions if isinstance(a, kinds)]
         if writes:
             yield from self.transact_steps(lambda batch: queue(batch, writes), durable=durable)

@@ -1,4 +1,4 @@
-"""The hash-partitioned owner baseline (related-systems.md B): every URL goes
+"""The hash-partitioned owner baseline (a DHT crawler's: Kademlia-style): every URL goes
 to the one host that owns its fingerprint, which de-dups and queues it. One message per
 URL instead of the paper's broadcast, on the same workload, for ``dedupnet sim``.
 

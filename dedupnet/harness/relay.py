@@ -14,7 +14,7 @@ hits a frame, an ack or a task, never half of one:
   re-send over a new connection does);
 * **duplicate**: a message is forwarded twice (what a re-send after a lost ack looks
   like to the receiver: the protocol numbers every set so that repeats are harmless,
-  source-protocol §2.1 ``number``, PROTOCOL.md gap 7);
+  the paper's §2.1 ``number``, PROTOCOL.md gap 7);
 * **drop**: the message is lost *and the connection is reset right after*. TCP never
   loses a message inside a live connection: a loss it cannot repair ends the
   connection, and everything still in flight on it (queued here behind a delay) is
@@ -135,10 +135,6 @@ CLEAN = LinkConfig()
 
 
 _SWITCH = f'"{STREAM_COMPRESSION}"'.encode()
-
-
-class _Reset(Exception):
-    """Ends a pipe with a reset (RST on both sides) instead of a close."""
 
 
 @dataclass(order=True)

@@ -32,8 +32,8 @@ Why it is shaped this way
 * **The sender is the connection, not the frame.** A connection starts with a
   :class:`~dedupnet.codec.messages.Register`; with ``verify_source`` (the default) the server
   accepts it only if its ``IP`` is the TCP peer address, so everything arriving later on
-  that connection is attributed to an address the kernel vouches for (paper gap 2 in
-  ``source-protocol.md``). Clients therefore bind their source address to their own IP
+  that connection is attributed to an address the kernel vouches for (paper gap 2,
+  docs/PROTOCOL.md). Clients therefore bind their source address to their own IP
   (``local_ip``); on Linux any 127.x.y.z can be bound, which is how one machine hosts a
   whole simulated system.
 * **Heartbeats never queue behind data.** :meth:`Connection.send_urgent` puts a message

@@ -144,9 +144,6 @@ class Network:
         for q, end, epoch in waiting:
             self._notice(q, end, epoch)
 
-    def lost_in_flight(self) -> int:
-        return self.in_flight
-
     def by_kind(self) -> dict[str, dict[str, int]]:
         out: dict[str, dict[str, int]] = defaultdict(dict)
         for k in sorted(self.messages):
