@@ -9,7 +9,7 @@ Nothing here touches Redis; :mod:`local_host.crawler` wires these to the store.
   LRU bound, for every crawler of a host; :class:`RobotsCheck` fetches an origin's once
   (single-flight) through :func:`fetch_robots`, the same politeness gate and clients as
   the pages.
-* :class:`ClientPool` — a few small ``httpx.AsyncClient`` objects per site, the least
+* :class:`ClientPool` — a few small HTTP clients per site (:mod:`local_host.http1`), the least
   recently used idle ones closed beyond a bound (why not one client: its docstring);
   :func:`client_factory` makes them.
 * :func:`get_page` — one GET, its body read only when it is wanted, its failures
