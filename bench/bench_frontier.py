@@ -61,7 +61,7 @@ def main() -> None:
         ap.error(f"--paths: a comma-separated choice of {', '.join(PATHS)}")
     logging.getLogger("dedupnet").setLevel(logging.ERROR)
     cfg = SimConfig(networks=args.networks, hosts=1, pages=args.pages, sites=args.sites, seed=args.seed,
-                    seeds=args.seeds, concurrency=args.workers, set_size=400, set_linger=0.2)
+                    seeds=args.seeds, concurrency=args.workers, set_size=400)
     print(f"synthetic web {args.pages:,} pages / {args.sites} sites; {args.networks} networks, one host each; "
           f"{args.workers} requests in flight per host; politeness off, robots on; {psutil.cpu_count()} CPUs")
     print("| path | run | pages | duplicates | missed | seconds | pages/s | daemons CPU ms/page "

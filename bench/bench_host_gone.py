@@ -32,7 +32,7 @@ async def run(args) -> None:
     redis_url = redis.start()
     web = SyntheticWeb(WebSpec(pages=args.pages, sites=args.sites, seed=args.seed), port=0)
     cfg = SimConfig(networks=1, hosts=args.hosts, pages=args.pages, sites=args.sites, seed=args.seed, set_size=100,
-                    set_linger=0.2, concurrency=8, per_site_delay=args.per_site_delay)
+                    concurrency=8, per_site_delay=args.per_site_delay)
     prefix = f"hostgone-{os.getpid()}"
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)

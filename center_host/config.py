@@ -67,14 +67,9 @@ class CenterConfig:
     #: Re-crawl by age (dedupnet/adapters/recrawl.py): the admitted record (the pools) answers
     #: "seen" for a URL's age only, and ``held_elsewhere`` is not kept. None: for ever.
     recrawl: RecrawlPolicy | None = None
-    #: Exact mode (R4, docs/PROTOCOL.md §10): seconds this center gathers its LAN's sets
-    #: that are done with their LAN stage into one set for the distributed stage while
-    #: one of its own is out with the peers (Nagle's rule, like a host's ``set_linger``;
-    #: with nothing out a set goes at once). A peer's cost is mostly per set and every
-    #: peer answers every set, so gathering a LAN's sets divides the distributed stage's
-    #: frames and look-ups by up to the hosts per LAN. 0: each host's set goes alone.
-    gather_linger: float = 0.0
-    #: A gathered set goes as soon as it holds this many URLs.
+    #: Exact mode, R4 (docs/PROTOCOL.md §10), and the frames to a home network (§11):
+    #: a gathered set goes as soon as it holds this many URLs, even while one of this
+    #: center's own is out (it waits for nothing else: Nagle's rule).
     gather_max: int = 1000
     #: Exact mode, where a URL is decided (docs/PROTOCOL.md §11): ``"home"`` (the
     #: default), by the center of its site's home network alone — one message to one
@@ -112,8 +107,8 @@ class CenterConfig:
         if self.foreign_lookup not in FOREIGN_LOOKUPS or (self.mode == "paper" and self.foreign_lookup != "lan"):
             raise ValueError(f"foreign_lookup must be one of {FOREIGN_LOOKUPS} ('lan' in paper mode), "
                              f"not {self.foreign_lookup!r}")
-        if self.gather_linger < 0 or self.gather_max < 1:
-            raise ValueError("gather_linger must not be negative and gather_max must be positive")
+        if self.gather_max < 1:
+            raise ValueError("gather_max must be positive")
         if self.local_lookup is None:
             object.__setattr__(self, "local_lookup", "center" if self.mode == "exact" else "lan")
         if self.local_lookup not in LOCAL_LOOKUPS or (self.mode == "paper" and self.local_lookup != "lan"):

@@ -72,7 +72,6 @@ class CenterSettings:
     weights: dict[int, float] = field(default_factory=dict)
     #: The maps in force before a change of the map (CenterConfig.previous_weights).
     previous_weights: tuple[dict[int, float], ...] = ()
-    gather_linger: float = declared("gather_linger")
     resume_grace: float = 5.0
     heartbeat_interval: float = declared("heartbeat_interval")
     heartbeat_timeout: float = declared("heartbeat_timeout")
@@ -117,7 +116,7 @@ def core_config(settings: CenterSettings) -> cp.CenterConfig:
         mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
         resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
         foreign_lookup=settings.foreign_lookup, local_lookup=settings.local_lookup, recrawl=settings.recrawl,
-        gather_linger=settings.gather_linger, routing=settings.routing, weights=settings.weights,
+        routing=settings.routing, weights=settings.weights,
         previous_weights=settings.previous_weights, reissue_after=settings.reissue_after,
     )
 

@@ -13,7 +13,7 @@ from dedupnet.codec.messages import Ack, Done, Task
 
 from .events import (Action, CancelTimer, DropTask, ForgetHost, ForgetMoved, Host, Ledger, Member, NoteHost, NoteMoved,
                      Peer, Reassign, Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
-from .sets import GATHER_TIMER, ROUTED, SetRecord, Stage, owner_of, task_key, task_parts
+from .sets import ROUTED, SetRecord, Stage, owner_of, task_key, task_parts
 
 log = logging.getLogger("dedupnet.center")
 
@@ -37,8 +37,6 @@ class Membership:
     (its state is declared there)."""
 
     def _timer(self, number: int) -> list[Action]:
-        if number == GATHER_TIMER:
-            return self._send_gathered()
         if number < 0:
             return self._reissue(number)
         rec = self.sets.get(number)

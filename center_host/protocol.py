@@ -58,7 +58,7 @@ from .events import (Action, Admit, CancelTimer, Conclude, Drop, DropTask, Event
                      member_from_str)
 from .homes import Homes
 from .membership import MAX_MESSAGE_URLS, MOVED_NUMBER, SPARE_NUMBERS, Membership, reissue_timer
-from .sets import (GATHER_TIMER, MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED, TRANSITIONS,
+from .sets import (MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED, TRANSITIONS,
                    ForeignSetLookup, OwnSetLookup, PendingLookup, Rejected, SetRecord, Stage, Step, owner_of, task_key,
                    task_parts)
 from .stages import Stages
@@ -70,7 +70,7 @@ __all__ = [
     "Action", "Send", "Save", "Drop", "SetTimer", "CancelTimer", "Lookup", "Admit", "Conclude", "NoteSequence",
     "NoteHost", "ForgetHost", "SaveTask", "DropTask", "Ledger", "Unledger", "NoteMoved", "ForgetMoved",
     "MOVED_NUMBER", "SPARE_NUMBERS", "MAX_MESSAGE_URLS", "reissue_timer",
-    "Stage", "Step", "TRANSITIONS", "POOL_OF", "ROUTED", "GATHER_TIMER", "MAX_HELD_PER_HOST", "RECENTLY_CONCLUDED",
+    "Stage", "Step", "TRANSITIONS", "POOL_OF", "ROUTED", "MAX_HELD_PER_HOST", "RECENTLY_CONCLUDED",
     "SetRecord", "Rejected", "OwnSetLookup", "ForeignSetLookup", "PendingLookup", "owner_of", "task_key",
     "task_parts",
 ]

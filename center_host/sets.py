@@ -47,8 +47,6 @@ POOL_OF = {Stage.LAN: LOCAL_REDUCE_POOL, Stage.DIST: DIST_REDUCE_POOL, Stage.FOR
            Stage.HOME: DIST_REDUCE_POOL, Stage.CHECK: DIST_REDUCE_POOL}
 #: Stages that wait for peer networks and are never concluded without them.
 ROUTED = (Stage.HOME, Stage.CHECK)
-#: The timer of R4's gathering (no set has number 0: a host's sequence starts at 1, §7).
-GATHER_TIMER = 0
 
 
 

@@ -16,7 +16,7 @@ from dedupnet.codec.urls import set_digest
 
 from .events import (Action, CancelTimer, Conclude, Admit, Drop, Host, LookupDone, Lookup, Member, NoteSequence,
                      Peer, Save, Send, SetTimer, member_from_str)
-from .sets import (GATHER_TIMER, MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED,
+from .sets import (MAX_HELD_PER_HOST, POOL_OF, RECENTLY_CONCLUDED, ROUTED,
                    ForeignSetLookup, OwnSetLookup, Rejected, SetRecord, Stage, Step, remember)
 
 log = logging.getLogger("dedupnet.center")
@@ -259,7 +259,7 @@ class Stages:
                 self.counters.inc("peers_missing", amount=len(missing))
                 log.warning("set %d: networks %s not connected; not asked", rec.number, sorted(missing))
         if rec.stage is Stage.LAN and rec.frame.URL_set and self.peers_to_ask():
-            return self._advance(rec, Step.GATHER if self.exact and self.config.gather_linger > 0 else Step.TO_PEERS)
+            return self._advance(rec, Step.GATHER if self.exact else Step.TO_PEERS)
         if rec.stage is Stage.FOREIGN:
             return self._advance(rec, Step.LOOK_UP if self.exact else Step.REPLY)
         return self._advance(rec, Step.ADMIT)
@@ -279,11 +279,13 @@ class Stages:
         return any(r.stage is Stage.DIST for r in self.sets.values())
 
     def _gather(self, rec: SetRecord, before: Stage) -> list[Action]:
-        """R4: hold a set done with its LAN stage (it stays in ``local_reduce_pool``,
-        claims and all) until nothing of ours is out with the peers, ``gather_max``
-        URLs are held, or ``gather_linger`` has passed; then they go on as one. What is
-        held goes first if this set would take it past ``gather_max`` (a gathered set
-        must fit the peers' ``max_urls``)."""
+        """R4, Nagle's rule: a set done with its LAN stage goes on at once while nothing
+        of ours is out with the peers; otherwise it is held (it stays in
+        ``local_reduce_pool``, claims and all) until that is so or ``gather_max`` URLs
+        are held, and then they go on as one. A peer's cost is mostly per set and every
+        peer answers every set, so a busy center sends fewer, fuller sets and an idle
+        one waits for nothing. What is held goes first if this set would take it past
+        ``gather_max`` (a gathered set must fit the peers' ``max_urls``)."""
         if rec.number in self.gathering:
             return []
         actions: list[Action] = []
@@ -295,7 +297,7 @@ class Stages:
         held += len(rec.frame.URL_set)
         if not self._out_with_peers() or held >= self.config.gather_max:
             return actions + self._send_gathered()
-        return actions + ([SetTimer(GATHER_TIMER, self.config.gather_linger)] if len(self.gathering) == 1 else [])
+        return actions
 
     def _send_gathered(self) -> list[Action]:
         """R4: the gathered sets become one, under the lowest of their numbers, which now
@@ -303,9 +305,8 @@ class Stages:
         §10); the others leave ``local_reduce_pool`` in the same write."""
         members = sorted((self.sets[n] for n in self.gathering if n in self.sets), key=lambda r: r.number)
         self.gathering.clear()
-        done = CancelTimer(GATHER_TIMER)  # whoever sends them on (after it fired: harmless)
         if not members:
-            return [done]
+            return []
         head, rest = members[0], members[1:]
         if rest:
             for m in rest:
@@ -318,7 +319,7 @@ class Stages:
             self.counters.inc("sets_gathered", amount=len(rest))
             log.debug("set %d: gathered with %d more of this LAN's sets", head.number, len(rest))
         # Fewer sets in flight now: held-back frames may go on.
-        return [done, *(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._advance(head, Step.TO_PEERS), *self._start_waiting()]
+        return [*(Drop(LOCAL_REDUCE_POOL, m.number) for m in rest), *self._advance(head, Step.TO_PEERS), *self._start_waiting()]
 
     def peers_to_ask(self) -> set[str]:
         """Paper gap 4: under ``wait`` every configured peer network (those not connected

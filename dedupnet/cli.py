@@ -13,7 +13,7 @@ from typing import NoReturn
 
 from dedupnet import __version__
 from dedupnet.codec.errors import DedupnetError, SettingsError
-from dedupnet.codec.settings import CENTER, DEMO, LOCAL, PUSH, SETTINGS, Setting, positive_int
+from dedupnet.codec.settings import CENTER, DEMO, LOCAL, PUSH, RETIRED, SETTINGS, SIM, Setting, positive_int
 from dedupnet.service.config import load_settings
 
 #: The flag every command with settings takes besides the settings' own.
@@ -48,6 +48,27 @@ def add_settings_flags(parser: argparse.ArgumentParser, role: str) -> None:
         name = "required" if role in setting.required else setting.group
         group(name).add_argument(setting.option, help=setting.help_for(role) + _default_text(setting),
                                  **setting.argparse_options())
+    add_retired_flags(parser, role)
+
+
+def add_retired_flags(parser: argparse.ArgumentParser, role: str) -> None:
+    """The flags of removed settings (dedupnet/codec/settings.py ``RETIRED``): not in
+    ``--help``; given, they are one line saying why, and exit status 2."""
+    for retired in RETIRED.values():
+        if role in retired.roles:
+            parser.add_argument(retired.option, action=RetiredFlag, nargs="?", help=argparse.SUPPRESS,
+                                retired=retired)
+
+
+class RetiredFlag(argparse.Action):
+    """A removed setting's flag: given, one line saying why and exit status 2."""
+
+    def __init__(self, *args, retired, **kwargs):  # noqa: ANN001, ANN002, ANN003 - argparse's signature
+        super().__init__(*args, **kwargs)
+        self.retired = retired
+
+    def __call__(self, parser, namespace, values, option_string=None):  # noqa: ANN001 - argparse's signature
+        parser.error(self.retired.message())
 
 
 class Parser(argparse.ArgumentParser):
@@ -188,6 +209,7 @@ def _add_simulation_commands(sub: argparse._SubParsersAction) -> None:
     from dedupnet.harness.simcli import add_arguments
 
     add_arguments(sim)
+    add_retired_flags(sim, SIM)
 
     simulate = sub.add_parser(
         "simulate", help="seeded fault schedules against the protocol's cores in virtual time, each checked",

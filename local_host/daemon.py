@@ -48,8 +48,8 @@ CENTER = "center"
 
 #: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
 MAX_IDLE_POLL = 0.5
-#: Seconds over which the crawler's pages per second are measured.
-RATE_WINDOW = 2.0
+#: The walker's sleep while the core has not yet handled what it was given.
+BUSY_POLL = 0.005
 #: Seconds between two asks, while this host is idle, whether the whole crawl is
 #: complete (``exit_when_complete``): each ask is two passes over every daemon.
 COMPLETION_POLL = 1.0
@@ -66,7 +66,6 @@ class LocalSettings:
     #: The fields made with ``declared`` carry the operator's setting of that name
     #: (dedupnet/codec/settings.py: its default and help are there).
     set_size: int = declared("set_size")
-    set_linger: float = declared("set_linger")
     mode: str = declared("mode")
     max_unacked: int = 64
     heartbeat_interval: float = declared("heartbeat_interval")
@@ -158,8 +157,6 @@ class LocalDaemon:
         #: task_pool's size when last read: each heartbeat tells the center, so that a
         #: host that goes down is known to hold it (None: not read yet).
         self.task_pool_size: int | None = None
-        #: (when, pages done then, pages per second over the window before): the crawler's rate.
-        self._rate = (0.0, 0, 0.0)  # set when run() starts
         #: The URLFrontier service's queues and its bound port, once it serves.
         self.frontier = None
         self.frontier_port: int | None = None
@@ -188,7 +185,6 @@ class LocalDaemon:
                     sizes[TASK_POOL], sizes[URL_POOL], sizes["unacked_sets"])
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self._rate = (trio.current_time(), 0, 0.0)
         await until_stored(self.store, self.counters, self.pools.setup)
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
@@ -329,41 +325,34 @@ class LocalDaemon:
 
     async def _walk(self) -> None:
         """§2.2: take what the crawler put in URL_pool, while the center keeps up, and hand
-        it on once it fills a set or has waited ``set_linger`` seconds: a center's cost is
-        mostly per set, so sets of a few URLs cost it ten times more per URL than full
-        ones. What is held stays pending in URL_pool; a restart de-dups it again."""
+        it to the core, which sends it as sets when nothing of this host's is in flight and
+        holds it meanwhile (local_host/protocol.py, Nagle's rule). What the core holds
+        stays pending in URL_pool; a restart de-dups it again."""
         s = self.settings
-        held: list[tuple[bytes, str]] = []
-        since = 0.0
         poll = s.idle_poll
         while True:
             entries = []
-            if self.conn is not None and self.core.can_take and self.reactor.pending() == 0:
-                room = 4 * s.set_size - len(held)
+            if self.conn is not None and self.core.can_take and self.core.room > 0:
+                if self.reactor.pending():
+                    # What was put last is not handled yet, so the core's room is not
+                    # known: soon again (waiting for the next push would hold the links
+                    # pushed meanwhile for a page's time).
+                    await trio.sleep(BUSY_POLL)
+                    continue
+                room = self.core.room
                 entries = await until_stored(self.store, self.counters, self.pools.take_steps, room)
                 self._activity += len(entries)
-                if entries and not held:
-                    since = trio.current_time()
-                held += entries
-                if held and len(held) < s.set_size and self.crawler is None:
-                    # The crawler in front is another process (a Scrapy spider): what it
-                    # holds is what task_pool holds, read now, not a heartbeat ago.
-                    self.task_pool_size = await until_stored(self.store, self.counters,
-                                                             self.pools.task_pool_size_steps)
-                if held and (len(held) >= s.set_size or trio.current_time() >= self._linger_until(since)):
+                if entries:
                     if self.on_found is not None:
-                        self.on_found(held)
-                    await self.reactor.put(hp.Found(held))
-                    held = []
-                    continue
+                        self.on_found(entries)
+                    await self.reactor.put(hp.Found(entries))
                 if len(entries) == room:
                     continue
-            # Nothing more for now: sleep until the crawler pushes links, the linger
-            # ends, or a poll (backing off while idle: URL_pool may be fed from outside).
-            # A host without a crawler of its own is fed only from outside: no back-off.
+            # Nothing more for now: sleep until the crawler pushes links or a poll (backing
+            # off while idle: URL_pool may be fed from outside). A host without a crawler
+            # of its own is fed only from outside: no back-off.
             poll = s.idle_poll if entries or self.crawler is None else min(2 * poll, MAX_IDLE_POLL)
-            wait = min(poll, self._linger_until(since) - trio.current_time()) if held else poll
-            with trio.move_on_after(max(wait, 0.0)):
+            with trio.move_on_after(poll):
                 await self._pushed.wait()
             self._pushed = trio.Event()
 
@@ -408,9 +397,10 @@ class LocalDaemon:
                 self.complete.set()
 
     def _idle_here(self) -> bool:
-        """Connected, no set in flight, nothing for the core to do, no task to crawl."""
+        """Connected, no set in flight or held, nothing for the core to do, no task to crawl."""
         crawler_idle = self.crawler.idle if self.crawler is not None else not self.task_pool_size
-        return self.conn is not None and not self.core.unacked and self.reactor.idle and crawler_idle
+        return (self.conn is not None and not self.core.unacked and not self.core.held and self.reactor.idle
+                and crawler_idle)
 
     def _activity_mark(self) -> tuple[int, int]:
         return self._activity, self.crawler.pages_done if self.crawler is not None else 0
@@ -428,31 +418,6 @@ class LocalDaemon:
             elif isinstance(a, hp.Lookup):
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a))
         return followups
-
-    def _linger_until(self, since: float) -> float:
-        """When a part-full set taken at ``since`` goes (:func:`hp.set_linger_for`: at once
-        while this host is idle). The crawler has work while it is not idle — a crawler
-        reads every task it can hold at once, so "nothing left to read" alone is not
-        idle: its pages in progress will bring links (counting them took the 3x3
-        10,000-page run's sets from 109 to 164 URLs on average); a crawler in another
-        process (``--no-crawl``) while task_pool holds tasks."""
-        if self.crawler is not None:
-            working, backlog = not self.crawler.idle, self._backlog() if self.settings.set_linger > 0 else 0.0
-        else:
-            working, backlog = bool(self.task_pool_size), 0.0
-        return since + hp.set_linger_for(self.settings.set_linger, unacked=bool(self.core.unacked),
-                                         working=working or backlog > 0, backlog=backlog)
-
-    def _backlog(self) -> float:
-        """Seconds of work this host's crawler holds: pages in progress over its recent
-        rate. A set may fill for half of it (up to ``MAX_BACKLOG_FACTOR`` lingers): what
-        it holds is crawled after that work anyway, and a fuller set costs every center
-        less (8x4, 10,000 pages: a 4 s linger instead of 2 s cut the process's CPU by 8 %)."""
-        now, (then, done, rate) = trio.current_time(), self._rate
-        if now - then >= RATE_WINDOW:
-            rate = (self.crawler.pages_done - done) / (now - then)
-            self._rate = (now, self.crawler.pages_done, rate)
-        return self.crawler.in_progress / rate if rate > 0 else 0.0
 
     def _send(self, data: bytes) -> None:
         if self.conn is None or not self.conn.send_nowait(data):

@@ -3,7 +3,10 @@
 Events in, actions out; no sockets, no trio, no Redis. The host
 
 * de-dups what its crawler found (§2.2) and sends each ``URL_set`` with flag=1,
-  keeping it in ``URL_pool`` until the center acknowledges the frame (gap 7);
+  keeping it in ``URL_pool`` until the center acknowledges the frame (gap 7). What it
+  is given goes at once while nothing of this host's awaits the center's ack, and
+  otherwise gathers until the ack comes back or a set is full (:meth:`HostProtocol.
+  _may_go`: Nagle's rule, group commit);
 * answers the center's flag=2 requests (§2.3), except its own (its ``IP``);
 * takes the tasks the center assigns into ``task_pool``, acknowledging them.
 
@@ -42,35 +45,16 @@ log = logging.getLogger("dedupnet.local")
 #: below it (2^30 sets is 10^12 URLs at the default set size), and one at the top of
 #: the space would leave the host no number for its next set.
 MAX_RENUMBER = MAX_SEQUENCE // 2
-
-
-#: How much longer than ``set_linger`` a part-full set may fill while an earlier one is
-#: unacknowledged or this host's crawler has work.
-MAX_LINGER_FACTOR = 4
-#: ... and at most this much longer while the crawler holds work for twice as long.
-MAX_BACKLOG_FACTOR = 8
-
-
-def set_linger_for(set_linger: float, *, unacked: bool, working: bool, backlog: float = 0.0) -> float:
-    """Seconds a part-full set may wait to fill (a producer's linger: long under load,
-    none when idle). None when no set of this host awaits the center's ack and its
-    crawler holds no work: nothing would fill the set, and a crawler may be waiting for
-    what it holds. Otherwise ``MAX_LINGER_FACTOR`` lingers (a busy center holds acks
-    back: Nagle's rule; a fuller set costs every center less, its cost being mostly per
-    set), up to half the ``backlog`` (seconds of work the crawler holds, whose pages will
-    bring the links that fill it), at most ``MAX_BACKLOG_FACTOR`` lingers."""
-    if not (unacked or working):
-        return 0.0
-    factor = MAX_LINGER_FACTOR
-    if set_linger > 0:
-        factor = max(factor, min(MAX_BACKLOG_FACTOR, backlog / (2 * set_linger)))
-    return set_linger * factor
+#: Sets' worth of found URLs the core is given at most at once (what it holds goes as
+#: soon as it fills one set; a bigger batch goes as several).
+HELD_SETS = 4
 
 
 # -- events -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Found:
-    """Entries ``(id, url)`` taken from ``URL_pool`` (normalised URLs)."""
+    """Entries ``(id, url)`` taken from ``URL_pool`` (normalised URLs): held by the core
+    until they may go (:meth:`HostProtocol._may_go`)."""
 
     entries: list[tuple[bytes, str]]
 
@@ -252,6 +236,12 @@ class HostProtocol:
     counters: Counters = field(default_factory=Counters)
     unacked: dict[int, tuple[bytes, list[bytes]]] = field(default_factory=dict)
     _pending: dict[tuple[str, int], Pending] = field(default_factory=dict)
+    #: What ``Found`` gave that has not gone to a look-up yet (it stays pending in
+    #: ``URL_pool``: a restart de-dups it again).
+    held: list[tuple[bytes, str]] = field(default_factory=list)
+    #: Unacknowledged messages the center refused on this connection: kept for the next
+    #: one, and not awaited on this one.
+    _refused: set[int] = field(default_factory=set)
     _batches: int = 0
     _reports: int = 0
 
@@ -262,10 +252,35 @@ class HostProtocol:
     def can_take(self) -> bool:
         return len(self.unacked) < self.config.max_unacked
 
+    @property
+    def room(self) -> int:
+        """Entries the core takes now: a few sets' worth held at most."""
+        return HELD_SETS * self.config.set_size - len(self.held)
+
+    @property
+    def in_flight(self) -> bool:
+        """A message of this host's awaits the center's ack on this connection."""
+        return any(number not in self._refused for number in self.unacked)
+
     def handle(self, event: Event) -> list[Action]:
+        actions = self._handle(event)
+        if self.held and self._may_go():
+            actions += self._go()
+        return actions
+
+    def _may_go(self) -> bool:
+        """Nagle's rule (group commit): what is held goes when nothing of this host's is in
+        flight to its center, else once it fills a set. An idle system admits in one round
+        trip; a busy one, whose acks take longer, sends fuller sets — a center's cost is
+        mostly per set — with no timer to tune. The adapter answers the look-up this
+        starts before it feeds another event, and the sets it makes are in flight."""
+        return not self.in_flight or len(self.held) >= self.config.set_size
+
+    def _handle(self, event: Event) -> list[Action]:
         match event:
             case Found(entries):
-                return self._found(entries)
+                self.held += entries
+                return []
             case LookupDone():
                 return self._lookup_done(event)
             case FromCenter(message):
@@ -273,6 +288,7 @@ class HostProtocol:
             case Connected():
                 # Gap 7: whatever the center has not acknowledged is sent again (it de-dups by number).
                 self.counters.inc("frames_resent", amount=len(self.unacked))
+                self._refused.clear()
                 return [Send(data) for data, _ in self.unacked.values()]
             case Resume(unacked):
                 self.unacked.update(unacked)
@@ -287,9 +303,8 @@ class HostProtocol:
         raise TypeError(f"not a host event: {event!r}")
 
     # -- §2.2 --------------------------------------------------------------------------
-    def _found(self, entries: list[tuple[bytes, str]]) -> list[Action]:
-        if not entries:
-            return []
+    def _go(self) -> list[Action]:
+        entries, self.held = self.held, []
         self._batches += 1
         token = (FoundBatch.KIND, self._batches)
         self._pending[token] = FoundBatch(entries)
@@ -333,6 +348,7 @@ class HostProtocol:
             if message.status == "rejected":
                 return self._rejected(message)
             entry = self.unacked.pop(message.number, None)
+            self._refused.discard(message.number)
             if entry is None:
                 self.counters.inc("repeated_acks")
                 return []
@@ -387,6 +403,7 @@ class HostProtocol:
             token = (Renumbering.KIND, ack.number)
             self._pending[token] = Renumbering(ack.number)
             return [Lookup(token, (), sets=1, floor=ack.sequence)]
+        self._refused.add(ack.number)
         self.counters.inc("sets_rejected", reason=ack.reason or "unknown")
         log.error("set %d refused by the center (%s); kept, and sent again on the next connection",
                   ack.number, ack.reason or "no reason given")

@@ -97,7 +97,7 @@ def fetch(port: int) -> str:
 async def test_live_daemons_metrics_pass_promtool_check_metrics(promtool, redis_url):
     """A center and a host that have exchanged sets: what they serve passes promtool's
     linter (HELP, TYPE, counter names, units) and every family is declared."""
-    async with open_cluster(redis_url, 2, 1, set_size=100, set_linger=0.05, prefix=f"prom{random.random()}",
+    async with open_cluster(redis_url, 2, 1, set_size=100, prefix=f"prom{random.random()}",
                             metrics=("127.0.0.1", 0)) as system:
         h10 = system.hosts["127.0.1.10"]
         await h10.store.run(h10.pools.push, [f"http://site{i}.example/p" for i in range(20)])

@@ -348,58 +348,6 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
         assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
 
 
-def test_a_part_full_set_goes_at_once_when_the_host_is_idle_and_lingers_while_it_has_work():
-    """The walker's linger (local_host/daemon.py _linger_until, local_host/protocol.py
-    set_linger_for): none when nothing of ours awaits an ack and the crawler holds no
-    work (latency is what it waits for); MAX_LINGER_FACTOR lingers otherwise (a fuller
-    set is cheaper for the centers), also while the crawler has read every task but
-    still has pages in progress, or, in another process, while task_pool holds tasks."""
-    from types import SimpleNamespace
-
-    from local_host.daemon import LocalDaemon
-    from local_host.protocol import MAX_BACKLOG_FACTOR, MAX_LINGER_FACTOR
-
-    def linger(unacked, crawler, backlog=0.0, task_pool=None):
-        fake = SimpleNamespace(settings=SimpleNamespace(set_linger=0.5), core=SimpleNamespace(unacked=unacked),
-                               crawler=crawler, _backlog=lambda: backlog, task_pool_size=task_pool)
-        return LocalDaemon._linger_until(fake, 10.0) - 10.0
-
-    idle, fetching = SimpleNamespace(idle=True), SimpleNamespace(idle=False)
-    assert linger({}, idle) == linger({}, None) == linger({}, None, task_pool=0) == 0.0
-    assert linger({}, fetching) == linger({7: b""}, idle) == linger({7: b""}, None) == 0.5 * MAX_LINGER_FACTOR
-    assert linger({}, None, task_pool=3) == 0.5 * MAX_LINGER_FACTOR  # a Scrapy spider with tasks
-    # The crawler's own notion: drained but with pages in progress is not idle.
-    from local_host.crawler import Crawler
-
-    crawler = object.__new__(Crawler)
-    crawler._drained, crawler.in_progress = True, 3
-    assert not crawler.idle and linger({}, crawler) == 0.5 * MAX_LINGER_FACTOR
-    crawler.in_progress = 0
-    assert crawler.idle and linger({}, crawler) == 0.0
-    # A crawler that holds more work: up to half of it (seconds), at most MAX_BACKLOG_FACTOR lingers.
-    assert linger({}, fetching, backlog=6.0) == 3.0 and linger({}, idle, backlog=100.0) == 0.5 * MAX_BACKLOG_FACTOR
-    assert linger({}, fetching, backlog=1.0) == 0.5 * MAX_LINGER_FACTOR
-
-
-async def test_the_crawlers_backlog_is_its_pages_in_progress_over_its_recent_rate(autojump_clock):
-    from types import SimpleNamespace
-
-    from local_host.daemon import RATE_WINDOW, LocalDaemon
-
-    crawler = SimpleNamespace(pages_done=0, in_progress=40)
-    fake = SimpleNamespace(crawler=crawler, _rate=(trio.current_time(), 0, 0.0))
-    assert LocalDaemon._backlog(fake) == 0.0  # no rate measured yet: no backlog claimed
-    await trio.sleep(RATE_WINDOW)
-    crawler.pages_done = 40  # 20 pages a second
-    assert LocalDaemon._backlog(fake) == 2.0
-    crawler.pages_done, crawler.in_progress = 50, 10
-    assert LocalDaemon._backlog(fake) == 0.5  # the rate holds until the next window ends
-    await trio.sleep(RATE_WINDOW)
-    assert LocalDaemon._backlog(fake) == 2.0  # 10 pages in this window: 5 a second
-    await trio.sleep(RATE_WINDOW)
-    assert LocalDaemon._backlog(fake) == 0.0  # nothing done for a window: no rate, no backlog claimed
-
-
 async def test_a_host_leaving_while_redis_is_down_hands_every_task_back(tmp_path):
     """Found by re-measuring the short chaos run: a host that leaves (SIGTERM) while the
     Redis goes away for a few seconds gave up the hand-back after the store's retries

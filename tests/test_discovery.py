@@ -392,7 +392,7 @@ async def test_dedupnet_local_center_auto_finds_a_keyed_center_and_its_urls_come
                                          "--discovery-address", LOOPBACK_BROADCAST,
                                          "--discovery-port", str(center.discovery_port), "--lan-key-file", str(keys),
                                          "--redis", redis_url, "--prefix", f"{prefix}:host", "--no-crawl",
-                                         "--set-size", "20", "--set-linger", "0.05"],
+                                         "--set-size", "20"],
                                         stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
             pools = HostPools(host_store, exact=True)
             with trio.fail_after(30):

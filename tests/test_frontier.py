@@ -68,7 +68,7 @@ class Deployment:
             port = free_port(ip)
             self.start("local", "--network", str(n), "--ip", ip, "--center", f"{cip}:{cport}",
                        "--redis", redis_url, "--prefix", f"{prefix}:h{n}", "--no-crawl", "--no-durable-acks",
-                       "--set-size", "10", "--set-linger", "0.05", "--frontier", f"{ip}:{port}")
+                       "--set-size", "10", "--frontier", f"{ip}:{port}")
             channel = grpc.insecure_channel(f"{ip}:{port}")
             self.channels.append(channel)
             self.hosts[n] = (Store(redis_url, f"{prefix}:h{n}"), services.URLFrontierStub(channel))

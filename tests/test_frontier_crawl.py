@@ -18,7 +18,7 @@ from dedupnet.harness.cluster import host_ip  # noqa: E402
 
 
 async def test_two_networks_crawled_through_the_urlfrontier_api_fetch_every_url_once(redis_url, prefix, tmp_path):
-    cfg = SimConfig(networks=2, hosts=1, pages=400, sites=8, seed=3, seeds=4, set_size=50, set_linger=0.1)
+    cfg = SimConfig(networks=2, hosts=1, pages=400, sites=8, seed=3, seeds=4, set_size=50)
     run = await crawl(cfg, redis_url, prefix, tmp_path, path="frontier", workers=8, timeout=90)
     web = run.web
     assert not run.lost, f"{len(run.lost)} missed, e.g. {sorted(run.lost)[:5]}"

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from dedupnet.cli import build_parser
+from dedupnet.cli import RetiredFlag, build_parser
 from dedupnet.harness.web import build_parser as web_parser
 from dedupnet.service.config import Settings
 
@@ -24,7 +24,8 @@ def subcommands() -> dict[str, argparse.ArgumentParser]:
 
 
 def flags(parser: argparse.ArgumentParser) -> list[argparse.Action]:
-    return [a for a in parser._actions if not isinstance(a, argparse._HelpAction)]
+    """The flags that do something (a removed setting's flag only says it was removed)."""
+    return [a for a in parser._actions if not isinstance(a, (argparse._HelpAction, RetiredFlag))]
 
 
 @pytest.mark.parametrize("name", sorted(subcommands()))
@@ -47,9 +48,9 @@ def options(name: str) -> set[str]:
 
 def test_each_daemon_lists_only_its_own_flags():
     center, local = options("center"), options("local")
-    host_only = {"--center", "--set-size", "--set-linger", "--seed", "--no-crawl", "--concurrency", "--ignore-robots",
+    host_only = {"--center", "--set-size", "--seed", "--no-crawl", "--concurrency", "--ignore-robots",
                  "--discovery-address", "--discovery-timeout", "--finish-url-filter", "--bloom-capacity"}
-    center_only = {"--peer", "--peer-key-file", "--no-discovery", "--gather-linger", "--answer-timeout",
+    center_only = {"--peer", "--peer-key-file", "--no-discovery", "--answer-timeout",
                    "--max-resends", "--partition-policy", "--foreign-lookup", "--local-lookup",
                    "--max-connections-per-source", "--max-bytes-per-s", "--max-messages-per-s"}
     assert host_only <= local and not host_only & center

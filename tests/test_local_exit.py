@@ -53,7 +53,7 @@ async def deployment(tmp_path, redis_url, seed: int):
     """The web served, two networks of one host each planned (hosts with
     ``--exit-when-complete``), started by the test; stopped and cleaned up after it."""
     web = SyntheticWeb(WebSpec(pages=150, sites=6, seed=seed), port=0)
-    cfg = SimConfig(networks=2, hosts=1, pages=150, sites=6, seed=seed, set_size=50, set_linger=0.2, concurrency=8)
+    cfg = SimConfig(networks=2, hosts=1, pages=150, sites=6, seed=seed, set_size=50, concurrency=8)
     prefix = f"localexit-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)

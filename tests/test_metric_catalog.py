@@ -159,7 +159,7 @@ async def scrape(port: int) -> dict[str, float]:
 async def test_member_and_waiting_gauges_move_when_a_peer_network_goes_down(redis_url):
     """Network 2's center goes down: center 1's scrape shows it down and the URLs of
     network 2's sites waiting for it; back, they are taken and it is up again."""
-    async with open_cluster(redis_url, 2, 1, set_size=100, set_linger=0.05, prefix=f"lvl{random.random()}",
+    async with open_cluster(redis_url, 2, 1, set_size=100, prefix=f"lvl{random.random()}",
                             metrics=HTTP) as system:
         c1, h10 = system.centers[1], system.hosts["127.0.1.10"]
         up = 'dedupnet_member_up{member="net:2",kind="peer"}'

@@ -283,7 +283,7 @@ async def test_two_lans_on_real_interfaces_crawl_without_duplicates_or_losses(la
                     h = host_name(n, i)
                     argv = [*cli, "local", "--network", str(n), "--center", f"{center_lan_ip(n)}:{CENTER_PORT}",
                             "--listen", f"0.0.0.0:{HOST_PORT}", "--data-dir", str(tmp_path / h), *common,
-                            "--set-size", "50", "--set-linger", "0.2",
+                            "--set-size", "50",
                             "--concurrency", "16", "--per-site", "4", "--per-site-delay", "0"]
                     argv += [a for url in seeds_by_host.get(h, []) for a in ("--seed", url)]
                     hosts.append(Daemon(h, "host", n, argv, HOST_PORT, tmp_path / f"{h}.log"))

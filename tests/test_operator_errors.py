@@ -103,6 +103,25 @@ def test_an_unknown_flag_names_the_subcommands_help(tmp_path, args, line):
     assert out.returncode == 2 and only_line(out, "dedupnet " + args[0]) == line
 
 
+@pytest.mark.parametrize("args", [["local", "--set-linger", "0.5"], ["center", "--gather-linger=0"],
+                                  ["sim", "--set-linger", "0"], ["sim", "--gather-linger", "0.5"]])
+def test_a_removed_setting_given_as_a_flag_says_so(tmp_path, args):
+    """Sets wait for acknowledgements, not for a time: the lingers were removed, and an
+    operator who still gives one is told so and why (not "unrecognized", not ignored)."""
+    out = dedupnet(*args, cwd=tmp_path)
+    line = only_line(out, "dedupnet " + args[0])
+    assert out.returncode == 2 and "was removed" in line and "Nagle" in line and "leave it out" in line, line
+
+
+@pytest.mark.parametrize("role, key", [("local", "set_linger"), ("center", "gather_linger")])
+def test_a_removed_setting_in_the_config_file_says_so(tmp_path, role, key):
+    cfg = tmp_path / "dedupnet.toml"
+    cfg.write_text(f"{key} = 0.5\n")
+    out = dedupnet(role, "--config", str(cfg), cwd=tmp_path)
+    line = only_line(out, "dedupnet " + role)
+    assert out.returncode == 2 and str(cfg) in line and f"{key} (--{key.replace('_', '-')}) was removed" in line, line
+
+
 # -- in the config file -----------------------------------------------------------------
 @pytest.mark.parametrize("text, named", [
     ('set_size = "500"\n', ["`set_size`", "an integer", '"500"']),
@@ -118,7 +137,7 @@ def test_a_mistake_in_the_config_file_names_the_key(tmp_path, text, named):
     line = only_line(out, "dedupnet center")
     assert all(part in line for part in named), line
     assert str(cfg) in line
-    assert "set_linger" not in line  # the suggestion, not the list of every key
+    assert "heartbeat_interval" not in line  # the suggestion, not the list of every key
 
 
 def test_paths_in_the_config_file_are_relative_to_it(tmp_path, certs):

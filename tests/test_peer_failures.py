@@ -174,7 +174,7 @@ async def test_a_center_cannot_exhaust_a_hosts_numbers(redis_url, prefix):
                     conn.send_nowait(wire.encode(Ack(msg.number, "stored")))
 
     store = Store(redis_url, prefix)
-    host = LocalDaemon(LocalSettings(5, "127.0.5.10", LAN, (CENTER, 0), set_size=5, set_linger=0.05), store)
+    host = LocalDaemon(LocalSettings(5, "127.0.5.10", LAN, (CENTER, 0), set_size=5), store)
     try:
         async with trio.open_nursery() as nursery:
             from functools import partial

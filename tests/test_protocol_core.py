@@ -23,15 +23,14 @@ def urls(*names):
     return [f"http://site{n % 5}.example/{n}" for n in names]
 
 
-@pytest.mark.parametrize("mode", ["exact", "exact-lan", "exact-broadcast", "exact-broadcast-lan", "exact-gather", "paper"])
+@pytest.mark.parametrize("mode", ["exact", "exact-lan", "exact-broadcast", "exact-broadcast-lan", "paper"])
 @pytest.mark.parametrize("seed", range(60))
 def test_concurrent_discovery_random_interleavings(mode, seed):
     lookup = "lan" if mode.endswith("-lan") else None
-    gather = 0.5 if mode == "exact-gather" else 0.0  # R4: a center's sets go on to the peers as one
-    routing = "broadcast" if "broadcast" in mode or "gather" in mode or mode == "paper" else "home"
+    routing = "broadcast" if "broadcast" in mode or mode == "paper" else "home"  # exact broadcast gathers (R4)
     mode = mode.split("-")[0]
     net = MemNet(3, 3, mode=mode, seed=seed, max_in_flight=1 + seed % 3, foreign_lookup=lookup, local_lookup=lookup,
-                 gather_linger=gather, routing=routing)
+                 routing=routing)
     shared = urls(*range(12))
     for i, host in enumerate(net.hosts.values()):
         host.push(net.rnd.sample(shared, 8) + urls(100 + i))
@@ -68,18 +67,15 @@ def push_shared(net: MemNet) -> set[str]:
     return set(shared) | {u for i in range(len(net.hosts)) for u in urls(100 + i)}
 
 
-@pytest.mark.parametrize("lookup", ["center", "lan", "center-gather"])
+@pytest.mark.parametrize("lookup", ["center", "lan"])
 @pytest.mark.parametrize("seed", range(30))
 def test_exact_under_late_answers_and_partitions(seed, lookup):
     """Slow is not dead: timers fire while answers are on their way, and WAN links are
     cut (what was on them is lost) and healed. Exact mode ("wait") still admits every
     URL exactly once and concludes nothing incomplete, whoever answers the sets (the
-    center's records, or every host: foreign_lookup and local_lookup), and with a
-    center's sets gathered into one for the peers (R4; its timer fires at random too)."""
-    gather = 0.5 if lookup.endswith("-gather") else 0.0
-    lookup = lookup.split("-")[0]
+    center's records, or every host: foreign_lookup and local_lookup)."""
     net = MemNet(3, 3, mode="exact", seed=seed, early_timers=0.3, partitions=0.03, max_in_flight=1 + seed % 4,
-                 foreign_lookup=lookup, local_lookup=lookup, gather_linger=gather)
+                 foreign_lookup=lookup, local_lookup=lookup)
     pushed = push_shared(net)
     net.run()
     net.settle()
@@ -184,8 +180,9 @@ def test_silent_live_host_is_waited_for_with_backoff():
 
 def test_set_waits_for_a_peer_network_that_is_down():
     """"wait": a set whose peer network is down stays in dist_reduce_pool, asks nobody,
-    admits nothing; so does one that reaches the stage meanwhile. When the network is
-    back it is asked, and both conclude complete."""
+    admits nothing; one that reaches the stage meanwhile gathers behind it (R4: it goes
+    once nothing of ours is out). When the network is back the first is asked, then the
+    second, and both conclude complete."""
     c = center(peers={2: "127.0.2.0/24"}, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     first = Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)
@@ -203,13 +200,14 @@ def test_set_waits_for_a_peer_network_that_is_down():
         for n in list(c.timers):
             c.fire(n)
     assert not [m for _, m in sent(c) if isinstance(m, (Frame, Task))]
-    assert not c.admitted and sorted(c.dist_reduce_pool) == [num("127.0.1.10", 7), num("127.0.1.11", 8)]
-    assert c.core.waiting_for() == {"net:2": 2}
+    assert not c.admitted and sorted(c.dist_reduce_pool) == [num("127.0.1.10", 7)]
+    assert list(c.local_reduce_pool) == [num("127.0.1.11", 8)] and list(c.core.gathering) == [num("127.0.1.11", 8)]
+    assert c.core.waiting_for() == {"net:2": 1}
     c.feed(cp.Joined(cp.Peer(2)))
-    asked = [m for to, m in sent(c) if isinstance(m, Frame)]
-    assert sorted(m.number for m in asked) == [num("127.0.1.10", 7), num("127.0.1.11", 8)]
-    for m in asked:
-        c.feed(cp.Received(cp.Peer(2), m.with_flag(3)))
+    for number in (num("127.0.1.10", 7), num("127.0.1.11", 8)):
+        (asked,) = [m for to, m in sent(c) if isinstance(m, Frame)]
+        assert asked.number == number
+        c.feed(cp.Received(cp.Peer(2), asked.with_flag(3)))
     assert c.admitted == {"http://a.example/", "http://b.example/"} and not c.dist_reduce_pool
     assert c.core.counters.get("sets_concluded", complete="true") == 2
 
@@ -309,10 +307,11 @@ def test_center_restart_resumes_and_loses_nothing():
 
 
 def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
-    """R4 (PROTOCOL.md §10): while a set of ours is out with the peers, the LAN's next
-    sets are gathered; they go on as one set under the lowest of their numbers, whose
-    claims cover all their URLs, and every number gathered is concluded with it."""
-    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, routing="broadcast")
+    """R4 (PROTOCOL.md §10), Nagle's rule: while a set of ours is out with the peers,
+    the LAN's next sets are gathered, with no timer; once it is back they go on as one
+    set under the lowest of their numbers, whose claims cover all their URLs, and every
+    number gathered is concluded with it."""
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     first = Frame({"http://a/1": 0}, "127.0.1.10", 9 << 32 | 1 << 16 | 10, 1)
     c.feed(cp.Received(cp.Host("127.0.1.10"), first))
@@ -321,13 +320,14 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
     third = Frame({"http://c/1": 0}, "127.0.1.10", 8 << 32 | 1 << 16 | 10, 1)
     for f in (second, third):
         c.feed(cp.Received(cp.Host(f.IP), f))
-    assert not [m for to, m in sent(c) if isinstance(m, Frame)] and c.timers == {first.number: 2.0, cp.GATHER_TIMER: 0.5}
+    assert not [m for to, m in sent(c) if isinstance(m, Frame)] and c.timers == {first.number: 2.0}  # no linger
     assert c.core.claims["http://c/1"] == third.number
-    c.fire(cp.GATHER_TIMER)
+    c.feed(cp.Received(cp.Peer(2), first.with_flag(3)))  # the set out is answered: nothing of ours is out
+    assert "http://a/1" in c.admitted
     (to, out), = [(to, m) for to, m in sent(c) if isinstance(m, Frame)]
     assert (to, out.number, out.flag, set(out.URL_set)) == ("net:2", second.number, 2, {"http://b/1", "http://b/2", "http://c/1"})
     assert {c.core.claims[u] for u in out.URL_set} == {second.number}
-    assert set(c.dist_reduce_pool) == {first.number, second.number} and not c.local_reduce_pool
+    assert set(c.dist_reduce_pool) == {second.number} and not c.local_reduce_pool
     c = c.restart()  # a crash now: the gathered set is stored whole, claims rebuilt from it
     assert c.core.claims["http://c/1"] == second.number
     c.feed(cp.Joined(cp.Peer(2)))
@@ -342,7 +342,7 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
 def test_a_gathered_set_stays_within_gather_max():
     """What is held goes on first when the next set would take it past gather_max: a
     gathered set must fit the peers' max_urls (hosts' sets may be up to that size)."""
-    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, gather_max=3, routing="broadcast")
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_max=3, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     frames = [Frame({f"http://s{i}/a": 0, f"http://s{i}/b": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1)
               for i in range(3)]
@@ -350,23 +350,23 @@ def test_a_gathered_set_stays_within_gather_max():
         c.feed(cp.Received(cp.Host(f.IP), f))
     out = [m for to, m in sent(c) if isinstance(m, Frame)]
     assert [(m.number, len(m.URL_set)) for m in out] == [(frames[0].number, 2), (frames[1].number, 2)]
-    assert list(c.core.gathering) == [frames[2].number] and c.timers[cp.GATHER_TIMER] == 0.5
+    assert list(c.core.gathering) == [frames[2].number]
 
 
 def test_gathering_frees_room_for_every_frame_held_back():
     """R4 with back-pressure: sets gathered into one leave room under max_in_flight, and
     every held-back frame that now fits goes on (before, one per admitted set: at 5x5,
     10,000 pages, the centers then took one set per round trip and the crawl stalled)."""
-    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_linger=0.5, max_in_flight=4, routing="broadcast")
+    c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", max_in_flight=4, routing="broadcast")
     c.feed(cp.Joined(cp.Peer(2)))
     frames = [Frame({f"http://s{i}/p": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1) for i in range(7)]
     for f in frames:
         c.feed(cp.Received(cp.Host(f.IP), f))
     acked = {m.number for to, m in sent(c) if isinstance(m, Ack)}
     assert acked == {f.number for f in frames[:4]}  # one out, three gathering; three held back
-    c.fire(cp.GATHER_TIMER)  # the three go on as one: room for two more
-    assert {m.number for to, m in sent(c) if isinstance(m, Ack)} == {frames[4].number, frames[5].number}
-    assert list(c.core.waiting) == [frames[6].number]
+    c.feed(cp.Received(cp.Peer(2), frames[0].with_flag(3)))  # admitted; the three go on as one: room for three
+    assert {m.number for to, m in sent(c) if isinstance(m, Ack)} == {f.number for f in frames[4:]}
+    assert not c.core.waiting and list(c.core.gathering) == [f.number for f in frames[4:]]
 
 
 def admit_one_set_of_30_sites(c) -> dict:
@@ -450,6 +450,73 @@ def test_host_keeps_urls_until_acknowledged_and_resends_after_reconnect():
     assert len(h.URL_pool) == 1
     h.feed(hp.Connected())
     assert [decode(d) for d in h.take_outbox()] == [frames[1]]
+
+
+def test_a_host_sends_at_once_when_nothing_is_in_flight_and_otherwise_gathers_until_the_ack():
+    """Nagle's rule (group commit), with no timer: what the walker hands the core goes at
+    once while no message of this host's awaits the center's ack, so an idle host
+    admits in one round trip; while one does, it gathers until the ack comes back or
+    it fills a set (the size cap), so a busy one sends fuller sets."""
+    h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, set_size=4)
+    h.push(urls(1, 2))
+    h.walk()
+    (first,) = [decode(d) for d in h.take_outbox()]
+    assert set(first.URL_set) == set(urls(1, 2))  # nothing in flight: at once
+    for batch in (urls(3), urls(4, 5)):
+        h.push(batch)
+        h.walk()
+        assert h.take_outbox() == []  # the first awaits its ack: gathered
+    assert [u for _, u in h.core.held] == urls(3, 4, 5)
+    h.feed(hp.FromCenter(Ack(first.number, "stored")))
+    (second,) = [decode(d) for d in h.take_outbox()]
+    assert set(second.URL_set) == set(urls(3, 4, 5)) and not h.core.held  # the ack sends what gathered
+    h.push(urls(6, 7, 8, 9))
+    h.walk()
+    (third,) = [decode(d) for d in h.take_outbox()]
+    assert set(third.URL_set) == set(urls(6, 7, 8, 9))  # a full set goes while another is in flight
+    h.feed(hp.FromCenter(Ack(second.number, "stored")))
+    h.feed(hp.FromCenter(Ack(third.number, "stored")))
+    assert not h.core.unacked and not h.core.in_flight and not h.URL_pool
+
+
+def test_a_set_the_center_refused_does_not_hold_the_next_one_back():
+    """A refused set is kept for the next connection, not awaited on this one: a part-full
+    set behind it goes (waiting for an ack that will not come would hold it for ever)."""
+    h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, set_size=4)
+    h.push(urls(1))
+    h.walk()
+    (first,) = [decode(d) for d in h.take_outbox()]
+    h.push(urls(2))
+    h.walk()
+    assert h.take_outbox() == []
+    h.feed(hp.FromCenter(Ack(first.number, "rejected", "too-many-held")))
+    (second,) = [decode(d) for d in h.take_outbox()]
+    assert set(second.URL_set) == set(urls(2)) and first.number in h.core.unacked
+    h.feed(hp.Connected())  # both go again, and are awaited again
+    assert {decode(d).number for d in h.take_outbox()} == {first.number, second.number}
+    h.push(urls(3))
+    h.walk()
+    assert h.take_outbox() == [] and h.core.in_flight
+
+
+def test_a_restarted_host_holds_what_it_finds_until_its_unacknowledged_sets_are_acknowledged():
+    """After a restart the sets stored unacknowledged are in flight (they go on
+    connecting): what the host finds meanwhile gathers behind them."""
+    h = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, set_size=4)
+    h.push(urls(1))
+    h.walk()
+    (first,) = [decode(d) for d in h.take_outbox()]
+    fresh = MemoryHost.make(ip="127.0.1.11", network=1, host_id=11, set_size=4)
+    fresh.sequence = h.sequence
+    fresh.feed(hp.Resume(dict(h.unacked)))
+    fresh.push(urls(2))
+    fresh.walk()
+    assert fresh.take_outbox() == [] and [u for _, u in fresh.core.held] == urls(2)
+    fresh.feed(hp.Connected())
+    assert [decode(d) for d in fresh.take_outbox()] == [first]
+    fresh.feed(hp.FromCenter(Ack(first.number, "stored")))
+    (second,) = [decode(d) for d in fresh.take_outbox()]
+    assert set(second.URL_set) == set(urls(2))
 
 
 def test_back_pressure_holds_frames_unacknowledged_until_a_set_concludes():

@@ -346,7 +346,7 @@ async def test_every_page_is_fetched_exactly_once_per_window(redis_url):
     offered again once the first window is older than recrawl_after, and every URL
     the web serves must be fetched exactly twice (the web's own counts), none more,
     none less, and never twice within recrawl_after."""
-    cfg = SimConfig(networks=2, hosts=2, pages=100, sites=4, seeds=4, timeout=60, set_linger=0.1,
+    cfg = SimConfig(networks=2, hosts=2, pages=100, sites=4, seeds=4, timeout=60,
                     recrawl_after=6.0, windows=2)
     r = await simulate(cfg, redis_url, out=None)
     assert not r.timed_out

@@ -50,7 +50,7 @@ async def _crawl(redis_url: str, tmp_path: Path, *, kill_after: int | None = Non
     first Scrapy host's spider once it has fetched that many pages and holds leased
     tasks (pending entries of its consumer), and start it again."""
     web = SyntheticWeb(WebSpec(pages=300, sites=6, seed=5), port=0)
-    cfg = SimConfig(networks=2, hosts=2, pages=300, sites=6, seed=5, set_size=100, set_linger=0.2,
+    cfg = SimConfig(networks=2, hosts=2, pages=300, sites=6, seed=5, set_size=100,
                     concurrency=8)
     prefix = f"scrapytest-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     env = procplan.daemon_env()

@@ -37,7 +37,7 @@ COMPLETE_LINE = "the crawl is complete in every network"
 
 async def test_a_spider_closes_on_the_cluster_verdict_and_not_while_another_host_holds_tasks(redis_url, tmp_path):
     web = SyntheticWeb(WebSpec(pages=200, sites=6, seed=7), port=0)
-    cfg = SimConfig(networks=2, hosts=1, pages=200, sites=6, seed=7, set_size=100, set_linger=0.2, concurrency=8)
+    cfg = SimConfig(networks=2, hosts=1, pages=200, sites=6, seed=7, set_size=100, concurrency=8)
     prefix = f"scrapyexit-{os.getpid()}-{time.monotonic_ns() % 10**6}"
     env = procplan.daemon_env()
     async with trio.open_nursery() as nursery:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from center_host import protocol as center_core
-from center_host.daemon import CenterSettings, core_config
 from dedupnet.codec.settings import SETTINGS
 from dedupnet.service.config import load_settings, reference_markdown
 
@@ -72,13 +71,6 @@ def test_the_declared_choices_are_the_cores_own():
     assert SETTINGS["foreign_lookup"].choices == center_core.FOREIGN_LOOKUPS
     assert SETTINGS["local_lookup"].choices == center_core.LOCAL_LOOKUPS
     assert SETTINGS["routing"].choices == center_core.ROUTINGS
-
-
-def test_a_center_gathers_for_the_declared_linger_whoever_builds_it():
-    """The core's own default (0: no gathering) is for tests of the core alone; a center
-    daemon, from the command, a file or the in-process cluster, gathers for 0.5 s."""
-    settings = CenterSettings(network=1, ip="127.0.1.1", port=0, lan="127.0.1.0/24")
-    assert core_config(settings).gather_linger == SETTINGS["gather_linger"].default == 0.5
 
 
 def test_every_path_in_a_config_file_resolves_against_that_file(tmp_path, monkeypatch):

@@ -46,7 +46,7 @@ def test_sim_runs_with_the_declared_politeness_and_durable_acks_unless_told_othe
     (["--set-size", "0"], "--set-size"), (["--timeout", "0"], "--timeout"), (["--windows", "0"], "--windows"),
     (["--per-site", "-1"], "--per-site"), (["--per-site-delay", "-0.5"], "--per-site-delay"),
     (["--max-depth", "-1"], "--max-depth"), (["--answer-timeout", "0"], "--answer-timeout"),
-    (["--set-linger", "-1"], "--set-linger"), (["--chaos", "0"], "--chaos"),
+    (["--chaos", "0"], "--chaos"),
     (["--bloom-capacity", "0"], "--bloom-capacity"), (["--bloom-error-rate", "1.5"], "--bloom-error-rate"),
     (["--redis-cluster", "0"], "--redis-cluster"), (["--timeout", "nan"], "--timeout"),
 ])

@@ -43,7 +43,7 @@ async def test_status_json_reports_what_the_center_did(redis_url):
     comes back, and the 40 URLs are admitted into task_URL with no host to take them."""
     # Broadcast routing, where every set waits for the network that is down (§10); what
     # home routing shows (waiting_for_networks) is checked in tests/test_homes.py.
-    async with open_cluster(redis_url, 2, 2, set_size=100, set_linger=0.05, prefix=f"page{random.random()}",
+    async with open_cluster(redis_url, 2, 2, set_size=100, prefix=f"page{random.random()}",
                             metrics=HTTP, routing="broadcast") as system:
         c1 = system.centers[1]
         h10, h11 = system.hosts["127.0.1.10"], system.hosts["127.0.1.11"]
@@ -180,7 +180,7 @@ def field(html: str, name: str) -> str:
                     "chromium when it runs as root; or set DEDUPNET_TEST_BROWSER)")
 async def test_page_in_a_headless_browser_shows_members_and_figures(redis_url, tmp_path):
     browser = find_browser()
-    async with open_cluster(redis_url, 2, 2, set_size=50, set_linger=0.05, prefix=f"page{random.random()}",
+    async with open_cluster(redis_url, 2, 2, set_size=50, prefix=f"page{random.random()}",
                             metrics=HTTP) as system:
         h = system.hosts["127.0.1.10"]
         await h.store.run(h.pools.push, site_urls("browser", 25))

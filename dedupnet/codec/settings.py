@@ -23,7 +23,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Setting", "SETTINGS", "CENTER", "LOCAL", "PUSH", "DEMO", "SIM", "DAEMONS", "declared", "default_of"]
+__all__ = ["Setting", "SETTINGS", "Retired", "RETIRED", "CENTER", "LOCAL", "PUSH", "DEMO", "SIM", "DAEMONS",
+           "declared", "default_of"]
 
 CENTER, LOCAL, PUSH, DEMO, SIM = "center", "local", "push", "demo", "sim"
 DAEMONS = (CENTER, LOCAL)
@@ -170,8 +171,6 @@ _LIST = (
        metavar="P"),
     # -- the protocol -----------------------------------------------------------------
     _s("set_size", int, 1000, "URLs per URL_set", LOCAL, DEMO, SIM, metavar="N"),
-    _s("set_linger", float, 0.5, "seconds a host waits for a URL_set to fill before sending it part full",
-       LOCAL, SIM, metavar="S"),
     _s("max_frame_size", int, 4 * 1024 * 1024, "largest frame body accepted from the network, in bytes", *_D,
        flag=""),
     _s("max_urls_per_set", int, 10_000, "largest URL_set accepted from the network", *_D, DEMO, flag=""),
@@ -196,8 +195,6 @@ _LIST = (
     _s("previous_weights", list, None, "after a change of the map: the map before it, every network with its "
        "weight (repeat for older ones); a site that moved is admitted by its new home only once its earlier home "
        "has said it did not admit the URL (every center needs the same)", CENTER, metavar="NET=W,..."),
-    _s("gather_linger", float, 0.5, "exact mode: seconds this LAN's sets gather into one for the peer networks "
-       "while one of its own is out with them (0: each alone)", CENTER, SIM, metavar="S"),
     _s("heartbeat_interval", float, 1.0, "seconds between two heartbeats", *_D, metavar="S",
        role_help={CENTER: "seconds between two heartbeats to this center's hosts and peer centers",
                   LOCAL: "seconds between two heartbeats to the center"}),
@@ -297,6 +294,33 @@ _LIST = (
 
 #: Name -> setting, in the order of the reference and of ``--help``.
 SETTINGS: dict[str, Setting] = {s.name: s for s in _LIST}
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A setting that was removed: an operator who still gives it (its flag, or its key
+    in a config file) is told why in one line and the command exits 2, rather than
+    have it ignored or refused as a typo."""
+
+    name: str
+    roles: frozenset[str]
+    why: str
+
+    @property
+    def option(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    def message(self) -> str:
+        return f"{self.name} ({self.option}) was removed: {self.why}; leave it out"
+
+
+#: Name -> removed setting.
+RETIRED: dict[str, Retired] = {r.name: r for r in (
+    Retired("set_linger", frozenset({LOCAL, SIM}), "a host's part-full URL_set goes when none of its messages awaits "
+            "the center's ack, and gathers until the ack comes back (Nagle's rule, docs/DECISIONS.md)"),
+    Retired("gather_linger", frozenset({CENTER, SIM}), "a center's sets for the peer networks go when none of "
+            "its own is out with them, and gather until then (Nagle's rule, docs/DECISIONS.md)"),
+)}
 
 
 def positive_int(text: str) -> int:

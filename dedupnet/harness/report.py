@@ -44,8 +44,6 @@ class SimConfig:
     scenario: str = "default"
     timeout: float = 120.0
     set_size: int = 400  # smaller than the daemons' default: a small crawl still fills several sets
-    set_linger: float = SETTINGS["set_linger"].default
-    gather_linger: float = SETTINGS["gather_linger"].default  # centers; 0: each host's set goes to the peers alone
     partition_policy: str | None = None  # the mode's default
     answer_timeout: float = SETTINGS["answer_timeout"].default
     #: Fault injection: every message a host sends waits this long (hosts too busy to

@@ -92,8 +92,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             system_cm = open_owner_cluster(redis_url, cfg.networks, cfg.hosts, prefix=prefix)
         else:
             system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
-                                     prefix=prefix, crawler=crawler, set_linger=cfg.set_linger,
-                                     gather_linger=cfg.gather_linger,
+                                     prefix=prefix, crawler=crawler,
                                      partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
                                      send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
                                      routing=cfg.routing, weights=parse_weights(list(cfg.weights)),

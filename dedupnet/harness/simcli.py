@@ -50,8 +50,7 @@ def config_from(args) -> SimConfig:
     values (``--light``: the light ones)."""
     own = dict(networks=args.networks, hosts=args.hosts, pages=args.pages, sites=args.sites, mode=args.mode,
                seed=args.seed, scenario=args.scenario, timeout=_given(args.timeout, DEFAULT_TIMEOUT), seeds=args.seeds,
-               max_depth=args.max_depth, set_size=args.set_size, set_linger=args.set_linger,
-               gather_linger=args.gather_linger,
+               max_depth=args.max_depth, set_size=args.set_size,
                partition_policy=args.partition_policy, answer_timeout=args.answer_timeout,
                send_delay=args.send_delay, faults=tuple(args.faults or ()),
                finish_url_filter=args.finish_url_filter, bloom_capacity=args.bloom_capacity,
@@ -342,11 +341,6 @@ def _add_layout_arguments(p) -> None:
 
 def _add_protocol_arguments(p) -> None:
     p.add_argument("--set-size", type=int, default=SimConfig.set_size, help="URLs per URL_set (default %(default)s)")
-    p.add_argument("--set-linger", type=float, default=SimConfig.set_linger, metavar="S",
-                   help="seconds a host waits for a URL_set to fill (default %(default)s)")
-    p.add_argument("--gather-linger", type=float, default=SimConfig.gather_linger, metavar="S",
-                   help="seconds a center gathers its LAN's sets into one for the other networks while one "
-                        "of its own is out with them (default %(default)s; 0: each alone)")
     p.add_argument("--routing", choices=ROUTINGS,
                    help="exact mode, every center's: home decides each URL at its site's home network alone, "
                         "broadcast asks every network (default: the center's, home)")

@@ -26,8 +26,6 @@ _RANGES = (
     ("--seeds", "seeds", 1, None, True),
     ("--max-depth", "max_depth", 0, None, True),
     ("--set-size", "set_size", 1, None, True),
-    ("--set-linger", "set_linger", 0, None, True),
-    ("--gather-linger", "gather_linger", 0, None, True),
     ("--answer-timeout", "answer_timeout", 0, None, False),
     ("--send-delay", "send_delay", 0, None, True),
     ("--timeout", "timeout", 0, None, False),

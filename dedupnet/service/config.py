@@ -20,7 +20,7 @@ from typing import Any
 
 from dedupnet.codec.homes import parse_weights
 from dedupnet.codec.numbers import check_network
-from dedupnet.codec.settings import SETTINGS, declared
+from dedupnet.codec.settings import RETIRED, SETTINGS, declared
 
 MODES = SETTINGS["mode"].choices
 
@@ -41,8 +41,6 @@ class _Checked:
             parse_weights(earlier)
         if self.key_poll_interval <= 0:
             raise ValueError("key_poll_interval must be positive")
-        if self.set_linger < 0 or self.gather_linger < 0:
-            raise ValueError("set_linger and gather_linger must not be negative")
         for name in ("set_size", "max_frame_size", "max_urls_per_set", "max_url_length", "answer_timeout",
                      "heartbeat_interval", "heartbeat_timeout", "max_connections_per_source", "max_bytes_per_s",
                      "max_messages_per_s"):
@@ -120,6 +118,8 @@ def read_settings_file(path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{path} is not valid TOML: {exc}") from None
     hints = typing.get_type_hints(Settings)
     for key, value in values.items():
+        if key in RETIRED:
+            raise ValueError(f"{path}: {RETIRED[key].message()}")
         if key not in hints:
             close = difflib.get_close_matches(key, hints, n=1)
             hint = f"did you mean `{close[0]}`?" if close else "the settings are listed in docs/DEPLOY.md"

@@ -214,8 +214,6 @@ class HostNode(Node):
         self.state = "up"
         self.core = hp.HostProtocol(host_core_config(self.settings), self.counters)
         self.epoch = None
-        self.held: list[tuple[bytes, str]] = []
-        self.since = 0.0
         self.walk_at: Handle | None = None
         self.crawler = Crawler(self.name, self.store, self.world.web, self.world.crawl_model,
                                after=self.after, on_commit=self._pushed)
@@ -273,27 +271,13 @@ class HostNode(Node):
         if self.walk_at is None or not self.walk_at.alive:
             self.walk_at = self.after(0.0, self._walk)
 
-    def _linger_until(self) -> float:
-        working = self.crawler is not None and not self.crawler.idle
-        return self.since + hp.set_linger_for(self.settings.set_linger, unacked=bool(self.core.unacked), working=working)
-
     def _walk(self) -> None:
         self.walk_at = None
-        s = self.settings
-        while self.epoch is not None and self.core.can_take:
-            room = 4 * s.set_size - len(self.held)
+        while self.epoch is not None and self.core.can_take and self.core.room > 0:
+            room = self.core.room
             entries = self.store.url_pool.take(room)
-            if entries and not self.held:
-                self.since = self.sched.now
-            self.held += entries
-            if self.held and (len(self.held) >= s.set_size or self.sched.now >= self._linger_until()):
-                held, self.held = self.held, []
-                self.world.found(self, held)
-                self.process(hp.Found(held))
-                continue
+            if entries:
+                self.world.found(self, entries)
+                self.process(hp.Found(entries))
             if len(entries) < room:
                 break
-        else:
-            return  # not connected, or enough frames unacknowledged: Connected and Release wake it
-        if self.held:
-            self.walk_at = self.after(max(self._linger_until() - self.sched.now, 0.0), self._walk)

@@ -44,8 +44,6 @@ class DstConfig:
     schedule: tuple[fl.Fault, ...] | None = None
     seeds: int = 6
     set_size: int = SimConfig.set_size
-    set_linger: float = SETTINGS["set_linger"].default
-    gather_linger: float = SETTINGS["gather_linger"].default
     answer_timeout: float = SETTINGS["answer_timeout"].default
     partition_policy: str | None = None
     #: Virtual seconds without progress (a page answered, a URL admitted), after the last
@@ -86,7 +84,7 @@ class World:
             self.nodes[c.name] = c
             for i in range(cfg.hosts):
                 h = HostNode(self, LocalSettings(n, host_ip(n, i), lan(n), (center_ip(n), 0), set_size=cfg.set_size,
-                                                 set_linger=cfg.set_linger, mode=cfg.mode))
+                                                 mode=cfg.mode))
                 self.hosts[h.name] = self.nodes[h.name] = h
         self.seed_urls = self.synthetic.seeds(cfg.seeds)
         # -- the history the checker reads
@@ -119,7 +117,7 @@ class World:
         peers = [PeerAddress(m, center_ip(m), 0, lan(m)) for m in sorted(self.configured) if m != n]
         routing = {} if c.routing is None else {"routing": c.routing}
         return CenterSettings(n, center_ip(n), 0, lan(n), peers, mode=c.mode, answer_timeout=c.answer_timeout,
-                              partition_policy=c.partition_policy, gather_linger=c.gather_linger,
+                              partition_policy=c.partition_policy,
                               weights=dict(self.weights), previous_weights=self.previous_weights, **routing)
 
     def journal_for(self, name: str) -> Journal:
@@ -519,7 +517,7 @@ class World:
                 out.append(f"{h.name} {h.state} {sorted(h.paused)}")
                 continue
             s = h.store
-            if len(s.url_pool) or s.unacked or len(s.task_pool) or h.held:
+            if len(s.url_pool) or s.unacked or len(s.task_pool) or h.core.held:
                 out.append(f"{h.name}: URL_pool {len(s.url_pool)}, unacked {len(s.unacked)}, "
                            f"task_pool {len(s.task_pool)}")
         for c in self.centers.values():
