@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(BIN)/dedupnet demo
 
 test: $(STAMP) browser promtool
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 # The inner loop: everything but the slow tier (tests/conftest.py SLOW_FILES).

@@ -72,13 +72,15 @@ class RecrawlPolicy:
             site = site_of(url)
         except ValueError:
             return self.after
-        cache: dict = self._by_site  # type: ignore[attr-defined]
-        age = cache.get(site, cache)
-        if age is cache:
-            age = next((a for glob, a in self.sites if fnmatch.fnmatchcase(site, glob)), self.after)
-            if len(cache) > 100_000:
-                cache.clear()
-            cache[site] = age
+        cache: dict[str, float | None] = self._by_site  # type: ignore[attr-defined]
+        try:
+            return cache[site]
+        except KeyError:
+            pass
+        age = next((a for glob, a in self.sites if fnmatch.fnmatchcase(site, glob)), self.after)
+        if len(cache) > 100_000:
+            cache.clear()
+        cache[site] = age
         return age
 
     def groups(self, urls: Sequence[str]) -> dict[float | None, np.ndarray]:

@@ -157,7 +157,7 @@ class Keyring:
 
     tag_len = TAG_LEN
 
-    def __init__(self, keys: Mapping[int, bytes], send_id: int, *, path: str | os.PathLike | None = None) -> None:
+    def __init__(self, keys: Mapping[int, bytes], send_id: int, *, path: str | os.PathLike[str] | None = None) -> None:
         self.path = None if path is None else Path(path)
         self._text: str | None = None
         self._set(dict(keys), send_id)
@@ -166,7 +166,7 @@ class Keyring:
         self.reload_errors = 0
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike) -> Keyring:
+    def from_file(cls, path: str | os.PathLike[str]) -> Keyring:
         """Read ``path``; raises :class:`KeyFileError` (or OSError) if it cannot be used."""
         text = Path(path).read_text(encoding="utf-8")
         keys, send_id = parse_key_file(text, str(path))
@@ -274,7 +274,7 @@ class Keyring:
         if len(tag) != TAG_LEN:
             raise ProtocolError(f"message has a tag of {len(tag)} bytes, expected an HMAC tag of {TAG_LEN} "
                                 "(no key, or not this LAN's)", "bad-tag")
-        key_id = _KEY_ID.unpack_from(tag)[0]
+        key_id: int = _KEY_ID.unpack_from(tag)[0]
         secret = self._keys.secrets.get(key_id)
         if secret is None:
             raise ProtocolError(f"message tagged with key {key_id}, which is not accepted here "
@@ -289,7 +289,7 @@ class Keyring:
         return len(tag) == TAG_LEN and _KEY_ID.unpack_from(tag)[0] in self._keys.secrets
 
 
-def keyring_from(path: str | os.PathLike | None) -> Keyring | None:
+def keyring_from(path: str | os.PathLike[str] | None) -> Keyring | None:
     """:meth:`Keyring.from_file` of ``path``, or None without one (a setting not given).
     A file that cannot be read is a :class:`KeyFileError` too (a daemon refuses to start)."""
     if path is None:
@@ -300,7 +300,7 @@ def keyring_from(path: str | os.PathLike | None) -> Keyring | None:
         raise KeyFileError(f"cannot read key file {path}: {exc}") from None
 
 
-def write_key_file(path: str | os.PathLike, lines: Iterable[str]) -> None:
+def write_key_file(path: str | os.PathLike[str], lines: Iterable[str]) -> None:
     """Write a key file readable by its owner only (mode 0600), replacing it atomically
     (a daemon polling it never reads half a file)."""
     path = Path(path)

@@ -325,7 +325,8 @@ _FORMATS = {"ipv4": _is_ipv4, "ipv6": _is_ipv6}
 def load_schema(kind: Kind | int) -> dict[str, Any]:
     """The parsed JSON Schema of ``kind`` from the ``dedupnet.schemas`` package."""
     text = importlib.resources.files("dedupnet.schemas").joinpath(Kind(kind).schema_file).read_text("utf-8")
-    return json.loads(text)
+    schema: dict[str, Any] = json.loads(text)
+    return schema
 
 
 SCHEMAS: dict[Kind, dict[str, Any]] = {kind: load_schema(kind) for kind in Kind}

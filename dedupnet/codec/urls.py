@@ -46,7 +46,7 @@ _UNRESERVED = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz012
 # decoded, everything else gets uppercase hex digits.
 _ESCAPE: dict[str, str] = {}
 for _i in range(256):
-    _hi, _lo = f"{_i:02x}"
+    _hi, _lo = f"{_i:02x}"[0], f"{_i:02x}"[1]
     for _a in {_hi, _hi.upper()}:
         for _b in {_lo, _lo.upper()}:
             _ESCAPE[f"%{_a}{_b}"] = chr(_i) if chr(_i) in _UNRESERVED else f"%{_i:02X}"

@@ -94,7 +94,7 @@ import struct
 import zlib
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 import zstandard
@@ -420,7 +420,7 @@ class Decoder:
         self._kind: Kind | None = None  # set once the header is parsed
         self._body_len = 0
         self._error: ProtocolError | None = None
-        self._inflater = None  # zlib's decompressobj once start_inflate was called
+        self._inflater: Any = None  # zlib's decompressobj once start_inflate was called
         self._deflated: deque[bytes] = deque()  # fed, not yet inflated
         self.deflated_bytes = 0
 
@@ -483,6 +483,7 @@ class Decoder:
         """Inflate up to INFLATE_STEP bytes into the fed chunks; False if nothing is
         left to inflate now."""
         z = self._inflater
+        assert z is not None, "inflating without start_inflate"
         while True:
             if z.unconsumed_tail:
                 data = z.unconsumed_tail
@@ -613,6 +614,7 @@ class Decoder:
         if not self._fill():
             return NEED_DATA
         kind = self._kind
+        assert kind is not None  # the header was parsed
         buf = self._buf
         end = HEADER_SIZE + self._body_len
         tag = bytes(buf[end:])
