@@ -68,10 +68,11 @@ _FAST_REL = re.compile(r"[A-Za-z0-9_~-][^;#?:]*(?:\?[^;#]*)?(?:#|\Z)")
 
 
 class _Joiner:
-    """``urllib.parse.urljoin(base, href)`` up to its fragment, exactly, for many hrefs against one base:
-    the common ones (``_FAST_*``) by string concatenation, the rest by urljoin. urljoin
-    re-parses the base for every link and costs more than everything else the crawler
-    does with a link; tests/test_links.py holds the two to the same answers."""
+    """``urllib.parse.urljoin(base, href)`` up to its fragment, exactly, for many hrefs
+    against one base: the common ones (``_FAST_*``) by string concatenation, the rest by
+    urljoin. urljoin re-parses the base for every link and costs more than everything
+    else the crawler does with a link; tests/test_links.py holds the two to the same
+    answers (on the running Python's urljoin)."""
 
     def __init__(self, base: str):
         self.base = base
