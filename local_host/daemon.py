@@ -119,10 +119,6 @@ def core_config(settings: LocalSettings) -> hp.HostConfig:
                          settings.max_unacked)
 
 
-#: Seconds finished tasks wait to fill a report (up to ``set_size`` URLs): reports cost a
-#: URL's bytes once more on the LAN, and small ones cost most of that in per-message
-#: overhead; the verdict waits this long at most at the end of a crawl.
-REPORT_LINGER = 2.0
 
 
 class LocalDaemon:
@@ -358,11 +354,14 @@ class LocalDaemon:
 
     async def _report_done(self) -> None:
         """Finished tasks go to the center in reports (docs/PROTOCOL.md section 12), up to
-        ``set_size`` URLs each, a few times a heartbeat interval: the center's ledger
-        holds them until then, and its verdict waits for it. One report is made at a
-        time, so the entries it takes are out of ``tasks_done`` before the next read."""
+        ``set_size`` URLs each, looked for a few times a heartbeat interval: the center's
+        ledger holds them until then, and its verdict waits for it. A report goes, as a
+        set does, when no message of this host's awaits the center's ack, else once it
+        is full (Nagle's rule): what a host gone with its disk leaves unreported, to be
+        fetched again elsewhere, is what finished within about a round trip. One report
+        is made at a time, so the entries it takes are out of ``tasks_done`` before the
+        next read."""
         interval = min(1.0, self.settings.heartbeat_interval) / 4
-        since = None  # when the oldest finished task not yet reported was first seen
         while True:
             await trio.sleep(interval)
             if self.conn is None:
@@ -370,13 +369,8 @@ class LocalDaemon:
             if await until_stored(self.store, self.counters, self.pools.drop_moved):
                 log.info("tasks that moved to other hosts while this one was away: out of task_pool")
             urls = await until_stored(self.store, self.counters, self.pools.tasks_done, self.settings.set_size)
-            if not urls:
-                since = None
+            if not urls or (len(urls) < self.settings.set_size and self.core.in_flight):
                 continue
-            since = trio.current_time() if since is None else since
-            if len(urls) < self.settings.set_size and trio.current_time() - since < REPORT_LINGER:
-                continue  # fuller reports: fewer messages, and the stream's compression does better
-            since = None
             await self.reactor.put(hp.Finished(tuple(urls), len(urls)))
             while not self.reactor.idle:
                 await trio.sleep(0.01)

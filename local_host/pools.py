@@ -80,6 +80,11 @@ TASKS_MOVED = "tasks_moved"
 WRITES = (hp.SaveUnacked, hp.Release, hp.Forget, hp.AddTasks, hp.TakeDone, hp.DropTasks)
 
 
+def _stream_id(raw: bytes) -> tuple[int, int]:
+    ms, _, seq = raw.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
 class HostPools(CoreWrites):
     writes = WRITES
 
@@ -144,8 +149,23 @@ class HostPools(CoreWrites):
         return dropped
 
     def tasks_done(self, count: int) -> list[str]:
-        """The oldest ``count`` finished tasks' URLs not yet reported."""
-        return [u.decode() for u in self.store.command(b"LRANGE", self.store.key(TASKS_DONE), 0, count - 1)]
+        """The oldest finished tasks not yet reported (``count`` at most) that may be
+        reported now: those whose links have all left ``URL_pool`` (each entry carries
+        the newest URL_pool id at its finish, local_host/tasks.py). A page reported
+        before its links were admitted would be forgotten by its center while its links
+        were in this host's store only: a host gone with its disk would lose them."""
+        batch = self.store.batch()
+        done = batch.add(b"LRANGE", self.store.key(TASKS_DONE), 0, count - 1)
+        oldest = batch.add(b"XRANGE", self.store.key(URL_POOL), b"-", b"+", b"COUNT", 1)
+        results = self.store.execute(batch)
+        waiting = _stream_id(results[oldest][0][0]) if results[oldest] else None
+        out = []
+        for entry in results[done]:
+            url, _, tag = entry.decode().partition(" ")
+            if waiting is not None and tag and _stream_id(tag.encode()) >= waiting:
+                break
+            out.append(url)
+        return out
 
     def unreported(self) -> int:
         """Finished tasks whose report has not been acknowledged: not yet in one

@@ -88,11 +88,27 @@ def finish_tasks(batch: Batch, store: Store, eids: Sequence[bytes], urls: Sequen
         batch.add(b"XDEL", key(TASK_POOL), *eids)
     # Each finished task is reported to the center, whose ledger holds it until then
     # (docs/PROTOCOL.md section 12): queued here, in the transaction that records it,
-    # so a power cut loses the page and its report together or neither.
+    # so a power cut loses the page and its report together or neither. Each entry
+    # carries the newest URL_pool entry's id as the transaction ends (the page's links
+    # included): the report waits until URL_pool holds nothing up to it (pools.py).
     from .pools import TASKS_DONE
 
     if urls:
-        batch.add(b"RPUSH", key(TASKS_DONE), *urls)
+        batch.add(b"EVAL", _DONE, 2, key(TASKS_DONE), key(URL_POOL), *urls)
+
+
+#: Push finished task URLs onto tasks_done, each as ``<url> <id>``: ``id`` the newest
+#: URL_pool entry's (``0-0``: URL_pool empty). A normalised URL has no space.
+_DONE = b"""
+local last = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)
+local id = last[1] and last[1][1] or '0-0'
+for i = 1, #ARGV, 1000 do
+  local tagged = {}
+  for j = i, math.min(i + 999, #ARGV) do tagged[#tagged + 1] = ARGV[j] .. ' ' .. id end
+  redis.call('RPUSH', KEYS[1], unpack(tagged))
+end
+return #ARGV
+"""
 
 
 def fill_discovered(batch: Batch, store: Store, urls: Sequence[str]) -> None:

@@ -225,6 +225,7 @@ class CenterStore(_Records):
         self.concluded: set[int] = set()
         self.digests: dict[int, int] = {}  # concluded_digest
         self.sequences: dict[str, int] = {}  # host_sequences
+        self.hosts: dict[str, str] = {}  # hosts: the LAN's known hosts
         self.ledger: dict[str, set[str]] = {}  # ledger:<host>
         self.moved: dict[str, set[str]] = {}  # moved:<host>
         self.journal.undo = []
@@ -252,6 +253,10 @@ class CenterStore(_Records):
                     _dict_set(self.digests, a.number, a.digest, j)
             elif isinstance(a, cp.NoteSequence):
                 _dict_set(self.sequences, a.host, a.sequence, j)
+            elif isinstance(a, cp.NoteHost):
+                _dict_set(self.hosts, a.host, a.address, j)
+            elif isinstance(a, cp.ForgetHost):
+                _dict_pop(self.hosts, a.host, j)
             elif isinstance(a, cp.SaveTask):
                 _dict_set(self.task_url, a.key, tuple(a.urls), j)
             elif isinstance(a, cp.DropTask):
@@ -274,5 +279,5 @@ class CenterStore(_Records):
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
         return cp.Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),
-                         ledger={h: sorted(u) for h, u in self.ledger.items() if u},
+                         hosts=dict(self.hosts), ledger={h: sorted(u) for h, u in self.ledger.items() if u},
                          moved={h: sorted(u) for h, u in self.moved.items() if u})

@@ -527,25 +527,21 @@ class World:
                 out.append(f"{c.name} {c.state} {sorted(c.paused)}")
                 continue
             tasks = [k for k in c.core.tasks if k.split(":", 1)[1] not in lost_hosts]
-            if c.core.sets or c.core.waiting or tasks:
+            # A lost host's ledger is re-issued once it has been silent for reissue_after.
+            held = sum(len(urls) for ip, urls in c.core.ledger.items() if ip in lost_hosts)
+            if c.core.sets or c.core.waiting or tasks or held:
                 out.append(f"{c.name}: {len(c.core.sets)} sets, {len(c.core.waiting)} held frames, "
-                           f"{len(tasks)} task keys")
+                           f"{len(tasks)} task keys, {held} URLs of lost hosts to re-issue")
         return out
 
     def stranded(self) -> set[str]:
-        """URLs held only by daemons that are gone for good (their stores, and their
-        center's assignments to them)."""
+        """URLs held only by daemons that are gone for good: what their stores hold but
+        their tasks. What a live center gave a lost host is not among them: its ledger
+        re-issues it."""
         out: set[str] = set()
-        gone = {h.name for h in self.hosts.values() if self.gone(h)}
         for node in self.nodes.values():
             if node.lost:
-                out.update(node.store.contents())
-        for c in self.centers.values():
-            if self.gone(c) or not hasattr(c, "core"):
-                continue
-            for key, urls in c.core.tasks.items():
-                if key.split(":", 1)[1] in gone:
-                    out.update(urls)
+                out.update(u for place, u in node.store.records() if place != "task_pool")
         return out
 
     def run(self) -> None:
