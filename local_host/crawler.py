@@ -1,5 +1,5 @@
 """The crawler of a local host: takes tasks from ``task_pool``, fetches them
-politely with trio (local_host/http1.py), and hands what it found to the protocol through ``URL_pool``.
+politely with trio + httpx, and hands what it found to the protocol through ``URL_pool``.
 
 Flow of one task::
 
@@ -40,9 +40,9 @@ system; their links re-offer the pages behind them, which come back the same way
 time slice, and the transaction that finishes a task also removes its URL from
 ``task_pool:fp`` (queued, not yet crawled).
 
-HTTP (:mod:`local_host.fetch`): a few small HTTP/1.1 clients per site
-(:class:`~local_host.fetch.ClientPool`, :mod:`local_host.http1`; httpx's only behind a
-proxy from the environment), not one shared client. Small unwanted bodies (404, redirect) are read to
+HTTP (:mod:`local_host.fetch`): a few ``httpx.AsyncClient`` objects per site
+(:class:`~local_host.fetch.ClientPool`), not one shared client: httpcore's pool work
+grows with the connections it holds. Small unwanted bodies (404, redirect) are read to
 the end so their connection is kept alive. ``bench/bench_crawler.py`` measures pages/s
 and CPU per page. What the crawler writes besides the task stream (failure records,
 depths, seeds) is :mod:`local_host.crawl_records`.

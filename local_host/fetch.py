@@ -9,7 +9,7 @@ Nothing here touches Redis; :mod:`local_host.crawler` wires these to the store.
   LRU bound, for every crawler of a host; :class:`RobotsCheck` fetches an origin's once
   (single-flight) through :func:`fetch_robots`, the same politeness gate and clients as
   the pages.
-* :class:`ClientPool` — a few small HTTP clients per site (:mod:`local_host.http1`), the least
+* :class:`ClientPool` — a few small ``httpx.AsyncClient`` objects per site, the least
   recently used idle ones closed beyond a bound (why not one client: its docstring);
   :func:`client_factory` makes them.
 * :func:`get_page` — one GET, its body read only when it is wanted, its failures
@@ -25,7 +25,6 @@ import contextlib
 import functools
 import math
 import re
-import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ from protego import Protego
 
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.urls import site_of
-
-from .http1 import Http1Client
 
 __all__ = [
     "ClientPool",
@@ -450,12 +447,7 @@ def client_factory(connections: int, *, user_agent: str, timeout: float, local_a
     timeouts = httpx.Timeout(timeout)
     headers = {"User-Agent": user_agent}
 
-    proxied = trust_env and any(k in urllib.request.getproxies() for k in ("http", "https", "all"))
-
-    def make() -> httpx.AsyncClient | Http1Client:
-        if not proxied:  # local_host/http1.py: what the crawler uses of httpx, for far less CPU
-            return Http1Client(ssl_context=tls, timeout=timeout, user_agent=user_agent, local_address=local_address,
-                               connections=connections)
+    def make() -> httpx.AsyncClient:
         transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, local_address=local_address,
                                              trust_env=trust_env, retries=0)
         return httpx.AsyncClient(transport=transport, verify=tls, timeout=timeouts, follow_redirects=False,

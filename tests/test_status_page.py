@@ -36,9 +36,9 @@ async def get_json(port: int) -> dict:
 
 
 async def test_status_json_reports_what_the_center_did(redis_url):
-    """Network 2 is down: two sets of network 1 wait for it in dist_reduce_pool (exact
-    mode waits, docs/PROTOCOL.md §10), the second one less the 30 URLs the first one
-    holds. The JSON shows the members' liveness, the sets by stage and age, who they
+    """Network 2 is down: a set of network 1 waits for it in dist_reduce_pool (exact
+    mode waits, docs/PROTOCOL.md §10), and the next one, less the 30 URLs the first one
+    holds, gathers behind it in local_reduce_pool (R4: it goes once nothing is out). The JSON shows the members' liveness, the sets by stage and age, who they
     wait for, the duplicates dropped and the Redis memory; then the hosts go, network 2
     comes back, and the 40 URLs are admitted into task_URL with no host to take them."""
     # Broadcast routing, where every set waits for the network that is down (§10); what
@@ -55,7 +55,7 @@ async def test_status_json_reports_what_the_center_did(redis_url):
         await h10.store.run(h10.pools.push, shared)
         await until(lambda: len(c1.core.sets) == 1)
         await h11.store.run(h11.pools.push, shared + more)
-        await until(lambda: len(c1.core.sets) == 2 and all(r.stage.value == "dist" for r in c1.core.sets.values()))
+        await until(lambda: len(c1.core.sets) == 2 and c1.core.gathering)  # R4: behind the one out (Nagle's rule)
         d = await get_json(c1.http_port)
         elapsed = trio.current_time() - started  # the sets' ages were taken before now, after they were stored
         assert d["role"] == "center" and d["network"] == 1 and d["mode"] == "exact"
@@ -63,22 +63,23 @@ async def test_status_json_reports_what_the_center_did(redis_url):
         assert set(members) == {"127.0.1.10", "127.0.1.11", "net:2"}
         assert members["net:2"] | {"address": None} == {
             "member": "net:2", "kind": "peer", "address": None, "state": "down", "silent": None,
-            "waiting_sets": 2, "task_urls": 0}
+            "waiting_sets": 1, "task_urls": 0}
         for ip in ("127.0.1.10", "127.0.1.11"):
             assert members[ip]["state"] == "live" and members[ip]["kind"] == "host"
             assert 0 <= members[ip]["silent"] <= 2 * d["heartbeat"]["interval"]
-        assert d["waiting_for"] == {"net:2": 2}
-        assert set(d["sets"]) == {"dist"}
-        dist = d["sets"]["dist"]
-        assert dist["count"] == 2 and dist["urls"] == 40 and sum(dist["ages"].values()) == 2
+        assert d["waiting_for"] == {"net:2": 1}
+        assert set(d["sets"]) == {"dist", "lan"}
+        dist, lan = d["sets"]["dist"], d["sets"]["lan"]
+        assert dist["count"] == 1 and dist["urls"] == 30 and sum(dist["ages"].values()) == 1
+        assert lan["count"] == 1 and lan["urls"] == 10
         ages = [s["age"] for s in d["oldest_sets"]]
         assert ages == sorted(ages, reverse=True) and 0 <= ages[-1] <= ages[0] <= elapsed
         assert dist["oldest"] == ages[0]
         assert [(s["origin"], s["urls"], s["awaiting"]) for s in d["oldest_sets"]] == [
-            ("127.0.1.10", 30, ["net:2"]), ("127.0.1.11", 10, ["net:2"])]
+            ("127.0.1.10", 30, ["net:2"]), ("127.0.1.11", 10, [])]
         assert d["dropped"].get("center-record") == 30  # the second set's URLs held by the first
         assert d["admitted"]["total"] == 0 and d["task_URL_per_host"] == {}
-        assert d["pools"]["dist_reduce_pool"] == 2
+        assert d["pools"]["dist_reduce_pool"] == 1 and d["pools"]["local_reduce_pool"] == 1
         assert d["redis_memory"]["dist_reduce_pool"] > 0 and d["redis_memory_error"] is None
         assert any(e["logger"] == "dedupnet.center" and "not connected" in e["message"] and e["level"] == "WARNING"
                    for e in d["recent_errors"])
