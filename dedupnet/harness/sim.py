@@ -86,21 +86,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
     async with trio.open_nursery() as nursery:
         await nursery.start(web.serve)
         seeds = web.seeds(seed_count(cfg))
-        if cfg.mode == "owner":
-            from dedupnet.harness.owner import open_owner_cluster
-
-            system_cm = open_owner_cluster(redis_url, cfg.networks, cfg.hosts, prefix=prefix)
-        else:
-            system_cm = open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size,
-                                     prefix=prefix, crawler=crawler,
-                                     partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
-                                     send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls,
-                                     routing=cfg.routing, weights=parse_weights(list(cfg.weights)),
-                                     durable_acks=cfg.durable_acks,
-                                     **_link_relays(cfg),
-                                     **({"recrawl": recrawl_policy(cfg)} if cfg.recrawl_after is not None else {}),
-                                     **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
-                                        if key_file else {}))
+        system_cm = _open_system(cfg, redis_url, prefix, crawler, key_file, tls_dir)
         async with system_cm as system, trio.open_nursery() as crawling:
             _attach_bloom(cfg, system)
             links = _link_faults(cfg, system, web, seeds)
@@ -134,6 +120,22 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
             crawling.cancel_scope.cancel()  # before the system closes the stores they use
         nursery.cancel_scope.cancel()
     return report
+
+
+def _open_system(cfg: SimConfig, redis_url: str, prefix: str, crawler: CrawlerSettings, key_file: str | None,
+                 tls_dir: str | None):
+    """The run's daemons in this process: the protocol's cluster, or the owner baseline's."""
+    if cfg.mode == "owner":
+        from dedupnet.harness.owner import open_owner_cluster
+
+        return open_owner_cluster(redis_url, cfg.networks, cfg.hosts, prefix=prefix)
+    return open_cluster(redis_url, cfg.networks, cfg.hosts, mode=cfg.mode, set_size=cfg.set_size, prefix=prefix,
+                        crawler=crawler, partition_policy=cfg.partition_policy, answer_timeout=cfg.answer_timeout,
+                        send_delay=cfg.send_delay, tls_dir=tls_dir, lan_tls=cfg.lan_tls, routing=cfg.routing,
+                        weights=parse_weights(list(cfg.weights)), durable_acks=cfg.durable_acks, **_link_relays(cfg),
+                        **({"recrawl": recrawl_policy(cfg)} if cfg.recrawl_after is not None else {}),
+                        **({"lan_key_file": key_file, "key_poll_interval": cfg.key_poll_interval}
+                           if key_file else {}))
 
 
 def _cpu_roles(start: tuple[float, float, float | None, float], center_cpu: float | None, web_cpu: float,
