@@ -21,6 +21,7 @@ demo: $(STAMP)
 	$(BIN)/dedupnet demo
 
 test: $(STAMP) browser promtool
+	$(BIN)/ruff check dedupnet local_host center_host tests bench
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

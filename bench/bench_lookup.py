@@ -28,7 +28,6 @@ import statistics
 import time
 from contextlib import nullcontext
 
-import hiredis
 import numpy as np
 from redis.exceptions import ResponseError
 

@@ -3,7 +3,11 @@ one's growth over the second half of the run (the soak target: under 2 MB).
 
     .venv/bin/python bench/bench_soak_rss.py --networks 3 --hosts 3 --pages 180000 --light --timeout 1500
 """
-import subprocess, sys, time, psutil, json
+import subprocess
+import sys
+import time
+import psutil
+import json
 args = sys.argv[1:]
 p = subprocess.Popen([".venv/bin/python", "-m", "dedupnet.cli", "sim", "--processes", *args],
                      stdout=open("/tmp/soak_out.txt", "w"), stderr=subprocess.STDOUT)

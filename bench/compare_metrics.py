@@ -37,7 +37,7 @@ from pathlib import Path
 
 os.environ.setdefault("PROMETHEUS_DISABLE_CREATED_SERIES", "true")  # no *_created samples: ours has none
 
-from prometheus_client import CollectorRegistry, Gauge, generate_latest  # noqa: E402
+from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client import Counter as PCounter  # noqa: E402
 from prometheus_client.core import Metric  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -157,11 +157,11 @@ def equivalence() -> None:
     print(f"  samples equal (library's parser on both): {a == b} ({len(a)} samples)")
     ours_lines, lib_lines = set(text.splitlines()), set(lib.splitlines())
     print("  lines only in the library's text:")
-    for line in sorted(lib_lines - ours_lines):
-        print(f"    + {line}")
+    for text_line in sorted(lib_lines - ours_lines):
+        print(f"    + {text_line}")
     print("  lines only in ours:")
-    for line in sorted(ours_lines - lib_lines):
-        print(f"    - {line}")
+    for text_line in sorted(ours_lines - lib_lines):
+        print(f"    - {text_line}")
 
 
 # --- speed and memory -------------------------------------------------------------------

@@ -654,9 +654,9 @@ def summary(figures: Figures, report: dict) -> str:
         f"fuzzed host sessions {report.get('host_sessions', 0)}",
         f"counted:   center {report.get('center_frames', 0):,}, host {report.get('host_frames', 0):,} "
         f"(messages decoded + inputs refused)",
-        f"refused:   center " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.get("center_counters", {}).items())
+        "refused:   center " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.get("center_counters", {}).items())
                                         if k.startswith(("rejected", "bad_input", "handshake_failed")) and v),
-        f"           host " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.get("host_counters", {}).items())
+        "           host " + ", ".join(f"{k} {v:,}" for k, v in sorted(report.get("host_counters", {}).items())
                                       if k.startswith(("rejected", "bad_input", "handshake_failed")) and v),
         f"internal errors: center {report.get('center_errors')}, host {report.get('host_errors')}",
         "OK" if report["ok"] else "FAILED: " + "; ".join(report["failures"]),

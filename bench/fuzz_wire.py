@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.errors import ProtocolError
-from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Kind, Register, Status, Task, Welcome
+from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Status, Task, Welcome
 
 MODES = ("plain", "compressed", "keyed", "stream")
 MAX_FRAME = 256 * 1024  # small enough to fuzz fast, large enough for every corpus message
@@ -184,7 +184,7 @@ def run_one(data: bytes, mode: str, rnd: random.Random, keyring: Keyring, stats:
     try:
         for part in chunks(data, rnd):
             decoder.feed(part)
-            while (msg := decoder.next_message()) is not wire.NEED_DATA:
+            while decoder.next_message() is not wire.NEED_DATA:
                 stats.messages += 1
             if decoder.buffered > stats.max_buffered:
                 stats.max_buffered = decoder.buffered
@@ -259,9 +259,9 @@ def fuzz(inputs: int | None, seconds: float | None, seed: int = 1, *, crash_dir:
 def report(stats: Stats, elapsed: float) -> str:
     lines = [
         f"inputs:            {stats.inputs:,} in {elapsed:,.1f} s = {stats.inputs / max(elapsed, 1e-9):,.0f} inputs/s",
-        f"  by decoder:      " + ", ".join(f"{m} {n:,}" for m, n in sorted(stats.by_mode.items())),
+        "  by decoder:      " + ", ".join(f"{m} {n:,}" for m, n in sorted(stats.by_mode.items())),
         f"decoded to the end: {stats.clean:,} inputs ({stats.messages:,} messages returned in all)",
-        f"ProtocolError:     " + ", ".join(f"{r} {n:,}" for r, n in stats.reasons.most_common()),
+        "ProtocolError:     " + ", ".join(f"{r} {n:,}" for r, n in stats.reasons.most_common()),
         f"other exceptions:  {len(stats.crashes)}",
         f"largest buffer:    {stats.max_buffered:,} bytes (bound: 16 + {MAX_FRAME:,} + 255); most pending "
         f"{stats.max_pending:,} bytes",

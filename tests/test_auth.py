@@ -17,8 +17,9 @@ from dedupnet.codec.auth import TAG_LEN, Keyring, KeyFileError, parse_key_file, 
 from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import Frame, Heartbeat, Kind, Register, Status
 from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.transport import Connection, ConnectionClosed, _signed, connect, serve, watch_keyrings
-from dedupnet.codec.wire import NEED_DATA, Decoder, encode
+from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, watch_keyrings
+from dedupnet.adapters.transport.forms import _signed
+from dedupnet.codec.wire import Decoder, encode
 
 from .helpers import echo, raw_exchange, reg, start_server, until
 
@@ -300,7 +301,7 @@ async def test_key_files_are_polled(tmp_path, autojump_clock):
 
 from dedupnet.harness.report import SimConfig  # noqa: E402
 
-from dedupnet.harness.sim import simulate
+from dedupnet.harness.sim import simulate  # noqa: E402
 
 OUTSIDER_IN_LAN = "127.0.1.99"  # inside LAN 1 (127.0.1.0/24): its center's source check lets it in
 

@@ -2,7 +2,6 @@
 real TCP on loopback, each daemon with its own embedded (persistent) Redis."""
 
 import json
-import os
 import signal
 import subprocess
 

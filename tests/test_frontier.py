@@ -21,7 +21,7 @@ import pytest
 grpc = pytest.importorskip("grpc")
 protoc = pytest.importorskip("grpc_tools.protoc")
 
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Store  # noqa: E402
+from dedupnet.adapters.store import FINISH_URL, Store  # noqa: E402
 from local_host.sites import task_count  # noqa: E402
 from dedupnet.codec.urls import fingerprint_many  # noqa: E402
 

@@ -273,7 +273,7 @@ async def test_two_lans_on_real_interfaces_crawl_without_duplicates_or_losses(la
     try:
         async with trio.open_nursery() as nursery:
             with in_netns(lab.ns("web")):
-                port = await nursery.start(web.serve)
+                await nursery.start(web.serve)
             seeds = web.seeds(NETWORKS * HOSTS)
             order = [host_name(n, i) for i in range(HOSTS) for n in range(1, NETWORKS + 1)]
             for k, url in enumerate(seeds):

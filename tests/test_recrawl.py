@@ -16,7 +16,7 @@ from center_host.pools import ADMITTED, CenterPools
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES, AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL
+from dedupnet.adapters.store import FINISH_URL, URL_POOL
 from local_host.sites import task_count
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_LOOKUP, FLAG_NEW_SET, Frame, Task

@@ -357,7 +357,7 @@ async def test_link_faults_switch_relays_on_and_off(autojump_clock):
 from center_host import protocol as cp  # noqa: E402
 from dedupnet.harness.cluster import Cluster  # noqa: E402
 from dedupnet.harness.report import SimConfig  # noqa: E402
-from dedupnet.harness.sim import simulate
+from dedupnet.harness.sim import simulate  # noqa: E402
 
 
 def small(faults, **kw) -> SimConfig:

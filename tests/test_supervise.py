@@ -131,5 +131,5 @@ def test_a_host_daemon_whose_redis_cannot_come_back_exits_1_with_one_line(tmp_pa
             proc.wait()
     text = log_path.read_text()
     assert code == 1, text
-    (line,) = [l for l in text.splitlines() if "exiting:" in l]
+    (line,) = [entry for entry in text.splitlines() if "exiting:" in entry]
     assert "CRITICAL" in line and f"pid {pid}" in line and "could not be restarted" in line

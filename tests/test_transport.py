@@ -25,7 +25,7 @@ from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Kind, Status, Task
 from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
 from dedupnet.adapters.metric_catalog import METRICS
-from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever, serve
+from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever
 from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters
 from dedupnet.codec.wire import Decoder, encode
 

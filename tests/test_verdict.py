@@ -174,7 +174,7 @@ async def test_nothing_admitted_is_not_started_and_a_restart_on_a_finished_crawl
         assert report["verdict"] == "complete" and sum(v["admitted"] for v in report["networks"]) == 0
         assert sum(v["admitted_total"] for v in report["networks"]) == len(urls)
         out = await cli("status", "--cluster", where)
-        assert out.returncode == 0 and f"admitted 0 URLs since the center started" in out.stdout, out.stdout
+        assert out.returncode == 0 and "admitted 0 URLs since the center started" in out.stdout, out.stdout
 
 
 async def test_a_host_gone_with_its_disk_loses_no_url_its_center_gave_it(redis_url):

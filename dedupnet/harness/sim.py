@@ -156,7 +156,7 @@ def _cpu_roles(start: tuple[float, float, float | None, float], center_cpu: floa
 def _link_relays(cfg: SimConfig) -> dict:
     """open_cluster's arguments for the relays the link faults need (none without any)."""
     schedule = _link_schedule(cfg)
-    return {"links": frozenset(l for f in schedule for l in f.links), "link_seed": cfg.seed} if schedule else {}
+    return {"links": frozenset(link for f in schedule for link in f.links), "link_seed": cfg.seed} if schedule else {}
 
 
 def _link_schedule(cfg: SimConfig):

@@ -149,8 +149,9 @@ def _link_records(cfg: SimConfig, links: LinkFaults, trio_t0: float, end: float)
             start, stop = links.windows[i]
             rec.started = round(start - trio_t0, 2)
             rec.ended = round(stop - trio_t0, 2) if stop is not None else round(end, 2)
-            done = {k: sum(links.relays[l].counters[k] for l in sf.links) for k in ("messages", "refused")}
-            resets = sum(v for l in sf.links for k, v in links.relays[l].counters.items() if k.startswith("resets:"))
+            done = {k: sum(links.relays[link].counters[k] for link in sf.links) for k in ("messages", "refused")}
+            resets = sum(v for link in sf.links for k, v in links.relays[link].counters.items()
+                         if k.startswith("resets:"))
             rec.note = (f"relays {', '.join(sf.links)}: {done['messages']:,} messages, {resets:,} resets"
                         + (", to the end of the run" if stop is None else ""))
         else:

@@ -143,7 +143,6 @@ from dedupnet.adapters.ratelimit import TokenBucket
 
 from .client import close_when_silent, connect, connect_forever
 from .connection import Connection, ConnectionClosed, Handler
-from .forms import _recode, _signed
 from .handshake import ClientHandshake, ServerHandshake
 from .keys import watch_keyrings
 from .options import Options

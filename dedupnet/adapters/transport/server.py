@@ -15,7 +15,6 @@ import trio
 
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.messages import Register
-from dedupnet.codec.wire import encode
 from dedupnet.adapters.listen import open_listeners
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.ratelimit import LogLimiter

@@ -27,7 +27,7 @@ from local_host.pools import WRITES as HOST_WRITES
 
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec import wire
-from dedupnet.codec.messages import Ack, Frame, Heartbeat, Register, Task
+from dedupnet.codec.messages import Frame, Heartbeat, Register
 
 from .clock import Handle
 from .crawler import Crawler
