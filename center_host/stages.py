@@ -283,8 +283,8 @@ class Stages:
         of ours is out with the peers; otherwise it is held (it stays in
         ``local_reduce_pool``, claims and all) until that is so or ``gather_max`` URLs
         are held, and then they go on as one. A peer's cost is mostly per set and every
-        peer answers every set, so a busy center sends fewer, fuller sets and an idle
-        one waits for nothing. What is held goes first if this set would take it past
+        peer answers every set: the longer its sets are out, the more a center gathers,
+        and an idle one waits for nothing. What is held goes first if this set would take it past
         ``gather_max`` (a gathered set must fit the peers' ``max_urls``)."""
         if rec.number in self.gathering:
             return []

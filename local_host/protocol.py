@@ -271,9 +271,9 @@ class HostProtocol:
     def _may_go(self) -> bool:
         """Nagle's rule (group commit): what is held goes when nothing of this host's is in
         flight to its center, else once it fills a set. An idle system admits in one round
-        trip; a busy one, whose acks take longer, sends fuller sets — a center's cost is
-        mostly per set — with no timer to tune. The adapter answers the look-up this
-        starts before it feeds another event, and the sets it makes are in flight."""
+        trip, and sets fill as far as the acks take longer (a center's cost is mostly per
+        set), with no timer to tune. The adapter answers the look-up this starts before
+        it feeds another event, and the sets it makes are in flight."""
         return not self.in_flight or len(self.held) >= self.config.set_size
 
     def _handle(self, event: Event) -> list[Action]:
