@@ -215,12 +215,7 @@ class FaultRunner:
             self._log(f"fault {rec.spec} ended{': ' + rec.note if rec.note else ''}")
 
     async def _kill(self, f: Fault, d, rec: FaultRecord) -> None:
-        d.down = True
-        d.new_life()  # what its last status said is kept; the rest of this life is lost with it
-        cpu = d.cpu_used()
-        d.proc.kill()
-        await trio.to_thread.run_sync(d.proc.wait)
-        d.cpu_carried, d.cpu_base = cpu, 0.0
+        await _sigkill(d)
         rec.note = f"pid {d.proc.pid} killed"
         await trio.sleep(f.duration or 0)
         await self.restart(d)
@@ -253,10 +248,7 @@ class FaultRunner:
         pages it had finished without its center knowing (its ledger gives them out again)."""
         polled = trio.current_time()
         in_progress = await _in_progress([d])
-        d.down = True
-        d.new_life()
-        d.proc.kill()
-        await trio.to_thread.run_sync(d.proc.wait)
+        await _sigkill(d)
         unreported = None  # its own server (a data dir) died with it: unknown
         if d.data_dir is not None:
             await trio.to_thread.run_sync(shutil.rmtree, d.data_dir)
@@ -357,6 +349,16 @@ async def _in_progress(hosts: list, timeout: float = 1.0) -> int | None:
     if any(r is None for r in replies):
         return None
     return sum((r.get("crawler") or {}).get("in_progress", 0) for r in replies)
+
+
+async def _sigkill(d) -> None:
+    """SIGKILL daemon ``d`` (down from now on), its CPU so far carried over to its next life."""
+    d.down = True
+    d.new_life()  # what its last status said is kept; the rest of this life is lost with it
+    cpu = d.cpu_used()
+    d.proc.kill()
+    await trio.to_thread.run_sync(d.proc.wait)
+    d.cpu_carried, d.cpu_base = cpu, 0.0
 
 
 def _asked_since(web, since: float, client: str | None = None) -> int:
