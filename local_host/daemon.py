@@ -50,6 +50,8 @@ CENTER = "center"
 MAX_IDLE_POLL = 0.5
 #: The walker's sleep while the core has not yet handled what it was given.
 BUSY_POLL = 0.005
+#: Seconds between two looks for URLs to seal into blocks when there were none.
+COMPACT_INTERVAL = 1.0
 #: Seconds between two asks, while this host is idle, whether the whole crawl is
 #: complete (``exit_when_complete``): each ask is two passes over every daemon.
 COMPLETION_POLL = 1.0
@@ -205,6 +207,7 @@ class LocalDaemon:
             nursery.start_soon(keep_watermarks, self.store, self.counters, self.pools.store, self.marks,
                                s.heartbeat_interval)
             nursery.start_soon(self._count_tasks)
+            nursery.start_soon(self._compact_tasks)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if s.exit_when_complete:
                 nursery.start_soon(self._watch_completion)
@@ -318,6 +321,16 @@ class LocalDaemon:
         while True:
             self.task_pool_size = await until_stored(self.store, self.counters, self.pools.task_pool_size_steps)
             await trio.sleep(self.settings.heartbeat_interval)
+
+    async def _compact_tasks(self) -> None:
+        """Seal the URLs queued lately into blocks (local_host/site_blocks.py), round
+        after round while there are any, then every ``COMPACT_INTERVAL``: what keeps a
+        long queue small. Sites queued before a restart are looked at once."""
+        await until_stored(self.store, self.counters, sites.mark_all_dirty, self.pools.store)
+        while True:
+            while await until_stored(self.store, self.counters, sites.compact_steps, self.pools.store):
+                await trio.sleep(0)
+            await trio.sleep(COMPACT_INTERVAL)
 
     async def _walk(self) -> None:
         """§2.2: take what the crawler put in URL_pool, while the center keeps up, and hand

@@ -8,8 +8,9 @@ stood idle and every other site waited behind them. So, as BUbiNG's workbench an
 Heritrix's per-host queues do, tasks wait **by site**, and a site hands one out only
 when its politeness allows. ``task_pool`` is realised by:
 
-* ``task_pool:site:<site>``: a list per site of the URLs queued there, oldest first
-  (``task_pool:queued`` counts them all);
+* ``task_pool:site:<site>``: a list per site of the URLs queued there, oldest first,
+  most of them sealed in deflated blocks (local_host/site_blocks.py; ``task_pool:queued``
+  counts them all);
 * ``task_pool:sites``: a sorted set of the sites with queued URLs, scored by the time
   (epoch ms) each may next hand one out: a hand-out moves it on by the site's delay
   (``task_pool:delays``: its robots.txt ``Crawl-delay``, or the taker's own delay), a
@@ -28,8 +29,8 @@ twice. Quiescence is :func:`task_count` 0 (lists and stream empty).
 
 Why lists of URLs and not an index of stream entries: an entry that waits in a
 consumer group's pending list costs Redis some 130 bytes on top of the entry itself;
-a URL in a site's list costs its own length and a byte or two. The daemon's process
-keeps nothing per queued task or site.
+a URL in a site's list costs its own length and a byte or two, a third of that once
+sealed in a block. The daemon's process keeps nothing per queued task or site.
 """
 
 from __future__ import annotations
@@ -37,11 +38,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 from dataclasses import dataclass
 
 from dedupnet.adapters.once import once
 from dedupnet.adapters.store import TASK_POOL, Batch, Steps, Store
 from dedupnet.codec.urls import site_of
+
+from . import site_blocks
 
 #: The consumer group of every taker of a host on the ``task_pool`` stream.
 GROUP = "crawl"
@@ -62,6 +66,11 @@ QUEUED_COUNT = f"{TASK_POOL}:queued"
 BELL = f"{TASK_POOL}:bell"
 #: Stream entries moved into lists by one call: bounds the time one script holds Redis.
 SORT_BATCH = 2000
+#: Takes one call makes at most while it finds blocks to split at ready sites' heads.
+SPLIT_ROUNDS = 4
+#: Rounds :func:`drop` and :func:`unsort` make at most while a taker or the compactor
+#: changes a block they are reading.
+DROP_ROUNDS = 8
 #: URLs one RPUSH carries (a script's call takes at most some 8,000 arguments).
 PUSH_CHUNK = 1000
 #: Site of a URL that has none (not a URL: its taker finishes it as failed).
@@ -121,12 +130,14 @@ def unpack(packed: str, site: str) -> str:
             return scheme + site + packed[1:]
     return packed
 
-# KEYS: task_pool, sites, delays, queued count, bell; ARGV: group, queue prefix, taker,
-# now ms, want, delay ms, burst, idle ms, sort batch, then (site, delay ms) pairs to
-# record. Returns {next ready ms or -1, more to sort (0/1), the stream's last id, the
-# bell's last id, id, url, ...}.
+# KEYS: task_pool, sites, delays, queued count, bell, dirty; ARGV: group, queue prefix,
+# taker, now ms, want, delay ms, burst, idle ms, sort batch, then (site, delay ms) pairs
+# to record. Returns {next ready ms or -1, more to sort (0/1), the stream's last id, the
+# bell's last id, n, n (site, block) pairs of ready sites whose head is a block, id,
+# url, ...}.
 _TAKE = _LUA + b"""
 local stream, sites, delays, count, bell = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local dirty = KEYS[6]
 local group, prefix, taker = ARGV[1], ARGV[2], ARGV[3]
 local now, want, delay = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
 local burst, idle, batch = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
@@ -150,6 +161,7 @@ if got then
       local site = site_of(url)
       redis.call('RPUSH', prefix .. site, pack(url, site))
       redis.call('ZADD', sites, 'NX', now, site)
+      redis.call('SADD', dirty, site)
       moved = moved + 1
     end
   end
@@ -158,7 +170,8 @@ if got then
 end
 -- Hand out the heads of ready sites, those ready longest first (not while entries are
 -- left to move: the taker's read below must find only its own).
-local taken = 0
+-- A block at a site's head is left for the caller to split (local_host/site_blocks.py).
+local taken, blocked = 0, {}
 if want > 0 and more == 0 then
   local ready = redis.call('ZRANGEBYSCORE', sites, '-inf', now, 'LIMIT', 0, want)
   for _, site in ipairs(ready) do
@@ -167,20 +180,26 @@ if want > 0 and more == 0 then
     local gap = math.max(delay, tonumber(redis.call('HGET', delays, site) or '0'))
     local n = 0
     while n < (gap > 0 and 1 or burst) and taken < want do
-      local url = redis.call('LPOP', q)
+      local url = redis.call('LINDEX', q, 0)
       if not url then break end
+      if string.byte(url, 1) == 0 then
+        blocked[#blocked + 1] = site; blocked[#blocked + 1] = url
+        break
+      end
+      redis.call('LPOP', q)
       redis.call('XADD', stream, '*', 'u', unpack_url(url, site))
       n = n + 1; taken = taken + 1
     end
     if redis.call('LLEN', q) == 0 then
       redis.call('ZREM', sites, site)
-    else
+    elseif n > 0 then
       redis.call('ZADD', sites, now + gap, site)
     end
   end
   if taken > 0 then redis.call('DECRBY', count, taken) end
 end
-local head = {-1, more, '0-0', '0-0'}
+local head = {-1, more, '0-0', '0-0', #blocked / 2}
+for _, b in ipairs(blocked) do head[#head + 1] = b end
 local first = redis.call('ZRANGE', sites, 0, 0, 'WITHSCORES')
 if first[2] then head[1] = tonumber(first[2]) end
 if taken > 0 then
@@ -224,11 +243,14 @@ return queued + #ids
 
 # KEYS: task_pool, sites, queued count; ARGV: queue prefix, most sites. Moves the URLs of
 # up to that many sites back into the stream (not read into any group); returns how
-# many sites are left.
+# many sites are left, or -1 if it met a block (and moved nothing of that site).
 _UNSORT = _LUA + b"""
 local stream, sites, count, prefix = KEYS[1], KEYS[2], KEYS[3], ARGV[1]
 for _, site in ipairs(redis.call('ZRANGE', sites, 0, tonumber(ARGV[2]) - 1)) do
   local urls = redis.call('LRANGE', prefix .. site, 0, -1)
+  for _, url in ipairs(urls) do
+    if string.byte(url, 1) == 0 then return -1 end  -- sealed since the caller unsealed it
+  end
   for _, url in ipairs(urls) do redis.call('XADD', stream, '*', 'u', unpack_url(url, site)) end
   redis.call('DECRBY', count, #urls)
   redis.call('DEL', prefix .. site)
@@ -269,19 +291,28 @@ def take(store: Store, taker: str, count: int, pace: Pace = Pace(), *, group: st
     added to the stream directly are moved into their sites first, ``SORT_BATCH`` a call;
     a ``task_pool`` with no group yet (no taker has started) gets one."""
     now_ms = int((time.time() if now is None else now) * 1000)
-    args: list = [b"EVAL", _TAKE, 5, store.key(TASK_POOL), store.key(SITES), store.key(DELAYS),
-                  store.key(QUEUED_COUNT), store.key(BELL), group, store.key(QUEUE), taker, now_ms, max(0, count),
-                  int(pace.delay * 1000), max(1, pace.burst), idle_ms, SORT_BATCH]
-    fixed = len(args)
-    for site, seconds in (delays or {}).items():
-        args += [site, int(seconds * 1000)]
+    keys = (store.key(TASK_POOL), store.key(SITES), store.key(DELAYS), store.key(QUEUED_COUNT), store.key(BELL),
+            store.key(site_blocks.DIRTY))
+    recorded = [x for site, seconds in (delays or {}).items() for x in (site, int(seconds * 1000))]
+    entries: list[tuple[bytes, str]] = []
+    rounds = 0
     while True:
-        reply = store.command(*args)
-        if not int(reply[1]):
+        reply = store.command(b"EVAL", _TAKE, len(keys), *keys, group, store.key(QUEUE), taker, now_ms,
+                              max(0, count - len(entries)), int(pace.delay * 1000), max(1, pace.burst), idle_ms,
+                              SORT_BATCH, *recorded)
+        recorded = []
+        if int(reply[1]):
+            continue  # entries added to the stream directly are still being sorted
+        head, last, rung, blocked = int(reply[0]), reply[2], reply[3], 5 + 2 * int(reply[4])
+        entries += [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(blocked, len(reply), 2)]
+        rounds += 1
+        if blocked == 5 or len(entries) >= count or rounds == SPLIT_ROUNDS:
             break
-        del args[fixed:]  # the delays are recorded
-    head, last, rung = int(reply[0]), reply[2], reply[3]
-    entries = [(reply[i], reply[i + 1].decode("utf-8", "replace")) for i in range(4, len(reply), 2)]
+        # Ready sites whose head is a block: split a few URLs off each, and take again.
+        batch = store.batch()
+        for i in range(5, blocked, 2):
+            batch.add(*site_blocks.split_args(store.key(QUEUE) + reply[i].decode(), reply[i + 1]))
+        store.execute(batch)
     return Taken(entries, None if head < 0 else head / 1000, last, rung)
 
 
@@ -306,6 +337,8 @@ def queue_tasks(batch: Batch, store: Store, urls: Sequence[str], number: int | N
         for i in range(0, len(queued), PUSH_CHUNK):
             commands.append((b"RPUSH", key(QUEUE) + site, *[pack(url, site) for url in queued[i : i + PUSH_CHUNK]]))
         commands.append((b"ZADD", key(SITES), b"NX", now_ms, site))
+    if by_site:
+        commands.append((b"SADD", key(site_blocks.DIRTY), *by_site))
     commands.append((b"INCRBY", key(QUEUED_COUNT), len(urls)))
     commands.append((b"XADD", key(BELL), b"MAXLEN", 1, b"*", b"n", len(urls)))
     if number is None:
@@ -337,10 +370,11 @@ def count_tasks(batch: Batch, store: Store) -> Callable[[list], int]:
     return lambda results: int(results[handed]) + int(results[queued] or 0)
 
 
-def _per_site(store: Store, command: bytes, *args) -> list[tuple[str, object]]:
-    """``command`` on every site's list (pipelined, 10,000 a round trip): a read of every
-    site, for tools and tests, not for every second."""
-    names = [n.decode() for n in store.command(b"ZRANGE", store.key(SITES), 0, -1)]
+def _per_site(store: Store, command: bytes, *args, only: Sequence[str] | None = None) -> list[tuple[str, Any]]:
+    """``command`` on every site's list (pipelined, 10,000 a round trip), or on those
+    ``only``: a read of every site, for tools and tests, not for every second."""
+    names = list(only) if only is not None else [
+        n.decode() for n in store.command(b"ZRANGE", store.key(SITES), 0, -1)]
     out: list[tuple[str, object]] = []
     for i in range(0, len(names), 10_000):
         batch = store.batch()
@@ -352,26 +386,71 @@ def _per_site(store: Store, command: bytes, *args) -> list[tuple[str, object]]:
 
 def queued_urls(store: Store) -> list[str]:
     """Every URL queued in the sites' lists (not handed out), site by site."""
-    return [unpack(u.decode(), site) for site, packed in _per_site(store, b"LRANGE", 0, -1) for u in packed]
+    return [unpack(u.decode(), site) for site, elements in _per_site(store, b"LRANGE", 0, -1)
+            for u in site_blocks.urls_of(elements)]
 
 
 def queued_by_site(store: Store) -> list[tuple[str, int]]:
     """Every site with queued tasks and how many."""
-    return [(site, int(n)) for site, n in _per_site(store, b"LLEN")]
+    return [(site, sum(map(site_blocks.count_of, elements))) for site, elements in _per_site(store, b"LRANGE", 0, -1)]
+
+
+def compact_steps(store: Store) -> Steps[int]:
+    """One round of sealing the plain URLs queued lately into blocks
+    (local_host/site_blocks.py); 0: nothing was left to seal."""
+    return (yield from site_blocks.compact_steps(store, store.key(QUEUE)))
+
+
+def mark_all_dirty(store: Store) -> None:
+    """Every site with queued URLs to be looked at by the compactor (after a restart:
+    URLs queued by a version that did not seal them, or by one stopped before it did)."""
+    names = store.command(b"ZRANGE", store.key(SITES), 0, -1)
+    for i in range(0, len(names), PUSH_CHUNK):
+        store.command(b"SADD", store.key(site_blocks.DIRTY), *names[i:i + PUSH_CHUNK])
 
 
 def drop(store: Store, urls: Sequence[str], group: str = GROUP) -> int:
     """Take ``urls`` out of task_pool wherever they are: queued in their site's list,
     or in the stream (handed out: a page already on the wire is fetched all the same).
-    Exact whatever a taker does meanwhile: one script. Returns how many went."""
+    Exact whatever a taker or the compactor does meanwhile: it goes round until no
+    block holds one. Returns how many went."""
     args: list = []
+    by_site: dict[str, set[bytes]] = {}
     for url in dict.fromkeys(urls):
         site = _site(url)
         args += [site, pack(url, site), url]
+        by_site.setdefault(site, set()).add(pack(url, site).encode())
     if not args:
         return 0
-    return int(store.command(b"EVAL", _DROP, 2, store.key(TASK_POOL), store.key(QUEUED_COUNT), group,
-                             store.key(QUEUE), *args))
+    dropped = 0
+    for _ in range(DROP_ROUNDS):
+        dropped += int(store.command(b"EVAL", _DROP, 2, store.key(TASK_POOL), store.key(QUEUED_COUNT), group,
+                                     store.key(QUEUE), *args))
+        from_blocks = _drop_from_blocks(store, by_site)
+        if from_blocks is None:
+            break
+        dropped += from_blocks
+    return dropped
+
+
+def _drop_from_blocks(store: Store, by_site: Mapping[str, set[bytes]]) -> int | None:
+    """Take the packed URLs ``by_site`` out of the blocks of their sites' lists (each
+    block that holds some, re-deflated without them); returns how many went, None if no
+    block held any. A block a taker split meanwhile is left as it is: the URLs it held
+    are plain now, for :func:`drop`'s next round, as are any the compactor sealed after
+    that round's plain drop."""
+    lists = dict(_per_site(store, b"LRANGE", 0, -1, only=list(by_site)))
+    batch = store.batch()
+    for site, elements in lists.items():
+        replacements: list[tuple[bytes, bytes, int]] = []
+        for element in filter(site_blocks.is_block, elements):
+            urls = site_blocks.decode(element)
+            kept = [u for u in urls if u not in by_site[site]]
+            if len(kept) < len(urls):
+                replacements.append((element, site_blocks.encode(kept) if kept else b"", len(urls) - len(kept)))
+        if replacements:
+            batch.add(*site_blocks.replace_args(store.key(QUEUE) + site, store.key(QUEUED_COUNT), replacements))
+    return sum(map(int, store.execute(batch))) if len(batch) else None
 
 
 def unsort(store: Store, sites_per_call: int = 500) -> None:
@@ -379,8 +458,22 @@ def unsort(store: Store, sites_per_call: int = 500) -> None:
     stream is renamed or read whole (``dedupnet reassign``, a host handing its tasks
     back). A taker running meanwhile sorts them again; those callers stop it first."""
     keys = (store.key(TASK_POOL), store.key(SITES), store.key(QUEUED_COUNT))
-    while int(store.command(b"EVAL", _UNSORT, 3, *keys, store.key(QUEUE), sites_per_call)):
-        pass
+    left = -1
+    while left:
+        if left < 0:
+            _unseal_all(store)
+        left = int(store.command(b"EVAL", _UNSORT, 3, *keys, store.key(QUEUE), sites_per_call))
+
+
+def _unseal_all(store: Store) -> None:
+    """Every site's list plain again, one URL an element (what a Lua script can read)."""
+    for _ in range(DROP_ROUNDS):
+        batch = store.batch()
+        for site, elements in _per_site(store, b"LRANGE", 0, -1):
+            if any(map(site_blocks.is_block, elements)):
+                batch.add(*site_blocks.relist_args(store.key(QUEUE) + site, elements, site_blocks.urls_of(elements)))
+        if not len(batch) or all(map(int, store.execute(batch))):
+            return
 
 
 def wait_for_new(store: Store, taken: Taken, block_ms: int) -> None:
