@@ -7,12 +7,12 @@ site is dropped, local_host/sites.py); the URLs of one site share most of their 
 so a block of :data:`BLOCK` of them deflates to about a third of that.
 
 An element of a site's list is either one URL (packed: :func:`local_host.sites.pack`)
-or a block, ``\\0<count>:<raw deflate of its packed URLs joined by newlines>``. Only the
-ends of a list are plain. A writer appends plain URLs in its own transaction, as it
+or a block, ``\\0<count>:<skip>:<raw deflate of its packed URLs joined by newlines>``,
+whose first ``skip`` URLs were taken already. Only the ends of a list are plain. A writer appends plain URLs in its own transaction, as it
 always did, and marks the site in :data:`DIRTY`; :func:`compact_steps` (run by the host
 daemon) seals a site's plain tail into blocks, topping up the last block while it is
-not full; a taker that finds a block at a site's head splits off its first
-:data:`SPLIT` URLs (:func:`split_args`). Redis' Lua cannot inflate, so the work is done
+not full; a taker that finds a block at a site's head splits off its next :data:`SPLIT`
+URLs (:func:`split_args`), which moves the block's ``skip`` on and deflates nothing. Redis' Lua cannot inflate, so the work is done
 here and written with a compare-and-set: a script replaces the elements only if they
 are still those that were read (by SHA-1), so a taker, a writer or another compactor
 working meanwhile turns the step into a no-op to be done again, never a lost or a
@@ -32,8 +32,8 @@ DIRTY = f"{TASK_POOL}:dirty"
 #: URLs in a full block: more deflate better (measured in docs/BENCHMARKS.md "A compact
 #: queue") but cost more to split one URL off the head.
 BLOCK = 64
-#: URLs a taker turns plain at a site's head at once: each split re-deflates the rest
-#: of the block, so a few at a time keeps that cost per URL small.
+#: URLs a taker turns plain at a site's head at once: each split inflates the block,
+#: so a few at a time keeps that cost per URL small without many plain URLs a site.
 SPLIT = 8
 #: Plain URLs at a site's tail worth a compaction; fewer wait for more.
 SEAL_MIN = 8
@@ -115,21 +115,32 @@ def is_block(element: bytes) -> bool:
     return element[:1] == _MARK
 
 
+def _header(element: bytes) -> tuple[int, int, int]:
+    """A block's URLs in all, those taken already, and where its deflated data starts."""
+    count_end = element.index(b":")
+    skip_end = element.index(b":", count_end + 1)
+    return int(element[1:count_end]), int(element[count_end + 1:skip_end]), skip_end + 1
+
+
 def count_of(element: bytes) -> int:
     """URLs an element holds."""
-    return int(element[1:element.index(b":")]) if is_block(element) else 1
+    if not is_block(element):
+        return 1
+    count, skip, _ = _header(element)
+    return count - skip
 
 
 def encode(packed: Sequence[bytes]) -> bytes:
     deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
-    return _MARK + b"%d:" % len(packed) + deflate.compress(_SEP.join(packed)) + deflate.flush()
+    return _MARK + b"%d:0:" % len(packed) + deflate.compress(_SEP.join(packed)) + deflate.flush()
 
 
 def decode(element: bytes) -> list[bytes]:
     """The packed URLs of an element, oldest first."""
     if not is_block(element):
         return [element]
-    return zlib.decompress(element[element.index(b":") + 1:], -15).split(_SEP)
+    _, skip, start = _header(element)
+    return zlib.decompress(element[start:], -15).split(_SEP)[skip:]
 
 
 def urls_of(elements: Iterable[bytes]) -> list[bytes]:
@@ -210,12 +221,12 @@ def compact_steps(store: Store, queue: str, most: int = COMPACT_SITES) -> Steps[
 
 
 def split_args(key: bytes | str, head: bytes) -> tuple:
-    """The command that turns the first :data:`SPLIT` URLs of the block ``head`` at the
+    """The command that turns the next :data:`SPLIT` URLs of the block ``head`` at the
     head of the list ``key`` plain (a no-op if the head has changed)."""
-    urls = decode(head)
-    rest = urls[SPLIT:]
-    return (b"EVAL", _SPLIT, 1, key, hashlib.sha1(head).hexdigest(), encode(rest) if rest else b"",
-            *urls[:SPLIT])
+    count, skip, start = _header(head)
+    urls = decode(head)[:SPLIT]
+    rest = _MARK + b"%d:%d:" % (count, skip + len(urls)) + head[start:] if skip + len(urls) < count else b""
+    return (b"EVAL", _SPLIT, 1, key, hashlib.sha1(head).hexdigest(), rest, *urls)
 
 
 def relist_args(key: bytes | str, elements: Sequence[bytes], new: Sequence[bytes]) -> tuple:
