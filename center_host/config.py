@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.homes import HomeMap
 from dedupnet.codec.numbers import check_network, host_id_from_ip
+from dedupnet.codec.settings import default_of
 
 # -- configuration -------------------------------------------------------------------
 PARTITION_POLICIES = ("wait", "admit")
@@ -22,9 +23,9 @@ class CenterConfig:
     network: int
     lan: str  # CIDR of this center's LAN
     peers: dict[int, str] = field(default_factory=dict)  # network id -> CIDR
-    mode: str = "exact"
-    answer_timeout: float = 2.0
-    max_resends: int = 2
+    mode: str = default_of("mode")
+    answer_timeout: float = default_of("answer_timeout")
+    max_resends: int = default_of("max_resends")
     #: After a restart, how long members get to reconnect before a stored set is asked again.
     resume_grace: float = 5.0
     #: Own sets in flight before new flag=1 frames wait (unacknowledged, so the hosts
@@ -90,7 +91,7 @@ class CenterConfig:
     #: given to it that it has not reported finished — goes to the live hosts, whole
     #: sites at a time, and it stops being one of the LAN's hosts (docs/PROTOCOL.md
     #: section 12). 0: never (``dedupnet reassign`` does it at once).
-    reissue_after: float = 300.0
+    reissue_after: float = default_of("reissue_after")
 
     def __post_init__(self) -> None:
         check_network(self.network)

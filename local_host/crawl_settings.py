@@ -7,19 +7,20 @@ from dataclasses import dataclass
 
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.backoff import Backoff
+from dedupnet.codec.settings import default_of
 
 
 @dataclass
 class CrawlerSettings:
     #: Requests on the wire at once, all sites together.
-    concurrency: int = 32
+    concurrency: int = default_of("concurrency")
     #: Requests on the wire at once to one site (host); 0 = no per-site bound.
-    per_site_concurrency: int = 2
+    per_site_concurrency: int = default_of("per_site_concurrency")
     #: Minimum seconds between the starts of two requests to one site; 0 = none.
-    per_site_delay: float = 0.25
+    per_site_delay: float = default_of("per_site_delay")
     #: robots.txt ``Crawl-delay`` is honoured up to this many seconds; 0 ignores it.
     max_crawl_delay: float = 10.0
-    respect_robots: bool = True
+    respect_robots: bool = default_of("respect_robots")
     user_agent: str = "dedupnet-crawler/0.1"
     #: The product token robots.txt groups are matched against.
     robots_agent: str = "dedupnet"

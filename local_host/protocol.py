@@ -35,6 +35,7 @@ from dedupnet.codec import wire
 from dedupnet.codec.counters import Counters
 from dedupnet.codec.messages import FLAG_ANSWER, FLAG_LOOKUP, FLAG_NEW_SET, Ack, Done, Frame, Task, normalize_ip
 from dedupnet.codec.numbers import MAX_SEQUENCE, make_number
+from dedupnet.codec.settings import default_of
 from dedupnet.codec.urls import canonical_set, fingerprint_many
 
 from .local_dedup import local_reduce
@@ -224,8 +225,8 @@ class HostConfig:
     ip: str
     network: int
     host_id: int
-    set_size: int = 1000
-    mode: str = "exact"
+    set_size: int = default_of("set_size")
+    mode: str = default_of("mode")
     #: Frames in flight before the host stops taking from URL_pool (back-pressure).
     max_unacked: int = 64
 

@@ -58,3 +58,32 @@ def test_local_reduce_drops_crawled_and_repeats_and_groups():
     r = local_reduce(urls, fps, seen, set_size=2)
     assert r.crawled == [1] and r.repeated == [2]
     assert r.url_sets == [{"http://a/1": 0, "http://a/3": 0}, {"http://a/4": 0, "http://a/5": 0}]
+
+
+def test_the_cores_and_the_crawler_take_their_defaults_from_the_declarations():
+    """One default a setting: a field of a core's or the crawler's settings object named
+    like a declared setting defaults to the declared value (dedupnet/codec/settings.py)."""
+    import dataclasses
+
+    from center_host.config import CenterConfig
+    from dedupnet.codec.settings import SETTINGS, default_of
+    from local_host.crawl_settings import CrawlerSettings
+    from local_host.protocol import HostConfig
+
+    checked = 0
+    for cls in (CenterConfig, HostConfig, CrawlerSettings):
+        for f in dataclasses.fields(cls):
+            if f.name not in SETTINGS:
+                continue
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+            else:
+                continue  # required: the caller says
+            declared = default_of(f.name)
+            if SETTINGS[f.name].type is list:  # a list setting: any collection, empty alike
+                value, declared = tuple(value or ()), tuple(declared or ())
+            assert value == declared, f"{cls.__name__}.{f.name}: {value!r}, declared {declared!r}"
+            checked += 1
+    assert checked >= 15
