@@ -40,8 +40,9 @@ SEAL_MIN = 8
 #: Sites one compaction round takes from :data:`DIRTY`: a round deflates in the daemon's
 #: own thread, so it is kept to some milliseconds.
 COMPACT_SITES = 100
-#: Elements first read from a site's tail; read again wider when the plain run is longer.
-TAIL_READ = 4 * BLOCK
+#: Elements first read from a site's tail (its plain URLs since the last round, and the
+#: block before them); read again wider when the plain run is longer.
+TAIL_READ = 4 * SEAL_MIN
 _MARK = b"\x00"
 _SEP = b"\n"
 
@@ -157,23 +158,27 @@ def digest(elements: Sequence[bytes]) -> str:
     return hashlib.sha1(b"".join(b"%d:%s" % (len(e), e) for e in elements)).hexdigest()
 
 
-def _sealable(element: bytes) -> bool:
-    """May go into a block with what follows it: a plain URL (one with a newline in it,
-    which no normalised URL has, stays as it is) or a block not yet full."""
-    return count_of(element) < BLOCK if is_block(element) else _SEP not in element
+def _plain(element: bytes) -> bool:
+    """A URL that may go into a block (one with a newline in it, which no normalised
+    URL has, stays as it is)."""
+    return not is_block(element) and _SEP not in element
 
 
 def plan_seal(tail: Sequence[bytes], whole: bool) -> tuple[int, str, list[bytes]] | None:
     """What to seal at the end of a list whose last elements are ``tail`` (``whole``:
     the whole list): ``(n, digest, new)`` puts ``new`` in place of its last ``n``
-    elements; None: nothing worth it yet. Raises :class:`LookFurther` when the plain
-    run may begin before ``tail``."""
+    elements; None: nothing worth it yet. The run sealed is the plain URLs at the end
+    and the block before them if it is not full (topped up), never more: the URLs a
+    taker split off a block before that one stay plain at the head, not sealed only to
+    be split again. Raises :class:`LookFurther` when the run may begin before ``tail``."""
     start = len(tail)
-    while start > 0 and _sealable(tail[start - 1]):
+    while start > 0 and _plain(tail[start - 1]):
         start -= 1
-    run = tail[start:]
+    if start > 0 and is_block(tail[start - 1]) and count_of(tail[start - 1]) < BLOCK:
+        start -= 1
     if start == 0 and not whole:
         raise LookFurther
+    run = tail[start:]
     if sum(1 for e in run if not is_block(e)) < SEAL_MIN:
         return None
     return len(run), digest(run), blocks(urls_of(run))

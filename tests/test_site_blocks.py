@@ -83,6 +83,21 @@ def test_a_full_block_is_kept_and_a_partial_one_topped_up(store):
     assert [site_blocks.count_of(e) for e in _elements(store, "a.example")] == [64, 64, 7]
 
 
+def test_urls_split_off_at_the_head_are_not_sealed_again(store):
+    """A seal tops up the last block and stops there: the head's plain URLs (split off
+    by a taker) stay plain, not sealed only to be split again."""
+    _queue(store, [f"http://a.example/{i}" for i in range(100)])
+    _compact(store)
+    assert [u for _, u in sites.take(store, "c", 3, Pace(burst=3), now=T0).entries] == \
+        [f"http://a.example/{i}" for i in range(3)]
+    _queue(store, [f"http://a.example/x{i}" for i in range(10)])
+    _compact(store)
+    assert [site_blocks.count_of(e) for e in _elements(store, "a.example")] == \
+        [1] * (site_blocks.SPLIT - 3) + [64 - site_blocks.SPLIT, 46]
+    assert sites.queued_urls(store) == [f"http://a.example/{i}" for i in range(3, 100)] + \
+        [f"http://a.example/x{i}" for i in range(10)]
+
+
 def test_a_split_of_a_head_that_changed_does_nothing(store):
     _queue(store, [f"http://a.example/{i}" for i in range(100)])
     _compact(store)
