@@ -67,7 +67,7 @@ from dedupnet.adapters.store_choice import on_trio
 from dedupnet.codec.errors import BadURL
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import AgedSet
-from dedupnet.adapters.runtime import until_stored
+from dedupnet.adapters.runtime import Changes, until_stored
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Batch, Store
 from dedupnet.codec.urls import URLGate, normalize, site_of
 
@@ -171,6 +171,8 @@ class Crawler:
         self.on_commit: Callable[[], None] | None = None
         #: Tasks taken and not yet done (fetching, waiting for a slot or a retry).
         self.in_progress = 0
+        #: Notified each time a task is done: :attr:`in_progress` went down.
+        self.changes = Changes()
         #: Tasks done by this crawler (fetched, failed or skipped).
         self.pages_done = 0
 
@@ -349,6 +351,7 @@ class Crawler:
                                 f" {f.status}" if f.status is not None else "", outcome.attempts)
         finally:
             self.in_progress -= 1
+            self.changes.notify()
             self._tasks.pop(eid, None)
             self._on_wire.discard(eid)
             self._taken.discard(eid)

@@ -27,7 +27,7 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
-from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, beat, heartbeat,
+from dedupnet.adapters.runtime import (Changes, Reactor, check_durable, control_session, beat, heartbeat,
                                       keep_watermarks, open_watermarks, until_stored)
 from dedupnet.adapters.census import CrawlCensus
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
@@ -50,6 +50,8 @@ CENTER = "center"
 MAX_IDLE_POLL = 0.5
 #: The walker's sleep while the core has not yet handled what it was given.
 BUSY_POLL = 0.005
+#: Longest wait of a leaving host between two reads of what it still has to send.
+LEAVE_RECHECK = 0.5
 #: Seconds between two looks for URLs to seal into blocks when there were none.
 COMPACT_INTERVAL = 1.0
 #: Seconds between two asks, while this host is idle, whether the whole crawl is
@@ -135,6 +137,7 @@ class LocalDaemon:
         self.store = on_trio(store)
         self.reactor = Reactor(self.core.handle, self._execute)
         self.conn: Connection | None = None
+        self.conn_changes = Changes()
         self.port = settings.listen_port
         self.http_port: int | None = None  # the bound port of settings.metrics (--http), once serving
         crawler = settings.crawler
@@ -274,6 +277,7 @@ class LocalDaemon:
 
     async def _session(self, conn: Connection) -> None:
         self.conn = conn
+        self.conn_changes.notify()
         log.info("connected to the center")
         try:
             await self.reactor.put(hp.Connected(), conn)
@@ -293,6 +297,7 @@ class LocalDaemon:
         finally:
             if self.conn is conn:
                 self.conn = None
+                self.conn_changes.notify()
 
     async def _heartbeats(self) -> None:
         """Ours to the center when the link has been quiet (any message is a heartbeat to
@@ -454,17 +459,14 @@ class LocalDaemon:
                 async def watch() -> None:
                     """A center away for ``heartbeat_timeout`` (stopped too) takes nothing back."""
                     nonlocal gone
-                    since = None
                     while True:
-                        if self.conn is not None:
-                            since = None
-                        elif since is None:
-                            since = trio.current_time()
-                        elif trio.current_time() - since > self.settings.heartbeat_timeout:
-                            gone = True
-                            nursery.cancel_scope.cancel()
-                            return
-                        await trio.sleep(0.05)
+                        await self.conn_changes.until(lambda: self.conn is None)
+                        with trio.move_on_after(self.settings.heartbeat_timeout):
+                            await self.conn_changes.until(lambda: self.conn is not None)
+                            continue
+                        gone = True
+                        nursery.cancel_scope.cancel()
+                        return
 
                 nursery.start_soon(watch)
                 handed = await self._leave_steps(grace)
@@ -480,17 +482,21 @@ class LocalDaemon:
             self.frontier.active = False  # hand nothing more out: the tasks go back to the center
         if self.crawler is not None:
             self.crawler.stop_taking()
+            crawler = self.crawler
             with trio.move_on_after(grace):
-                while self.crawler.in_progress:
-                    await trio.sleep(0.02)
+                await crawler.changes.until(lambda: not crawler.in_progress)
             if self.crawler.in_progress:
                 self.counters.inc("pages_cut_off", amount=self.crawler.on_the_wire)
                 log.warning("%d pages still in progress after %g s (stop_grace): cut off; handed back, they are "
                             "fetched again by another host", self.crawler.on_the_wire, grace)
             self.crawler_scope.cancel()
+        # Every set stored by the center, every finished task reported: each step of that
+        # is an event the core handles (an ack, the walker's take); the store is read
+        # again after each, and at least every LEAVE_RECHECK seconds.
         while (self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]
                or await until_stored(self.store, self.counters, self.pools.tasks_done, 1)):
-            await trio.sleep(0.05)  # every set stored by the center, every finished task reported
+            with trio.move_on_after(LEAVE_RECHECK):
+                await self.reactor.changes.next()
         first = True
         while True:
             entries = await until_stored(self.store, self.counters, self.pools.all_tasks)
@@ -500,8 +506,7 @@ class LocalDaemon:
                 await self._hand_back(entries[i : i + 5000])
             handed += len(entries)
             first = False
-            while not self.reactor.idle:  # tasks that arrived before the ack, stored
-                await trio.sleep(0.01)
+            await self.reactor.changes.until(lambda: self.reactor.idle)  # tasks that arrived before the ack, stored
         return handed
 
     async def _hand_back(self, entries: list[tuple[bytes, str]]) -> None:

@@ -267,6 +267,32 @@ async def test_the_reactor_handles_queued_events_back_to_back_then_yields(mock_c
     assert handled == list(range(200))
 
 
+async def test_a_waiter_on_changes_wakes_when_its_condition_holds_not_before(autojump_clock):
+    """What a leaving host waits with instead of polling: each notify wakes it to check
+    again; it returns once the condition holds, and a deadline still bounds it."""
+    from dedupnet.adapters.runtime import Changes
+
+    changes, state, checks = Changes(), {"n": 3}, []
+
+    def done():
+        checks.append(state["n"])
+        return state["n"] == 0
+
+    async with trio.open_nursery() as nursery:
+        async def waiter():
+            await changes.until(done)
+            state["woke_at"] = trio.current_time()
+        nursery.start_soon(waiter)
+        for _ in range(3):
+            await trio.sleep(10)
+            state["n"] -= 1
+            changes.notify()
+    assert checks == [3, 2, 1, 0] and state["woke_at"] == 30
+    with trio.move_on_after(5) as scope:
+        await changes.until(lambda: False)
+    assert scope.cancelled_caught
+
+
 async def _no_actions(actions):
     return []
 

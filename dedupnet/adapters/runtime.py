@@ -172,6 +172,27 @@ async def check_durable(astore, counters, store: Store) -> None:
                     "has acknowledged; give it a Redis with appendonly yes (Redis 7.2+ or Valkey 8+)", store.url, why)
 
 
+class Changes:
+    """Wakes whoever waits for a condition on some state each time that state changes:
+    what a loop would otherwise poll for. The changer calls :meth:`notify`; a waiter
+    checks its condition again on each wake-up, and bounds its wait with a deadline of
+    its own."""
+
+    def __init__(self) -> None:
+        self._lot = trio.lowlevel.ParkingLot()
+
+    def notify(self) -> None:
+        self._lot.unpark_all()
+
+    async def next(self) -> None:
+        """Until the next change."""
+        await self._lot.park()
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        while not condition():
+            await self._lot.park()
+
+
 class Timers:
     """One-shot timers keyed by a number; fired ones are posted as events."""
 
@@ -228,6 +249,8 @@ class Reactor:
         self._send, self._receive = trio.open_memory_channel(inbox)
         self._busy = 0
         self._nursery: trio.Nursery | None = None
+        #: Notified each time an event has been handled: :attr:`idle` may have changed.
+        self.changes = Changes()
 
     def post(self, event: Any) -> None:
         """From a trio task that must not wait (timers, a connection's end). Never
@@ -288,6 +311,7 @@ class Reactor:
             await self._process(event)
         finally:
             self._busy -= 1
+            self.changes.notify()
 
     async def _process(self, event: Any) -> None:
         queue = [event]
