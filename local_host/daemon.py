@@ -27,8 +27,8 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
-from dedupnet.adapters.runtime import (Reactor, check_durable, control_session, beat, heartbeat,
-                                      keep_watermarks, open_watermarks, until_stored)
+from dedupnet.adapters.runtime import (Reactor, check_durable, check_memory, control_session, beat, heartbeat,
+                                      keep_watermarks, open_watermarks, until_room, until_stored)
 from dedupnet.adapters.census import CrawlCensus
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
 from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
@@ -181,6 +181,7 @@ class LocalDaemon:
                     sizes[TASK_POOL], sizes[URL_POOL], sizes["unacked_sets"])
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await check_memory(self.store, self.counters, self.pools.store)
         await until_stored(self.store, self.counters, self.pools.setup)
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
@@ -328,6 +329,7 @@ class LocalDaemon:
         poll = s.idle_poll
         while True:
             entries = []
+            await until_room(self.store, self.counters)  # new URLs would be new sets to write
             if self.conn is not None and self.core.can_take and self.core.room > 0:
                 if self.reactor.pending():
                     # What was put last is not handled yet, so the core's room is not
