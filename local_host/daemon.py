@@ -28,7 +28,8 @@ from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
 from dedupnet.adapters.runtime import (Reactor, check_durable, check_memory, control_session, beat, heartbeat,
-                                      keep_watermarks, open_watermarks, until_room, until_stored)
+                                      keep_watermarks, open_watermarks, until_room, until_stored,
+                                      watch_room)
 from dedupnet.adapters.census import CrawlCensus
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
 from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
@@ -206,6 +207,7 @@ class LocalDaemon:
             nursery.start_soon(keep_watermarks, self.store, self.counters, self.pools.store, self.marks,
                                s.heartbeat_interval)
             nursery.start_soon(self._count_tasks)
+            nursery.start_soon(watch_room, self.store, self.counters)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if s.exit_when_complete:
                 nursery.start_soon(self._watch_completion)

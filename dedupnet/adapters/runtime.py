@@ -175,7 +175,9 @@ class _Room:
 
     def __init__(self) -> None:
         self.full = False
-        self.freed: trio.Event | None = None
+        #: Set while full (:func:`watch_room` waits for it), and while not (:func:`until_room`).
+        self.filled, self.freed = trio.Event(), trio.Event()
+        self.freed.set()
         self._next_look = -math.inf
         self._looking = False
 
@@ -183,13 +185,14 @@ class _Room:
         if self.full:
             return
         self.full, self.freed = True, trio.Event()
+        self.filled.set()
         self._next_look = trio.current_time() + ROOM_POLL
         counters.set_gauge("store_memory_full", 1)
         memory = await _memory(astore)
         used = f"{_mib(memory[0])} used of maxmemory {_mib(memory[1])}" if memory else str(exc)
-        log.error("Redis at %s is full (%s): taking no new work until memory is freed; what this daemon has "
-                  "acknowledged stays stored, and what waits to be written goes on once Redis takes writes "
-                  "(docs/DEPLOY.md, \"Sizing memory\")", astore.store.url, used)
+        log.error("Redis at %s (keys %s:*) is full (%s): taking no new work until memory is freed; what this "
+                  "daemon has acknowledged stays stored, and what waits to be written goes on once Redis takes "
+                  "writes (docs/DEPLOY.md, \"Sizing memory\")", astore.store.url, astore.store.prefix, used)
 
     async def look(self, astore, counters) -> None:
         """Has the full Redis room again? A write of our own (refused while it is full)
@@ -203,12 +206,13 @@ class _Room:
                 await astore.command(b"SET", astore.store.key(ROOM_PROBE), b"1")
                 memory = await _memory(astore)
                 if memory is None or not memory[1] or memory[0] <= memory[1] - _room_to_resume(memory[1]):
-                    self.full = False
+                    self.full, self.filled = False, trio.Event()
                     self.freed.set()
                     counters.set_gauge("store_memory_full", 0)
                     used = f"{_mib(memory[0])} used of maxmemory {_mib(memory[1])}" if memory and memory[1] else \
                         "no maxmemory" if memory else "it takes writes"
-                    log.warning("Redis at %s has room again (%s): taking new work", astore.store.url, used)
+                    log.warning("Redis at %s (keys %s:*) has room again (%s): taking new work", astore.store.url,
+                                astore.store.prefix, used)
         except (DedupnetError, RedisError):
             pass  # still full, or gone: the next look asks again
         finally:
@@ -257,6 +261,16 @@ async def until_room(astore, counters) -> None:
         with trio.move_on_after(ROOM_POLL):
             await room.freed.wait()
         await room.look(astore, counters)
+
+
+async def watch_room(astore, counters) -> None:
+    """Look for room while this daemon's Redis is full even when nothing of the daemon
+    asks Redis anything (an idle center): its gauge and its log say when it is not full
+    any more. Runs until cancelled."""
+    room = _room(astore.store)
+    while True:
+        await room.filled.wait()
+        await until_room(astore, counters)
 
 
 #: ``maxmemory-policy`` values that never drop a key dedupnet keeps.

@@ -122,8 +122,8 @@ def raise_if_refused(results: list) -> list:
             text = str(r)
             if text.startswith("LOADING"):
                 raise BusyLoadingError(text)
-            if text.startswith("OOM"):
-                raise MemoryFull(text)
+            if text.startswith("OOM") or (text.startswith("EXECABORT") and ": OOM" in text):
+                raise MemoryFull(text)  # EXECABORT: the server filled between MULTI and EXEC
     return results
 
 
