@@ -15,11 +15,12 @@ from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import ROOM_POLL, check_memory, until_room, until_stored
 from dedupnet.adapters.aio import AsyncStore
 from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import URL_POOL, MemoryFull, Store
+from dedupnet.adapters.store import TASK_POOL, URL_POOL, MemoryFull, Store
 from dedupnet.codec.errors import SettingsError
 from dedupnet.harness.cluster import open_cluster
 
 from .helpers import until
+from .test_crawler import Reply, crawling, finished, page, settle, web  # noqa: F401 - web is a fixture
 
 
 @pytest.fixture
@@ -150,6 +151,44 @@ async def test_new_work_waits_for_room_and_a_look_every_poll_finds_it(server, au
     finally:
         client.config_set("maxmemory", 0)
         await astore.aclose()
+        store.close()
+
+
+async def test_a_crawler_starts_no_fetch_while_its_redis_is_full(server, web):
+    """A page's result has nowhere to go while Redis refuses writes: a crawler that went
+    on fetching its leased tasks held every result in memory (all fetched again if the
+    host stopped meanwhile). Now, as while Redis is down, only the pages in flight when it
+    filled, and those that took their slots before the crawler saw a write refused, are
+    fetched; once there is room each page is fetched once and recorded. Real time (the
+    web and its client): the pause is an upper bound on what could be fetched in it."""
+    url, client = server
+    a = web.sites["a"]
+
+    async def slow(n):
+        await trio.sleep(0.2)
+        return Reply(body=page().encode())
+
+    tasks = []
+    for i in range(20):
+        a.route(f"/w{i}", slow)
+        tasks.append(a.url(f"/w{i}"))
+    store = Store(url, "crawl")
+    try:
+        store.stream_add(TASK_POOL, tasks)
+        async with crawling(store, concurrency=2, per_site_concurrency=0, max_leased=20, take_batch=20,
+                            respect_robots=False) as crawler:
+            await until(lambda: a.active == 2 and crawler.in_progress == 20)
+            client.config_set("maxmemory", 1)
+            full_at = len(a.hits())
+            await trio.sleep(1.5)  # the 18 others would all be fetched by now
+            during = len(a.hits()) - full_at
+            client.config_set("maxmemory", 0)
+            await settle(store, crawler)
+        assert during <= 2 * 2, during
+        assert [len(a.hits(f"/w{i}")) for i in range(20)] == [1] * 20
+        assert finished(store, tasks) == [True] * 20
+    finally:
+        client.config_set("maxmemory", 0)
         store.close()
 
 
