@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
-from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from dedupnet.codec import wire
 from dedupnet.codec.backoff import Backoff
@@ -25,7 +25,7 @@ from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError, SettingsError
 from dedupnet.codec.messages import Heartbeat, Status
 from dedupnet.adapters.watermark import Watermarks, heard_steps, own_steps, save_heard_steps
-from dedupnet.adapters.store import MemoryFull, Store
+from dedupnet.adapters.store import Store
 from dedupnet.adapters.store_choice import store_for
 from dedupnet.adapters.transport import Connection
 
@@ -136,7 +136,7 @@ async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
     while True:
         try:
             result = await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
-        except MemoryFull as e:  # said once, when the daemon finds its Redis full (_Room)
+        except OutOfMemoryError as e:  # MemoryFull too; said once, when the daemon finds its Redis full (_Room)
             counters.inc("store_errors")
             await _room(astore.store).fill(astore, counters, e)
         except (DedupnetError, RedisError) as e:
@@ -278,9 +278,10 @@ KEEPS_EVERY_KEY = ("noeviction",)
 
 
 def _policy_steps(store: Store):
-    try:
-        reply = yield from store.command_steps(b"CONFIG", b"GET", b"maxmemory-policy")
-    except ResponseError:  # CONFIG refused to this user, or renamed away
+    batch = store.batch()
+    batch.add(b"CONFIG", b"GET", b"maxmemory-policy")
+    (reply,) = yield batch
+    if isinstance(reply, ResponseError):  # CONFIG refused to this user, or renamed away
         return ""
     return dict(zip(reply[::2], reply[1::2])).get(b"maxmemory-policy", b"").decode()
 
@@ -293,6 +294,7 @@ async def check_memory(astore, counters, store: Store) -> None:
     counters.set_gauge("store_memory_full", 0)
     if getattr(store, "is_cluster", False):
         return
+    await until_stored(astore, counters, _bucket_layout, store)  # in a worker thread: see open_watermarks
     policy = await until_stored(astore, counters, _policy_steps, store)
     if not policy:
         log.warning("Redis at %s does not say its maxmemory-policy; it must be noeviction, or keys dedupnet keeps "

@@ -67,7 +67,7 @@ from typing import Any, TypeVar
 import hiredis
 import numpy as np
 import redis
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, OutOfMemoryError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -96,11 +96,12 @@ TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OS
 
 
 
-class MemoryFull(ResponseError):
+class MemoryFull(OutOfMemoryError):
     """The server is past its ``maxmemory`` (``-OOM``): the write was not done. A Redis
     error like any other to the daemons' ``until_stored`` (wait and send again), and
     the sign that this daemon stops taking new work until memory is freed
-    (:func:`dedupnet.adapters.runtime.until_room`)."""
+    (:func:`dedupnet.adapters.runtime.until_room`). redis-py's own ``OutOfMemoryError``
+    (the calls that go through its client) is the same case: its subclass, caught as it."""
 
 
 def raise_if_refused(results: list) -> list:
