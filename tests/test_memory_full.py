@@ -10,12 +10,13 @@ from collections import Counter
 import pytest
 import redis
 import trio
+from redis.exceptions import ResponseError
 
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import ROOM_POLL, check_memory, until_room, until_stored
 from dedupnet.adapters.aio import AsyncStore
 from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import TASK_POOL, URL_POOL, MemoryFull, Store
+from dedupnet.adapters.store import TASK_POOL, URL_POOL, MemoryFull, Store, raise_if_refused
 from dedupnet.codec.errors import SettingsError
 from dedupnet.harness.cluster import open_cluster
 
@@ -189,6 +190,48 @@ async def test_a_crawler_starts_no_fetch_while_its_redis_is_full(server, web):
         assert finished(store, tasks) == [True] * 20
     finally:
         client.config_set("maxmemory", 0)
+        store.close()
+
+
+def test_a_refusal_is_memory_full_wherever_the_server_says_it():
+    """At a command, or at EXEC when the server filled between MULTI and EXEC (a
+    transaction's results read as a list took a host down); other errors stay replies."""
+    oom = "OOM command not allowed when used memory > 'maxmemory'."
+    with pytest.raises(MemoryFull):
+        raise_if_refused([b"OK", ResponseError(oom)])
+    with pytest.raises(MemoryFull):
+        raise_if_refused([b"OK", b"QUEUED", ResponseError(f"EXECABORT Transaction discarded because of: {oom}")])
+    other = [ResponseError("EXECABORT Transaction discarded because of previous errors."), ResponseError("WRONGTYPE")]
+    assert raise_if_refused(other) is other
+
+
+async def test_a_refusal_met_through_redis_py_is_the_same_case(server, autojump_clock, caplog):
+    """Some calls go through redis-py's client (the bucket layout, a host's setup): its
+    ``OutOfMemoryError`` is waited out and said once, as ``MemoryFull`` is."""
+    url, client = server
+    store = Store(url, f"p{random.random()}")
+    astore, counters = AsyncStore(store), Counters()
+    caplog.set_level(logging.WARNING, logger="dedupnet.adapters.runtime")
+    try:
+        client.config_set("maxmemory", 1)
+        async with trio.open_nursery() as nursery:
+            done = trio.Event()
+
+            async def setup():
+                await until_stored(astore, counters, store.redis.set, store.key("k"), b"v")
+                done.set()
+
+            nursery.start_soon(setup)
+            await until(lambda: counters.get("store_errors") >= 5, what="five refusals")
+            assert counters.get_gauge("store_memory_full") == 1 and not done.is_set()
+            client.config_set("maxmemory", 0)
+            await done.wait()
+        said = [r.getMessage() for r in caplog.records]  # no "Redis call ... failed" every few seconds
+        assert len(said) == 2 and "is full" in said[0] and "has room again" in said[1], said
+        assert counters.get_gauge("store_memory_full") == 0
+    finally:
+        client.config_set("maxmemory", 0)
+        await astore.aclose()
         store.close()
 
 
