@@ -13,12 +13,13 @@ import trio
 from redis.exceptions import ResponseError
 
 from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.runtime import ROOM_POLL, check_memory, until_room, until_stored
+from dedupnet.adapters.runtime import ROOM_POLL, check_memory, open_store, until_room, until_stored
 from dedupnet.adapters.aio import AsyncStore
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.store import TASK_POOL, URL_POOL, MemoryFull, Store, raise_if_refused
 from dedupnet.codec.errors import SettingsError
 from dedupnet.harness.cluster import open_cluster
+from dedupnet.service.config import Settings
 
 from .helpers import until
 from .test_crawler import Reply, crawling, finished, page, settle, web  # noqa: F401 - web is a fixture
@@ -233,6 +234,25 @@ async def test_a_refusal_met_through_redis_py_is_the_same_case(server, autojump_
         client.config_set("maxmemory", 0)
         await astore.aclose()
         store.close()
+
+
+def test_the_embedded_redis_gets_its_maxmemory_from_the_settings_and_keeps_it_when_restarted():
+    with open_store(None, "sized", data_dir=None, maxmemory="5mb") as (store, server):
+        assert store.redis.config_get("maxmemory") == {"maxmemory": str(5 << 20)}
+        assert store.redis.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        server.kill()
+        server.restart()
+        assert redis.Redis.from_url(server.url).config_get("maxmemory") == {"maxmemory": str(5 << 20)}
+
+
+@pytest.mark.parametrize("given, why", [
+    (dict(redis_maxmemory="lots"), "a size such as 512mb"),
+    (dict(redis_maxmemory="0"), "a size such as 512mb"),  # 0 would be no limit: leave it out for that
+    (dict(redis_maxmemory="2gb", redis_url="redis://127.0.0.1:6379/0"), "with redis_url, set maxmemory on"),
+])
+def test_a_maxmemory_that_cannot_work_is_refused(given, why):
+    with pytest.raises(ValueError, match=why):
+        Settings(**given)
 
 
 @pytest.mark.parametrize("policy", ["allkeys-lru", "volatile-ttl"])

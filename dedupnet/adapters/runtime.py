@@ -34,20 +34,23 @@ log = logging.getLogger("dedupnet.adapters.runtime")
 
 @contextlib.contextmanager
 def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 0,
-               durable_acks: bool = False) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
+               durable_acks: bool = False, maxmemory: str | None = None) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
     """A store on ``redis_url``, or on an embedded server (persistent when it has a
     ``data_dir``), and that server (None with ``redis_url``): the daemon runs
     :func:`supervise_redis` on it. Must be entered from the main thread, before
     ``trio.run``: the embedded server dies with the thread that started it.
     ``durable_acks``: the embedded server fsyncs every write before its reply
     (``appendfsync always``), so a daemon's wait for the disk costs no server tick
-    (docs/DECISIONS.md, "Durable acknowledgements")."""
+    (docs/DECISIONS.md, "Durable acknowledgements"). ``maxmemory``: the embedded server's,
+    given on its command line so that a restart of it keeps it (a ``CONFIG SET`` would not)."""
     with contextlib.ExitStack() as stack:
         server = None
         if redis_url is None and data_dir is not None:  # one daemon per data dir (dedupnet/adapters/datadir.py)
             stack.enter_context(datadir.hold(data_dir))
         if redis_url is None:
-            config = {"appendfsync": "always"} if durable_acks and data_dir is not None else None
+            config = {"appendfsync": "always"} if durable_acks and data_dir is not None else {}
+            if maxmemory is not None:
+                config["maxmemory"] = maxmemory
             server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir, config=config)
             redis_url = stack.enter_context(server)
             if data_dir is not None:  # so `dedupnet push --data-dir` finds this daemon's Redis

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import re
 import tomllib
 import types
 import typing
@@ -63,6 +64,12 @@ class _Checked:
                 ipaddress.IPv4Address(self.discovery_address)
             except ValueError:
                 raise ValueError(f"discovery_address must be an IPv4 address, not {self.discovery_address!r}") from None
+        if self.redis_maxmemory is not None:
+            if not re.fullmatch(r"[1-9]\d*([kmg]b?)?", self.redis_maxmemory, re.I):
+                raise ValueError(f"redis_maxmemory must be a size such as 512mb or 2gb, not {self.redis_maxmemory!r}")
+            if self.redis_url is not None:  # the operator's server keeps its own configuration
+                raise ValueError("redis_maxmemory sizes the embedded Redis; with redis_url, set maxmemory on that "
+                                 "server (CONFIG SET maxmemory, and in its configuration)")
         if self.bucket_bits and not 8 <= self.bucket_bits <= 24:
             raise ValueError("bucket_bits must be 0 (the store's) or within 8..24")
         if self.set_size > self.max_urls_per_set:
