@@ -116,8 +116,9 @@ def raise_if_refused(results: list) -> list:
     a count or a sequence number from that reply (a look-up's ``INCRBY``) took the
     daemon down with a TypeError. It is not a connection error (the server answered):
     the store does not retry it, its callers wait (``until_stored``). Resending is safe
-    as after a lost reply (dedupnet/adapters/once.py): a command refused for memory did
-    nothing, and in a MULTI the whole transaction is refused (``EXECABORT``)."""
+    as after a lost reply (dedupnet/adapters/once.py): the batch's commands that ran run
+    again, the refused ones did nothing, and in a MULTI the whole transaction is refused
+    (``EXECABORT``)."""
     for r in results:
         if isinstance(r, ResponseError):
             text = str(r)
