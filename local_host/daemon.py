@@ -182,8 +182,8 @@ class LocalDaemon:
                     sizes[TASK_POOL], sizes[URL_POOL], sizes["unacked_sets"])
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        await check_memory(self.store, self.counters, self.pools.store)
         await until_stored(self.store, self.counters, self.pools.setup)
+        await check_memory(self.store, self.counters, self.pools.store)
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
         self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
