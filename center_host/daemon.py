@@ -30,8 +30,8 @@ from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.codec.settings import declared
 from dedupnet.adapters.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, control_session, beat, heartbeat,
-                                      keep_watermarks, open_watermarks, until_stored)
+from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, check_memory, control_session, beat,
+                                      heartbeat, keep_watermarks, open_watermarks, until_stored, watch_room)
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches
 from dedupnet.adapters.store import Store
 from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
@@ -182,6 +182,7 @@ class CenterDaemon:
 
     # -- running -------------------------------------------------------------------------
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        await check_memory(self.store, self.counters, self.pools.store)
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
         self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
@@ -194,6 +195,7 @@ class CenterDaemon:
             nursery.start_soon(keep_watermarks, self.store, self.counters, self.pools.store, self.marks,
                                self.settings.heartbeat_interval)
             nursery.start_soon(self.timers.run)
+            nursery.start_soon(watch_room, self.store, self.counters)
             self.port = await nursery.start(self._serve)
             if self.settings.discovery_port is not None:
                 self.discovery_port = await nursery.start(self._answer_discovery)

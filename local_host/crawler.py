@@ -67,7 +67,7 @@ from dedupnet.adapters.store_choice import on_trio
 from dedupnet.codec.errors import BadURL
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import AgedSet
-from dedupnet.adapters.runtime import Changes, until_stored
+from dedupnet.adapters.runtime import Changes, until_room, until_stored
 from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Batch, Store
 from dedupnet.codec.urls import URLGate, normalize, site_of
 
@@ -270,6 +270,7 @@ class Crawler:
         resumed = 0
         rescan_at = trio.current_time() + PENDING_RESCAN
         while True:
+            await until_room(self._reader, self.counters)  # a full Redis could not record the pages
             await self._leases.acquire()
             n = 1
             while n < s.take_batch:
@@ -427,7 +428,9 @@ class Crawler:
         that were in flight when the crawler saw a call to Redis fail (the crawl
         concurrency; twice that at worst, when the slots of the pages in flight are
         taken by the next ones before those pages' write has failed). One waiting task
-        asks Redis until it answers."""
+        asks Redis until it answers. A Redis that is full holds them the same way
+        (:func:`~dedupnet.adapters.runtime.until_room`): their pages could not be recorded."""
+        await until_room(self._writer, self.counters)
         reconnects = getattr(self.store, "reconnects", 0)
         if reconnects != self._reconnects:  # a call failed since we last looked: is it back?
             self._reconnects = reconnects

@@ -27,8 +27,9 @@ from dedupnet.adapters.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
-from dedupnet.adapters.runtime import (Changes, Reactor, check_durable, control_session, beat, heartbeat,
-                                      keep_watermarks, open_watermarks, until_stored)
+from dedupnet.adapters.runtime import (Changes, Reactor, check_durable, check_memory, control_session, beat,
+                                      heartbeat, keep_watermarks, open_watermarks, until_room, until_stored,
+                                      watch_room)
 from dedupnet.adapters.census import CrawlCensus
 from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
 from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
@@ -187,6 +188,7 @@ class LocalDaemon:
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
         await until_stored(self.store, self.counters, self.pools.setup)
+        await check_memory(self.store, self.counters, self.pools.store)
         if self.settings.durable_acks:
             await check_durable(self.store, self.counters, self.pools.store)
         self.marks = await open_watermarks(self.store, self.counters, self.pools.store)
@@ -211,6 +213,7 @@ class LocalDaemon:
                                s.heartbeat_interval)
             nursery.start_soon(self._count_tasks)
             nursery.start_soon(self._compact_tasks)
+            nursery.start_soon(watch_room, self.store, self.counters)
             nursery.start_soon(watch_keyrings, [self.lan_keyring], self.counters, s.key_poll_interval)
             if s.exit_when_complete:
                 nursery.start_soon(self._watch_completion)
@@ -346,6 +349,7 @@ class LocalDaemon:
         poll = s.idle_poll
         while True:
             entries = []
+            await until_room(self.store, self.counters)  # new URLs would be new sets to write
             if self.conn is not None and self.core.can_take and self.core.room > 0:
                 if self.reactor.pending():
                     # What was put last is not handled yet, so the core's room is not

@@ -340,7 +340,7 @@ async def test_a_restarted_server_still_loading_is_waited_for_not_read_as_data(t
     """A server restarted on its AOF answers ``-LOADING`` to every command until it has
     read it back (a `kill-redis` chaos run met it: a host's look-up read the error reply
     as flags and the daemon exited). The native driver must wait and send again, as the
-    synchronous store does (store.raise_if_loading). Real time: a real server loading
+    synchronous store does (store.raise_if_refused). Real time: a real server loading
     2,000 keys at 1 ms each, answering clients every 1 KiB it reads."""
     server = EmbeddedRedis(persistent=True, data_dir=tmp_path, port=free_port("127.0.0.1"), config={
         "key-load-delay": "1000", "loading-process-events-interval-bytes": "1024"})
@@ -425,4 +425,4 @@ async def test_an_error_reply_to_a_fingerprint_command_is_waited_out_not_read_as
     finally:
         store.redis.config_set("maxmemory", before)
     assert added == [50]
-    assert any("OOM" in r.getMessage() for r in caplog.records)
+    assert sum("is full" in r.getMessage() for r in caplog.records) == 1  # said once, however often retried

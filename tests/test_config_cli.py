@@ -88,20 +88,3 @@ def test_the_cores_and_the_crawler_take_their_defaults_from_the_declarations():
             checked += 1
     assert checked >= 15
 
-
-def test_the_settings_object_has_one_field_per_declared_setting():
-    """Settings is written out (for readers and type checkers): each declared setting,
-    in order, of its type, with its declared default."""
-    import dataclasses
-
-    from dedupnet.codec.settings import SETTINGS
-    from dedupnet.service.config import Settings
-
-    fields = dataclasses.fields(Settings)
-    assert [f.name for f in fields] == list(SETTINGS)
-    for f in fields:
-        setting = SETTINGS[f.name]
-        assert f.type == str(setting.annotation).replace("<class '", "").replace("'>", ""), f.name
-        assert f.metadata["setting"] == f.name
-        default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-        assert default == setting.default_value(), f.name

@@ -16,7 +16,7 @@ from dedupnet.harness.crawlchecks import check_extracted
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.powercut import unavailable
 from dedupnet.harness.simproc import SUPPORTED_FAULTS, check_faults, simulate_processes
-from dedupnet.adapters.store import raise_if_loading
+from dedupnet.adapters.store import raise_if_refused
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 
@@ -107,9 +107,9 @@ def test_cli_rejects_a_bad_fault_spec_with_its_reason():
 # -- a restarted Redis answers LOADING: "not yet", not data ----------------------------------
 def test_loading_replies_are_a_transient_error_not_results():
     results = [1, ResponseError("WRONGTYPE x")]  # an error of one command is that command's answer
-    assert raise_if_loading(results) is results
+    assert raise_if_refused(results) is results
     with pytest.raises(BusyLoadingError):
-        raise_if_loading([ResponseError("LOADING Redis is loading the dataset in memory"), 1])
+        raise_if_refused([ResponseError("LOADING Redis is loading the dataset in memory"), 1])
 
 
 # -- the fault runner on real processes, virtual time ------------------------------------------

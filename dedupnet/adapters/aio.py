@@ -36,7 +36,7 @@ from redis.connection import parse_url
 from redis.exceptions import ResponseError
 
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command, raise_if_loading
+from dedupnet.adapters.store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command, raise_if_refused
 
 log = logging.getLogger("dedupnet.adapters.aio")
 
@@ -127,7 +127,7 @@ class AsyncStore:
                         conn = await self._connect()
                     results = await _exchange(conn, payload, replies)
                 done = True  # the connection is sound even if the server is still loading
-                raise_if_loading(results)
+                raise_if_refused(results)
             finally:
                 if done:
                     self._idle.append(conn)

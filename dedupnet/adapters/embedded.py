@@ -312,6 +312,9 @@ class EmbeddedRedis:
             "set-max-intset-entries": str(INTSET_MAX_ENTRIES),
             # AOF is the persistence; RDB snapshots would only add fork+IO.
             "save": "",
+            # Full, refuse writes (the daemons wait for room) rather than drop keys:
+            # the server's default, said here because nothing else is acceptable.
+            "maxmemory-policy": "noeviction",
         }
         if self.unix_socket:
             args["unixsocket"] = str(self._socket_path())

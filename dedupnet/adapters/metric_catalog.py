@@ -92,6 +92,8 @@ _ALL = (
                                       "longest has waited for a fetch slot (0: none ready).", role="host"),
     _g("durable_acks", "1 if this daemon's Redis confirms writes on disk before a dependent message goes "
                        "(WAITAOF), 0 if it cannot."),
+    _g("store_memory_full", "1 while this daemon's Redis is past its maxmemory and refuses writes: the daemon "
+                            "takes no new work until it has room again (nothing acknowledged is lost)."),
     # -- transport (dedupnet/adapters/transport/, tls.py) --
     _c("frames_received", "Messages decoded, by kind (flag only for kind frame).", "kind", "flag"),
     _c("frames_sent", "Messages written, by kind.", "kind"),

@@ -10,12 +10,13 @@ import logging
 import math
 import signal
 import time
+import weakref
 from pathlib import Path
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import trio
-from redis.exceptions import RedisError
+from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 
 from dedupnet.codec import wire
 from dedupnet.codec.backoff import Backoff
@@ -33,20 +34,23 @@ log = logging.getLogger("dedupnet.adapters.runtime")
 
 @contextlib.contextmanager
 def open_store(redis_url: str | None, prefix: str, *, data_dir: str | None, bucket_bits: int = 0,
-               durable_acks: bool = False) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
+               durable_acks: bool = False, maxmemory: str | None = None) -> Iterator[tuple[Store, EmbeddedRedis | None]]:
     """A store on ``redis_url``, or on an embedded server (persistent when it has a
     ``data_dir``), and that server (None with ``redis_url``): the daemon runs
     :func:`supervise_redis` on it. Must be entered from the main thread, before
     ``trio.run``: the embedded server dies with the thread that started it.
     ``durable_acks``: the embedded server fsyncs every write before its reply
     (``appendfsync always``), so a daemon's wait for the disk costs no server tick
-    (docs/DECISIONS.md, "Durable acknowledgements")."""
+    (docs/DECISIONS.md, "Durable acknowledgements"). ``maxmemory``: the embedded server's,
+    given on its command line so that a restart of it keeps it (a ``CONFIG SET`` would not)."""
     with contextlib.ExitStack() as stack:
         server = None
         if redis_url is None and data_dir is not None:  # one daemon per data dir (dedupnet/adapters/datadir.py)
             stack.enter_context(datadir.hold(data_dir))
         if redis_url is None:
-            config = {"appendfsync": "always"} if durable_acks and data_dir is not None else None
+            config = {"appendfsync": "always"} if durable_acks and data_dir is not None else {}
+            if maxmemory is not None:
+                config["maxmemory"] = maxmemory
             server = EmbeddedRedis(persistent=data_dir is not None, data_dir=data_dir, config=config)
             redis_url = stack.enter_context(server)
             if data_dir is not None:  # so `dedupnet push --data-dir` finds this daemon's Redis
@@ -134,12 +138,174 @@ async def until_stored(astore, counters, fn: Callable, *args: Any) -> Any:
     failures = 0
     while True:
         try:
-            return await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
+            result = await (astore.drive(fn(*args)) if native else astore.run(fn, *args))
+        except OutOfMemoryError as e:  # MemoryFull too; said once, when the daemon finds its Redis full (_Room)
+            counters.inc("store_errors")
+            await _room(astore.store).fill(astore, counters, e)
         except (DedupnetError, RedisError) as e:
             counters.inc("store_errors")
             _complain(astore.store.url, getattr(fn, "__name__", fn), e)
-            failures += 1
-            await trio.sleep(STORE_WAIT.delay(failures))
+        else:
+            room = _rooms.get(astore.store)
+            if room is not None and room.full:
+                await room.look(astore, counters)
+            return result
+        failures += 1
+        await trio.sleep(STORE_WAIT.delay(failures))
+
+
+#: Seconds between two looks at whether a full Redis has room again, and the longest one
+#: look may take: new work waits for it (:func:`until_room`), never in a busy loop.
+ROOM_POLL, ROOM_LOOK_TIMEOUT = 1.0, 2.0
+#: The room a full Redis must have again before new work is taken: this fraction of its
+#: ``maxmemory``, at most ``ROOM_TO_RESUME_CAP`` bytes. Taking work again at the first
+#: byte freed would fill it again at once, and say so, over and over.
+ROOM_TO_RESUME, ROOM_TO_RESUME_CAP = 0.05, 64 << 20
+#: The key a look writes: a write the server refuses while it is past its maxmemory.
+ROOM_PROBE = "room_probe"
+
+
+class _Room:
+    """Whether this daemon's Redis is past its ``maxmemory``, as the daemon last found it.
+
+    A full Redis refuses writes (``-OOM``), and the daemon cannot do anything it would
+    have to acknowledge: the writes it needs wait in :func:`until_stored`, as for a
+    Redis that is down, and acknowledge nothing they did not store. Taking new work
+    meanwhile would only pile it up in memory (pages fetched, URLs taken from URL_pool),
+    so what takes it waits in :func:`until_room`, and the operator is told once, when
+    it fills and when it has room again (gauge ``store_memory_full``), not every few
+    seconds as for each call of a Redis that is down."""
+
+    def __init__(self) -> None:
+        self.full = False
+        #: Set while full (:func:`watch_room` waits for it), and while not (:func:`until_room`).
+        self.filled, self.freed = trio.Event(), trio.Event()
+        self.freed.set()
+        self._next_look = -math.inf
+        self._looking = False
+
+    async def fill(self, astore, counters, exc: BaseException) -> None:
+        if self.full:
+            return
+        self.full, self.freed = True, trio.Event()
+        self.filled.set()
+        self._next_look = trio.current_time() + ROOM_POLL
+        counters.set_gauge("store_memory_full", 1)
+        memory = await _memory(astore)
+        used = f"{_mib(memory[0])} used of maxmemory {_mib(memory[1])}" if memory else str(exc)
+        log.error("Redis at %s (keys %s:*) is full (%s): taking no new work until memory is freed; what this "
+                  "daemon has acknowledged stays stored, and what waits to be written goes on once Redis takes "
+                  "writes (docs/DEPLOY.md, \"Sizing memory\")", astore.store.url, astore.store.prefix, used)
+
+    async def look(self, astore, counters) -> None:
+        """Has the full Redis room again? A write of our own (refused while it is full)
+        and its memory, at most every ``ROOM_POLL`` seconds, one look at a time."""
+        now = trio.current_time()
+        if not self.full or self._looking or now < self._next_look:
+            return
+        self._looking, self._next_look = True, now + ROOM_POLL
+        try:
+            with trio.move_on_after(ROOM_LOOK_TIMEOUT):
+                await astore.command(b"SET", astore.store.key(ROOM_PROBE), b"1")
+                memory = await _memory(astore)
+                if memory is None or not memory[1] or memory[0] <= memory[1] - _room_to_resume(memory[1]):
+                    self.full, self.filled = False, trio.Event()
+                    self.freed.set()
+                    counters.set_gauge("store_memory_full", 0)
+                    used = f"{_mib(memory[0])} used of maxmemory {_mib(memory[1])}" if memory and memory[1] else \
+                        "no maxmemory" if memory else "it takes writes"
+                    log.warning("Redis at %s (keys %s:*) has room again (%s): taking new work", astore.store.url,
+                                astore.store.prefix, used)
+        except (DedupnetError, RedisError):
+            pass  # still full, or gone: the next look asks again
+        finally:
+            self._looking = False
+
+
+_rooms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _room(store: Store) -> _Room:
+    room = _rooms.get(store)
+    if room is None:
+        room = _rooms[store] = _Room()
+    return room
+
+
+def _room_to_resume(maxmemory: int) -> int:
+    return min(int(maxmemory * ROOM_TO_RESUME), ROOM_TO_RESUME_CAP)
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+async def _memory(astore) -> tuple[int, int] | None:
+    """``(used, maxmemory)`` as the server counts them for its limit (without the
+    replication and AOF buffers), or None if it does not say (a cluster, INFO refused)."""
+    if getattr(astore.store, "is_cluster", False):
+        return None
+    try:
+        with trio.move_on_after(ROOM_LOOK_TIMEOUT):
+            text = await astore.command(b"INFO", b"memory")
+            info = dict(line.split(":", 1) for line in text.decode().splitlines() if ":" in line)
+            used = int(info["used_memory"]) - int(info.get("mem_not_counted_for_evict", 0))
+            return used, int(info["maxmemory"])
+    except (DedupnetError, RedisError, KeyError, ValueError):
+        pass
+    return None
+
+
+async def until_room(astore, counters) -> None:
+    """Wait while this daemon's Redis is full (:class:`_Room`): called before taking
+    new work. Returns at once when it is not."""
+    room = _rooms.get(astore.store)
+    while room is not None and room.full:
+        with trio.move_on_after(ROOM_POLL):
+            await room.freed.wait()
+        await room.look(astore, counters)
+
+
+async def watch_room(astore, counters) -> None:
+    """Look for room while this daemon's Redis is full even when nothing of the daemon
+    asks Redis anything (an idle center): its gauge and its log say when it is not full
+    any more. Runs until cancelled."""
+    room = _room(astore.store)
+    while True:
+        await room.filled.wait()
+        await until_room(astore, counters)
+
+
+#: ``maxmemory-policy`` values that never drop a key dedupnet keeps.
+KEEPS_EVERY_KEY = ("noeviction",)
+
+
+def _policy_steps(store: Store):
+    batch = store.batch()
+    batch.add(b"CONFIG", b"GET", b"maxmemory-policy")
+    (reply,) = yield batch
+    if isinstance(reply, ResponseError):  # CONFIG refused to this user, or renamed away
+        return ""
+    return dict(zip(reply[::2], reply[1::2])).get(b"maxmemory-policy", b"").decode()
+
+
+async def check_memory(astore, counters, store: Store) -> None:
+    """Refuse a Redis that evicts keys when full: an evicted fingerprint bucket would let
+    its URLs be admitted again, an evicted pool lose what was acknowledged, silently.
+    One that does not tell its policy (``CONFIG`` refused) is used, with one WARNING.
+    Shows ``store_memory_full`` from the start, so it can be alerted on."""
+    counters.set_gauge("store_memory_full", 0)
+    if getattr(store, "is_cluster", False):
+        return
+    await until_stored(astore, counters, _bucket_layout, store)  # in a worker thread: see open_watermarks
+    policy = await until_stored(astore, counters, _policy_steps, store)
+    if not policy:
+        log.warning("Redis at %s does not say its maxmemory-policy; it must be noeviction, or keys dedupnet keeps "
+                    "are dropped when it is full", store.url)
+    elif policy not in KEEPS_EVERY_KEY:
+        raise SettingsError(f"Redis at {store.url} has maxmemory-policy {policy}: when full it drops keys, and "
+                            f"with them URLs already crawled or acknowledged; set it to noeviction (CONFIG SET "
+                            f"maxmemory-policy noeviction, and in its redis.conf), or give dedupnet a Redis of its own")
 
 
 #: Seconds between two lines about one Redis that does not answer, however many calls wait on it.

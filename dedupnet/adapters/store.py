@@ -67,7 +67,7 @@ from typing import Any, TypeVar
 import hiredis
 import numpy as np
 import redis
-from redis.exceptions import BusyLoadingError
+from redis.exceptions import BusyLoadingError, OutOfMemoryError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -96,16 +96,36 @@ TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OS
 
 
 
-def raise_if_loading(results: list) -> list:
+class MemoryFull(OutOfMemoryError):
+    """The server is past its ``maxmemory`` (``-OOM``): the write was not done. A Redis
+    error like any other to the daemons' ``until_stored`` (wait and send again), and
+    the sign that this daemon stops taking new work until memory is freed
+    (:func:`dedupnet.adapters.runtime.until_room`). redis-py's own ``OutOfMemoryError``
+    (the calls that go through its client) is the same case: its subclass, caught as it."""
+
+
+def raise_if_refused(results: list) -> list:
     """A server that was just (re)started answers ``-LOADING`` to every command until it
     has read its AOF back. That is not an answer but "not yet": raised as
     :class:`BusyLoadingError` (a connection error, so the batch is sent again after a
     back-off, like after a refused connection). Returned as a reply, it would reach the
     callers as data (a look-up's flags) and take the daemon down. Resending is safe: a
-    server that is loading has run none of the batch's commands."""
+    server that is loading has run none of the batch's commands.
+
+    ``-OOM`` is raised as :class:`MemoryFull` for the same reason: a caller that reads
+    a count or a sequence number from that reply (a look-up's ``INCRBY``) took the
+    daemon down with a TypeError. It is not a connection error (the server answered):
+    the store does not retry it, its callers wait (``until_stored``). Resending is safe
+    as after a lost reply (dedupnet/adapters/once.py): the batch's commands that ran run
+    again, the refused ones did nothing, and in a MULTI the whole transaction is refused
+    (``EXECABORT``)."""
     for r in results:
-        if isinstance(r, ResponseError) and str(r).startswith("LOADING"):
-            raise BusyLoadingError(str(r))
+        if isinstance(r, ResponseError):
+            text = str(r)
+            if text.startswith("LOADING"):
+                raise BusyLoadingError(text)
+            if text.startswith("OOM") or (text.startswith("EXECABORT") and ": OOM" in text):
+                raise MemoryFull(text)  # EXECABORT: the server filled between MULTI and EXEC
     return results
 
 
@@ -425,12 +445,12 @@ class Store:
                 raise RedisConnectionError("connection closed")
             results = read_replies(sock, replies)
             self.round_trips += 1
-            return raise_if_loading(results)
         except BaseException:
             conn.disconnect()
             raise
         finally:
             pool.release(conn)
+        return raise_if_refused(results)  # the connection is sound: kept
 
     def _with_retry(self, call: Callable[[], T]) -> T:
         delays = self.retry.delays()

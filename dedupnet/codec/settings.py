@@ -137,6 +137,8 @@ _LIST = (
        "optional)", LOCAL, metavar="HOST:PORT|auto", required=(LOCAL,)),
     _s("redis_url", str, None, "Redis to use (redis://HOST:PORT/DB, or redis+cluster://HOST:PORT,... for a Redis "
        "Cluster); without it an embedded server is started", *_ALL, flag="--redis", metavar="URL"),
+    _s("redis_maxmemory", str, None, "the embedded Redis's maxmemory (a size: 512mb, 2gb): full, the daemon "
+       "takes no new work until memory is freed (default: none, it grows with the crawl)", *_D, metavar="SIZE"),
     _s("prefix", str, None, "key prefix of this host's or center's pools (default: dedupnet:centerN, "
        "dedupnet:host:IP)", *_ALL, metavar="P",
        role_help={CENTER: "key prefix of the center's pools (default: dedupnet:centerN)",

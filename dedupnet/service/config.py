@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import ipaddress
+import re
 import tomllib
 import types
 import typing
@@ -63,6 +64,12 @@ class _Checked:
                 ipaddress.IPv4Address(self.discovery_address)
             except ValueError:
                 raise ValueError(f"discovery_address must be an IPv4 address, not {self.discovery_address!r}") from None
+        if self.redis_maxmemory is not None:
+            if not re.fullmatch(r"[1-9]\d*([kmg]b?)?", self.redis_maxmemory, re.I):
+                raise ValueError(f"redis_maxmemory must be a size such as 512mb or 2gb, not {self.redis_maxmemory!r}")
+            if self.redis_url is not None:  # the operator's server keeps its own configuration
+                raise ValueError("redis_maxmemory sizes the embedded Redis; with redis_url, set maxmemory on that "
+                                 "server (CONFIG SET maxmemory, and in its configuration)")
         if self.bucket_bits and not 8 <= self.bucket_bits <= 24:
             raise ValueError("bucket_bits must be 0 (the store's) or within 8..24")
         if self.set_size > self.max_urls_per_set:
@@ -82,78 +89,11 @@ class _Checked:
         return RecrawlPolicy.from_settings(self.recrawl_after, self.recrawl_sites)
 
 
-@dataclasses.dataclass
-class Settings(_Checked):
-    """Every setting of a daemon: defaults < file < flags. One field per declared setting
-    (dedupnet/codec/settings.py), in its order, of its type and default, written out so
-    that a reader and a type checker see them; tests/test_config_cli.py checks them
-    against the declarations."""
-
-    network: int | None = declared("network")
-    listen: str | None = declared("listen")
-    center: str | None = declared("center")
-    redis_url: str | None = declared("redis_url")
-    prefix: str | None = declared("prefix")
-    ip: str | None = declared("ip")
-    lan: str | None = declared("lan")
-    mode: str = declared("mode")
-    log_level: str = declared("log_level")
-    data_dir: str | None = declared("data_dir")
-    http: str | None = declared("http")
-    peers: list[str] = declared("peers")
-    bucket_bits: int = declared("bucket_bits")
-    finish_url_filter: str = declared("finish_url_filter")
-    bloom_capacity: int = declared("bloom_capacity")
-    bloom_error_rate: float = declared("bloom_error_rate")
-    set_size: int = declared("set_size")
-    max_frame_size: int = declared("max_frame_size")
-    max_urls_per_set: int = declared("max_urls_per_set")
-    max_url_length: int = declared("max_url_length")
-    answer_timeout: float = declared("answer_timeout")
-    max_resends: int = declared("max_resends")
-    partition_policy: str | None = declared("partition_policy")
-    foreign_lookup: str | None = declared("foreign_lookup")
-    local_lookup: str | None = declared("local_lookup")
-    routing: str | None = declared("routing")
-    weights: list[str] = declared("weights")
-    previous_weights: list[str] = declared("previous_weights")
-    heartbeat_interval: float = declared("heartbeat_interval")
-    heartbeat_timeout: float = declared("heartbeat_timeout")
-    reissue_after: float = declared("reissue_after")
-    stop_grace: float = declared("stop_grace")
-    stop_timeout: float = declared("stop_timeout")
-    exit_when_complete: bool = declared("exit_when_complete")
-    durable_acks: bool = declared("durable_acks")
-    compress: bool = declared("compress")
-    recrawl_after: float | None = declared("recrawl_after")
-    recrawl_sites: list[str] = declared("recrawl_sites")
-    discovery_port: int = declared("discovery_port")
-    discovery: bool = declared("discovery")
-    discovery_address: str | None = declared("discovery_address")
-    discovery_timeout: float = declared("discovery_timeout")
-    tls_cert: str | None = declared("tls_cert")
-    tls_key: str | None = declared("tls_key")
-    tls_ca: str | None = declared("tls_ca")
-    lan_tls: bool = declared("lan_tls")
-    insecure: bool = declared("insecure")
-    lan_key_file: str | None = declared("lan_key_file")
-    peer_key_file: str | None = declared("peer_key_file")
-    key_poll_interval: float = declared("key_poll_interval")
-    max_connections_per_source: int = declared("max_connections_per_source")
-    max_bytes_per_s: float = declared("max_bytes_per_s")
-    max_messages_per_s: float = declared("max_messages_per_s")
-    crawl: bool = declared("crawl")
-    frontier: str | None = declared("frontier")
-    seeds: list[str] = declared("seeds")
-    seeds_file: str | None = declared("seeds_file")
-    concurrency: int = declared("concurrency")
-    per_site_concurrency: int = declared("per_site_concurrency")
-    per_site_delay: float = declared("per_site_delay")
-    max_depth: int | None = declared("max_depth")
-    allowed_domains: list[str] = declared("allowed_domains")
-    respect_robots: bool = declared("respect_robots")
-    store_dir: str | None = declared("store_dir")
-    recrawl_interval: float | None = declared("recrawl_interval")
+#: The operator's settings: one field per declared setting (dedupnet/codec/settings.py),
+#: of its type and default, checked when made.
+Settings = dataclasses.make_dataclass(
+    "Settings", [(s.name, s.annotation, declared(s.name)) for s in SETTINGS.values()], bases=(_Checked,),
+    namespace={"__module__": __name__, "__doc__": "Every setting of a daemon: defaults < file < flags."})
 
 
 def values_for(settings: Any, cls: type) -> dict[str, Any]:

@@ -117,8 +117,8 @@ def run_center(settings: Settings) -> int:
     warn_open_secrets(settings)
     data_dir = _data_dir(settings, f"dedupnet-data/center{settings.network}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:center{settings.network}",
-                    data_dir=data_dir, bucket_bits=settings.bucket_bits,
-                    durable_acks=settings.durable_acks) as (store, server):
+                    data_dir=data_dir, bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks,
+                    maxmemory=settings.redis_maxmemory) as (store, server):
         return _run(_until_signalled, CenterDaemon(center, store), server, warning)
 
 
@@ -168,7 +168,8 @@ def run_local(settings: Settings) -> int:
     warn_open_secrets(settings)
     data_dir = _data_dir(settings, f"dedupnet-data/host-{ip}")
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
-                    bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks) as (store, server):
+                    bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks,
+                    maxmemory=settings.redis_maxmemory) as (store, server):
         bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/bloom.py
         return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server, warning)
 

@@ -20,7 +20,7 @@ from redis.exceptions import ResponseError
 from dedupnet.adapters.aio import ASYNC_TRANSIENT_ERRORS, CONNECT_TIMEOUT, AsyncStore, _Connection, _exchange
 from dedupnet.adapters.redis_cluster.plan import ASKING, Plan, Refresh, Wave, execute_plan
 from dedupnet.adapters.redis_cluster.slots import Addr, ClusterBatch, SlotMap, admin_client, cluster_seeds, slot_of
-from dedupnet.adapters.store import STORE_RETRY, Batch, Steps, Store, T, pack_command, read_replies
+from dedupnet.adapters.store import STORE_RETRY, Batch, Steps, Store, T, pack_command, raise_if_refused, read_replies
 from dedupnet.codec.backoff import Backoff
 
 
@@ -87,7 +87,7 @@ class ClusterStore(Store):
     def execute(self, batch: Batch) -> list:
         if not len(batch):
             return []
-        return self.run_plan(execute_plan(self, batch))
+        return raise_if_refused(self.run_plan(execute_plan(self, batch)))
 
     def run_plan(self, plan: Plan[T]) -> T:
         try:
@@ -190,7 +190,7 @@ class AsyncClusterStore(AsyncStore):
                     await trio.sleep(step.seconds)
                 step = plan.send(reply)
         except StopIteration as stop:
-            return stop.value
+            return raise_if_refused(stop.value)
         finally:
             plan.close()
 
