@@ -355,6 +355,7 @@ async def run(args, logdir: Path, store: dict | None) -> dict:
         marks = [args.urls * k // 10 for k in range(1, 11)]
         checkpoints, timeline, last_print, last = [], [], 0.0, (0.0, {c.name: 0 for c in centers})
         feed_cpu = {p.pid: 0.0 for p in feeders}
+        moved = (0.0, 0)  # when the admitted total last grew, and to what
         while True:
             await trio.sleep(1.0)
             st = await poll_all(daemons)
@@ -395,8 +396,12 @@ async def run(args, logdir: Path, store: dict | None) -> dict:
                 last_print, last = now, (now, dict(admitted))
             if done_feeding and all(quiet(d, st.get(d.name)) for d in daemons):
                 break
-            if now > args.timeout:
-                raise RuntimeError(f"not quiescent after {args.timeout:.0f} s")
+            if total > moved[1]:
+                moved = (now, total)
+            if now > args.timeout or now - moved[0] > args.stall:
+                waiting = {c.name: (c.status or {}).get("waiting_for_networks") for c in centers}
+                raise RuntimeError(f"not quiescent after {now:.0f} s, nothing admitted for {now - moved[0]:.0f} s "
+                                   f"({total:,} admitted); URLs waiting for their home networks: {waiting}")
         wall = time.perf_counter() - t0
         final = await trio.to_thread.run_sync(checkpoint, daemons, servers, total, sum(pushed[:]), wall, True)
         since(final, checkpoints[-1] if checkpoints else None)
@@ -467,6 +472,7 @@ def main() -> None:
     ap.add_argument("--store-urls", type=int, default=1_000_000, help="bench_store.py's size (0: not run)")
     ap.add_argument("--progress", type=float, default=10.0, help="seconds between progress lines")
     ap.add_argument("--timeout", type=float, default=6 * 3600.0)
+    ap.add_argument("--stall", type=float, default=900.0, help="give up when nothing is admitted for this long")
     ap.add_argument("--duration", type=float, help="stop feeding after this many seconds, drain, then check "
                                                    "what was pushed (default: feed every URL)")
     ap.add_argument("--json", help="also write the summary here")
