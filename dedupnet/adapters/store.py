@@ -97,11 +97,9 @@ TRANSIENT_ERRORS = (RedisConnectionError, RedisTimeoutError, ConnectionError, OS
 
 
 class MemoryFull(OutOfMemoryError):
-    """The server is past its ``maxmemory`` (``-OOM``): the write was not done. A Redis
-    error like any other to the daemons' ``until_stored`` (wait and send again), and
-    the sign that this daemon stops taking new work until memory is freed
-    (:func:`dedupnet.adapters.runtime.until_room`). redis-py's own ``OutOfMemoryError``
-    (the calls that go through its client) is the same case: its subclass, caught as it."""
+    """The server is past its ``maxmemory`` (``-OOM``): the write was not done. The daemon
+    waits and sends again (``until_stored``) and takes no new work meanwhile
+    (:func:`dedupnet.adapters.runtime.until_room`); redis-py's ``OutOfMemoryError`` is caught alike."""
 
 
 def raise_if_refused(results: list) -> list:
@@ -112,13 +110,10 @@ def raise_if_refused(results: list) -> list:
     callers as data (a look-up's flags) and take the daemon down. Resending is safe: a
     server that is loading has run none of the batch's commands.
 
-    ``-OOM`` is raised as :class:`MemoryFull` for the same reason: a caller that reads
-    a count or a sequence number from that reply (a look-up's ``INCRBY``) took the
-    daemon down with a TypeError. It is not a connection error (the server answered):
-    the store does not retry it, its callers wait (``until_stored``). Resending is safe
-    as after a lost reply (dedupnet/adapters/once.py): the batch's commands that ran run
-    again, the refused ones did nothing, and in a MULTI the whole transaction is refused
-    (``EXECABORT``)."""
+    ``-OOM`` is raised as :class:`MemoryFull` for the same reason (a look-up read its
+    refused ``INCRBY`` as a number). The server answered, so the store does not retry;
+    its callers wait (``until_stored``) and send again, safe as after a lost reply
+    (dedupnet/adapters/once.py); a MULTI is refused whole (``EXECABORT``)."""
     for r in results:
         if isinstance(r, ResponseError):
             text = str(r)
