@@ -38,8 +38,8 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 from dataclasses import dataclass
+from typing import Any
 
 from dedupnet.adapters.once import once
 from dedupnet.adapters.store import TASK_POOL, Batch, Steps, Store
