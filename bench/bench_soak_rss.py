@@ -3,7 +3,7 @@ one's growth over the second half of the crawl, while every daemon is up (the so
 SOAK_OUT (default /tmp/soak) prefixes the files it writes, so two checkouts' soaks kept side by side do
 not overwrite each other: PREFIX_out.txt (the run's report) and PREFIX_rss.json (the samples).
 
-    .venv/bin/python bench/bench_soak_rss.py --networks 3 --hosts 3 --pages 180000 --light --timeout 1500
+    .venv/bin/python bench/bench_soak_rss.py --networks 3 --hosts 3 --pages 180000 --light --timeout 2400
 """
 import json
 import os
