@@ -4,7 +4,7 @@ recently used out first, so a URL found again and again stays while the cache tu
 
 from center_host import protocol as cp
 from dedupnet.codec.homes import HomeMap
-from dedupnet.codec.messages import Ack, Frame
+from dedupnet.codec.messages import Ack, Done, Frame, Task
 
 from .conformance.memory import MemoryCenter, decode
 
@@ -44,3 +44,37 @@ def test_held_elsewhere_stays_within_its_cap_and_keeps_what_is_found_again():
 
 def test_the_default_cap_is_a_few_megabytes():
     assert cp.CenterConfig(network=1, lan="127.0.1.0/24").held_elsewhere_max * 158 < 4_000_000
+
+
+def test_nothing_of_a_finished_set_stays_behind():
+    """A long crawl passes sets through every stage (home routing, tasks acknowledged and
+    reported); what the core keeps per set or per URL is gone once each is done, and its
+    caches stay within their caps, so a center's memory is what is in flight, not what
+    has been."""
+    c = MemoryCenter.make(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, routing="home",
+                          held_elsewhere_max=500)
+    host = cp.Host("127.0.1.10")
+    c.feed(cp.Joined(host, "127.0.1.10:7701"))
+    c.feed(cp.Joined(cp.Peer(2)))
+    reports = 0
+    for seq in range(1, 401):
+        urls = [f"http://site{seq % 300}.example/p{seq}-{i}" for i in range(6)]
+        c.feed(cp.Received(host, Frame(dict.fromkeys(urls, 0), "127.0.1.10", seq << 32 | 1 << 16 | 10, 1)))
+        while out := c.take_outbox():
+            for to, data in out:
+                msg = decode(data)
+                if str(to) == "net:2" and isinstance(msg, Frame):
+                    c.feed(cp.Received(cp.Peer(2), Ack(msg.number, "stored")))
+                elif isinstance(msg, Task):
+                    c.feed(cp.Received(host, Ack(msg.number, "stored")))
+                    reports += 1
+                    c.feed(cp.Received(host, Done(reports << 32 | 1 << 16 | 10, tuple(msg.URLs))))
+    core = c.core
+    assert reports > 100 and core.counters.get("tasks_reported") > 500
+    for name in ("sets", "claims", "_lookups", "waiting", "gathering", "tasks", "ledger", "moved", "moved_out",
+                 "route_out", "reissue_timers"):
+        assert not getattr(core, name), name
+    assert not any(core.route_queue.values())
+    assert len(core.held_elsewhere) == 500
+    assert len(core.recently_concluded) <= cp.RECENTLY_CONCLUDED
+    assert len(core.sequences) == len(core.known) == 1
