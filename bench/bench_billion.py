@@ -121,6 +121,43 @@ class Record:
         }
 
 
+def bucket_insert_cost(url: str, sizes: list[int], inserts: int = 20_000) -> list[dict]:
+    """Server CPU per fingerprint added to one bucket already holding ``size``: an intset
+    is one sorted array, so an insert moves half of it, and how many fingerprints a
+    bucket holds at a billion is what ``bucket_bits`` decides. The bucket is filled in
+    ascending order (appends, so a million-member one takes seconds, not hours), then
+    ``inserts`` random new members go in one SADD each, pipelined."""
+    import redis
+
+    r = redis.Redis.from_url(url)
+    out = []
+    for size in sizes:
+        key = f"bench:bucket:{size}"
+        r.delete(key)
+        rng = np.random.default_rng(size)
+        members = np.unique(rng.integers(0, 1 << 44, size=size + inserts + 1000, dtype=np.int64))
+        rng.shuffle(members)
+        members, extra = np.sort(members[:size]), members[size:size + inserts]
+        for i in range(0, size, 100_000):
+            r.sadd(key, *(members[i:i + 100_000] + 10**16).tolist())
+        encoding = r.object("encoding", key).decode()
+        per_member = r.memory_usage(key, samples=0) / size
+        pipe = r.pipeline(transaction=False)
+        for m in (extra + 10**16).tolist():
+            pipe.sadd(key, m)
+        info = r.info("cpu")
+        c0 = float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        pipe.execute()
+        info = r.info("cpu")
+        cpu = float(info["used_cpu_user"]) + float(info["used_cpu_sys"]) - c0
+        out.append({"size": size, "encoding": encoding, "encoding_after": r.object("encoding", key).decode(),
+                    "bytes_per_member": per_member,
+                    "inserts": len(extra), "server_us_per_insert": cpu / len(extra) * 1e6})
+        r.delete(key)
+    r.close()
+    return out
+
+
 def memory(store: Store) -> tuple[int, int]:
     info = store.redis.info("memory")
     return int(info["used_memory"]), int(info["used_memory_rss"])
@@ -139,13 +176,16 @@ def main(argv: list[str] | None = None) -> int:
                          "--urls is always one)")
     ap.add_argument("--chunk", type=parse_count, default=10_000_000, help="fingerprints per SADD round trip")
     ap.add_argument("--batch", type=int, default=1_000, help="fingerprints per look-up (default 1,000)")
-    ap.add_argument("--lookup-batches", type=int, default=200, help="look-ups per rate measurement")
-    ap.add_argument("--rounds", type=int, default=2,
+    ap.add_argument("--lookup-batches", type=int, default=100, help="look-ups per rate measurement")
+    ap.add_argument("--rounds", type=int, default=5,
                     help="side-by-side rounds (small, big) at each checkpoint (0: none)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--min-available-gb", type=float, default=3.0,
                     help="stop inserting when the machine's available memory falls below this")
     ap.add_argument("--redis", help="use this server instead of an embedded one")
+    ap.add_argument("--bucket-insert-cost", metavar="SIZES",
+                    help="only measure the server CPU of one insert into a bucket of each of these sizes "
+                         "(e.g. 954,3815,15259,1048000: a billion over 2**20, 2**18, 2**16, 2**8 buckets)")
     ap.add_argument("--json", help="also write the summary to this file")
     args = ap.parse_args(argv)
 
@@ -157,6 +197,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{time.monotonic() - t0:8.1f} s] {line}", flush=True)
 
     config = {"maxmemory": "0", "maxmemory-policy": "noeviction"}
+    if args.bucket_insert_cost:
+        with nullcontext(args.redis) if args.redis else EmbeddedRedis(config=config) as url:
+            for row in bucket_insert_cost(url, [parse_count(x) for x in args.bucket_insert_cost.split(",")]):
+                say(f"bucket of {row['size']:>10,} ({row['encoding']}, then {row['encoding_after']}): "
+                    f"{row['server_us_per_insert']:8.2f} us of server CPU per insert ({row['inserts']:,} inserts), "
+                    f"{row['bytes_per_member']:.1f} B per member")
+        return 0
     with nullcontext(args.redis) if args.redis else EmbeddedRedis(config=config) as url:
         small = Record(url, "bench:small", args.bucket_bits, args.seed + 1)
         big = Record(url, "bench:billion", args.bucket_bits, args.seed)
