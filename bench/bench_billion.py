@@ -9,14 +9,15 @@ checked. At each checkpoint it prints Redis ``used_memory`` per stored URL, the 
 rate since the last checkpoint and the look-up rate, with the client's and the server's
 CPU per look-up, which a loaded machine moves far less than it moves wall-clock rates.
 
-At the end the look-up rate at the first checkpoint is measured again, on a second small
-record (another prefix, same ``bucket_bits``) in the same server, alternately with the
-big record's rate: the early ratio compares rates measured up to an hour apart, under
-whatever else the machine ran meanwhile; the side-by-side one does not.
+At every checkpoint the look-up rate is also measured on a second small record (another
+prefix, the first checkpoint's size, same ``bucket_bits``, same server), alternately
+with the big record's: the rate against the first checkpoint compares rates measured up
+to an hour apart, under whatever else the machine ran meanwhile; the side-by-side one
+does not.
 
 Run (docs/BENCHMARKS.md, "A billion URLs at one center")::
 
-    nice -n 19 .venv/bin/python bench/bench_billion.py --urls 1000000000 --bucket-bits 20
+    nice -n 19 .venv/bin/python bench/bench_billion.py --urls 1e9 --bucket-bits 20 --lookup-batches 100 --rounds 5
 
 The server is an embedded one of its own (no persistence, no ``maxmemory``: nothing is
 evicted or written to disk), or ``--redis URL`` (its keys under the prefixes are removed).
