@@ -202,6 +202,18 @@ def page(*links: str, head: str = "") -> str:
     return f"<!doctype html><html><head>{head}</head><body>{anchors}</body></html>"
 
 
+def slow_pages(site, n: int, delay: float = 0.2) -> list[str]:
+    """``n`` pages of ``site`` (``/w0``...) that each answer after ``delay`` seconds: a
+    crawl of them is on the wire long enough for something to happen meanwhile."""
+    async def slow(_):
+        await trio.sleep(delay)
+        return Reply(body=page().encode())
+
+    for i in range(n):
+        site.route(f"/w{i}", slow)
+    return [site.url(f"/w{i}") for i in range(n)]
+
+
 def assert_drained(store):
     assert task_count(store) == 0
     assert store.redis.xpending(store.key(TASK_POOL), GROUP)["pending"] == 0
@@ -679,15 +691,7 @@ async def test_no_fetch_starts_while_redis_is_down(web, tmp_path):
     from dedupnet.adapters.store import Store
 
     a = web.sites["a"]
-
-    async def slow(n):
-        await trio.sleep(0.2)
-        return Reply(body=page().encode())
-
-    tasks = []
-    for i in range(20):
-        a.route(f"/w{i}", slow)
-        tasks.append(a.url(f"/w{i}"))
+    tasks = slow_pages(a, 20)
     server = EmbeddedRedis(persistent=True, data_dir=tmp_path / "redis")
     store = Store(server.start(), "held")
     try:

@@ -22,7 +22,7 @@ from dedupnet.harness.cluster import open_cluster
 from dedupnet.service.config import Settings
 
 from .helpers import until
-from .test_crawler import Reply, crawling, finished, page, settle, web  # noqa: F401 - web is a fixture
+from .test_crawler import crawling, finished, settle, slow_pages, web  # noqa: F401 - web is a fixture
 
 
 @pytest.fixture
@@ -165,15 +165,7 @@ async def test_a_crawler_starts_no_fetch_while_its_redis_is_full(server, web):
     web and its client): the pause is an upper bound on what could be fetched in it."""
     url, client = server
     a = web.sites["a"]
-
-    async def slow(n):
-        await trio.sleep(0.2)
-        return Reply(body=page().encode())
-
-    tasks = []
-    for i in range(20):
-        a.route(f"/w{i}", slow)
-        tasks.append(a.url(f"/w{i}"))
+    tasks = slow_pages(a, 20)
     store = Store(url, "crawl")
     try:
         store.stream_add(TASK_POOL, tasks)
