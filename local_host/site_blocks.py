@@ -199,13 +199,12 @@ def compact_steps(store: Store, queue: str, most: int = COMPACT_SITES) -> Steps[
     retry: list[str] = []
     while reads:
         batch = store.batch()
-        read = {name: (batch.add(b"LLEN", queue + name),
-                       batch.add(b"LRANGE", queue + name, -n, -1)) for name, n in reads.items()}
+        read = {name: (n, batch.add(b"LRANGE", queue + name, -n, -1)) for name, n in reads.items()}
         results = yield batch
         reads, seals = {}, []
-        for name, (length, tail) in read.items():
-            try:
-                plan = plan_seal(results[tail], whole=len(results[tail]) >= int(results[length]))
+        for name, (n, tail) in read.items():
+            try:  # fewer elements than asked for: that is the whole list
+                plan = plan_seal(results[tail], whole=len(results[tail]) < n)
             except LookFurther:
                 reads[name] = 8 * len(results[tail])
                 continue

@@ -418,8 +418,9 @@ def drop(store: Store, urls: Sequence[str], group: str = GROUP) -> int:
     by_site: dict[str, set[bytes]] = {}
     for url in dict.fromkeys(urls):
         site = _site(url)
-        args += [site, pack(url, site), url]
-        by_site.setdefault(site, set()).add(pack(url, site).encode())
+        packed = pack(url, site)
+        args += [site, packed, url]
+        by_site.setdefault(site, set()).add(packed.encode())
     if not args:
         return 0
     dropped = 0
