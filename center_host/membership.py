@@ -207,7 +207,7 @@ class Membership:
                 self.counters.inc("tasks_reassigned", amount=len(urls))
         return actions
 
-    def _unledger(self, host: str, urls: Iterable[str]) -> list[Action]:
+    def _unledger(self, host: str, urls: Iterable[str]) -> list[Unledger]:
         """``urls`` leave ``host``'s ledger (those on it)."""
         held = self.ledger.get(host)
         if not held:
@@ -247,12 +247,12 @@ class Membership:
         before the ack lets it drop the report). URLs not on its ledger (moved meanwhile)
         change nothing."""
         urls = list(canonical_urls(self.counters, sender, done.number, dict.fromkeys(done.URLs, 0)))
-        actions = self._unledger(sender.ip, urls)
-        hit = len(actions[0].urls) if actions else 0
+        off = self._unledger(sender.ip, urls)
+        hit = len(off[0].urls) if off else 0
         self.counters.inc("tasks_reported", amount=hit)
         if hit < len(urls):
             self.counters.inc("reports_unknown", amount=len(urls) - hit)
-        return actions + [Send((sender,), wire.encode(Ack(done.number, "stored")))]
+        return [*off, Send((sender,), wire.encode(Ack(done.number, "stored")))]
 
     def handed_back(self, sender: Host, task: Task) -> list[Action]:
         """A host that leaves for good hands its uncrawled tasks back: it is no longer

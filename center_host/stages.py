@@ -75,6 +75,12 @@ class Stages:
                 counts[m] = counts.get(m, 0) + 1
         return counts
 
+    def _homes(self) -> Homes:
+        """The homes part, for what runs only under home routing."""
+        if self.homes is None:
+            raise AssertionError("not routing by homes")
+        return self.homes
+
     def peers_to_ask(self) -> set[str]:
         """Paper gap 4: under ``wait`` every configured peer network (those not connected
         are asked when they come back); under ``admit`` those connected at this moment."""
@@ -186,8 +192,9 @@ class Stages:
         the others are sent it when they come back (:meth:`_joined`)."""
         to = tuple(member_from_str(m) for m in sorted(members) if self.members.live(m))
         if rec.stage is Stage.HOME:  # §11: the frame this set heads, if any, carries its URLs
-            return [a for m in to if isinstance(m, Peer) and self.homes.heads(m.network, rec.number)
-                    for a in self.homes.send_frame(m.network, self.sets, self.members.peers)]
+            homes = self._homes()
+            return [a for m in to if isinstance(m, Peer) and homes.heads(m.network, rec.number)
+                    for a in homes.send_frame(m.network, self.sets, self.members.peers)]
         if rec.stage is Stage.CHECK:  # each previous home is asked about its own sites' URLs
             return [Send((m,), wire.encode(Frame(dict.fromkeys(rec.routes[m.network], 0), rec.frame.IP, rec.number,
                                                  FLAG_LOOKUP)))
@@ -200,7 +207,8 @@ class Stages:
         ``max_resend_interval``: a member that is alive has the question (TCP delivers, a
         reconnection asks again at once), so re-sending to a slow one only adds load."""
         extra = rec.attempts - 1 if self.wait or rec.stage in ROUTED else 0
-        return min(self.config.answer_timeout * 2**extra, max(self.config.max_resend_interval, self.config.answer_timeout))
+        factor: int = 2**extra
+        return min(self.config.answer_timeout * factor, max(self.config.max_resend_interval, self.config.answer_timeout))
 
     def _answer(self, sender: Member, frame: Frame) -> list[Action]:
         rec = self.sets.get(frame.number)
@@ -227,7 +235,7 @@ class Stages:
             self.counters.inc("urls_dropped", stage=rec.stage.value, amount=len(seen))
         rec.awaiting.discard(who)
         rec.answered.add(who)
-        if rec.stage is Stage.CHECK:
+        if rec.stage is Stage.CHECK and isinstance(sender, Peer):  # only peers are asked in CHECK
             rec.routes.pop(sender.network, None)
         if rec.awaiting:
             # Not saved: answers are idempotent, and a restarted center asks again
@@ -323,15 +331,16 @@ class Stages:
         now are admitted here, and their new home asks here first (a previous home's
         answer counts them, :meth:`Claims.decided_here`). Routing it on under its number,
         which its origin still holds, lost it: the origin took it back as a duplicate."""
-        if rec.stage in (Stage.LAN, Stage.HOME) and self.homes.previous and not rec.routes:
-            moved = self.homes.moved_in(rec)
+        homes = self._homes()
+        if rec.stage in (Stage.LAN, Stage.HOME) and homes.previous and not rec.routes:
+            moved = homes.moved_in(rec)
             if moved:
                 return self._advance(rec, Step.TO_PREVIOUS_HOMES, moved)
         if rec.stage is Stage.CHECK:  # every previous home has answered: what is left is new
             rec.routes = {}
         for network in [n for n in rec.routes if str(Peer(n)) not in rec.awaiting]:
             del rec.routes[network]
-        here, away = self.homes.split(rec)
+        here, away = homes.split(rec)
         if not rec.routes and not away:
             return self._advance(rec, Step.ADMIT)
         return self._advance(rec, Step.TO_HOMES, here, away)
@@ -355,7 +364,8 @@ class Stages:
         self.counters.inc("urls_routed", amount=sum(map(len, away.values())))
         log.debug("set %d: %d URLs admitted here, %d for their home networks %s", rec.number, len(here),
                  sum(map(len, away.values())), sorted(away))
-        return [*actions, Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self.homes.queue(rec, away, self.sets, self.members.peers),
+        return [*actions, Save(DIST_REDUCE_POOL, rec.number, rec.dump()),
+                *self._homes().queue(rec, away, self.sets, self.members.peers),
                 SetTimer(rec.number, self._resend_delay(rec)), *self._start_waiting()]
 
     def _check_previous(self, rec: SetRecord, before: Stage, moved: dict[int, list[str]]) -> list[Action]:
@@ -380,8 +390,9 @@ class Stages:
         whole by the current map — the URLs that moved here checked with their previous
         homes first, as a new set's are. A previous home may have stored them before
         the change with its ack lost: it decides them then, and its answer says so."""
-        if not self.homes.stale(rec):
-            return self.homes.queue(rec, rec.routes, self.sets, self.members.peers)
+        homes = self._homes()
+        if not homes.stale(rec):
+            return homes.queue(rec, rec.routes, self.sets, self.members.peers)
         log.warning("set %d: routed under an earlier map; routed again by the current one", rec.number)
         self.counters.inc("sets_rerouted")
         rec.routes, rec.awaiting, rec.answered = {}, set(), set()
@@ -390,7 +401,8 @@ class Stages:
     def home_acked(self, sender: Member, ack: Ack) -> list[Action]:
         """A home network holds (or had decided) the URLs of the frame out with it: they
         leave each of its sets, and the next frame goes."""
-        out = self.homes.frame_out(sender.network) if isinstance(sender, Peer) else ()
+        homes = self._homes()
+        out = homes.frame_out(sender.network) if isinstance(sender, Peer) else ()
         if not isinstance(sender, Peer) or not out or out[0] != ack.number:
             self.counters.inc("repeated_acks")
             return []
@@ -399,7 +411,7 @@ class Stages:
             log.error("set %d: network %d refused its URLs (%s); kept, asked again", ack.number, sender.network,
                       ack.reason or "no reason given")
             return []
-        self.homes.frame_taken(sender.network)
+        homes.frame_taken(sender.network)
         actions: list[Action] = []
         for rec in [self.sets[n] for n in out if n in self.sets]:
             if rec.stage is not Stage.HOME or sender.network not in rec.routes:
@@ -409,13 +421,13 @@ class Stages:
                 self.claims.release(url, rec.number)
                 # Its home holds it now, for good: found here again, it is dropped at once. Not
                 # when the peer only passes it on (routed to it under an earlier map).
-                if self.homes.home_of(url) == sender.network:
+                if homes.home_of(url) == sender.network:
                     self.claims.note_held_elsewhere(url, rec.number)
             rec.awaiting.discard(str(sender))
             rec.answered.add(str(sender))
             if not rec.awaiting:
                 actions += [CancelTimer(rec.number), *self._stage_done(rec)]
-        return [*actions, *self.homes.next_frame(sender.network, self.sets, self.members.peers), *self._start_waiting()]
+        return [*actions, *homes.next_frame(sender.network, self.sets, self.members.peers), *self._start_waiting()]
 
     # -- the one place a set changes stage ---------------------------------------------
     def _advance(self, rec: SetRecord, step: Step, *context: object) -> list[Action]:
