@@ -1,6 +1,7 @@
-"""A center's members and its tasks: who is connected, the LAN hosts it knows, admitted
-URLs handed to the LAN's hosts as tasks (``task_URL`` -> ``task_pool``), each host's
-ledger, and the work that moves when a host leaves or stays away. A part of the
+"""A center's members and its tasks: who is connected, the LAN hosts it knows (and the
+highest sequence of each one's sets), admitted URLs handed to them as tasks
+(``task_URL`` -> ``task_pool``), each host's ledger, and the work that moves when a host
+leaves or stays away. A part of the
 center's sans-I/O core (:class:`~center_host.protocol.CenterProtocol`) that owns this
 state and knows nothing of sets."""
 

@@ -2,10 +2,10 @@
 asked of the LAN and of the peer networks or its homes, another network's set asked of
 the LAN and answered, the end of a stage, and the table that takes a set from one stage
 to the next. A part of the center's sans-I/O core
-(:class:`~center_host.protocol.CenterProtocol`) that owns the sets in flight and what
-decides them (the claims, the pending look-ups); it asks :class:`Membership` who is
-connected and hands it what is admitted, and keeps the frames to the homes in
-:class:`Homes`."""
+(:class:`~center_host.protocol.CenterProtocol`) that owns the sets in flight and their
+pending look-ups; it asks :class:`Membership` who is connected and hands it what is
+admitted, and :class:`Claims` and :class:`Homes` keep the claims and the frames to the
+homes."""
 
 from __future__ import annotations
 
@@ -189,7 +189,7 @@ class Stages:
 
     def _send_to(self, rec: SetRecord, members: Iterable[str]) -> list[Action]:
         """The stored frame to those of ``members`` that are connected now (one encoding);
-        the others are sent it when they come back (:meth:`_joined`)."""
+        the others are sent it when they come back (:meth:`joined`)."""
         to = tuple(member_from_str(m) for m in sorted(members) if self.members.live(m))
         if rec.stage is Stage.HOME:  # §11: the frame this set heads, if any, carries its URLs
             homes = self._homes()
