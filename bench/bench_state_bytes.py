@@ -22,7 +22,7 @@ import argparse
 import collections
 import time
 
-from center_host import protocol as cp
+from center_host.events import Admit, Conclude, DropTask, SaveTask
 from center_host.pools import CenterPools
 from dedupnet.adapters.embedded import EmbeddedRedis
 from dedupnet.adapters.status_page import key_family
@@ -68,12 +68,12 @@ def run(url: str, n: int, hosts: int, set_size: int, sites: int) -> tuple[dict, 
         for u in urls:
             share[hash(u.split("/")[2]) % hosts].append(u)
         keys = [f"{number}:10.0.0.{t}" for t in share]
-        cpools.apply([cp.Admit(number, tuple(urls)), cp.Conclude(number, b"")]
-                     + [cp.SaveTask(k, tuple(share[t])) for k, t in zip(keys, share)])
+        cpools.apply([Admit(number, tuple(urls)), Conclude(number, b"")]
+                     + [SaveTask(k, tuple(share[t])) for k, t in zip(keys, share)])
         hpools[h].apply([hp.Release(number, (b"0-1",), frame)])
         for t, mine in share.items():
             hpools[t].apply([hp.AddTasks(tuple(mine))])
-        cpools.apply([cp.DropTask(k) for k in keys])
+        cpools.apply([DropTask(k) for k in keys])
         for t in share:
             s = host_stores[t]
             entries = s.redis.xrange(s.key("task_pool"))

@@ -489,13 +489,13 @@ async def state(center: CenterDaemon, good: LocalDaemon, fuzzed: LocalDaemon) ->
     sets held back, URLs waiting for network 1, task_URL for the good host and in all,
     and the two hosts' backlogs."""
     core = center.core
-    stages: Counter = Counter(rec.stage.value for rec in core.sets.values())
+    stages: Counter = Counter(rec.stage.value for rec in core.stages.sets.values())
     tasks: Counter = Counter()
-    for key, urls in core.tasks.items():
+    for key, urls in core.members.tasks.items():
         tasks[task_parts(key)[1]] += len(urls)
     good_pools = await good.store.run(good.pools.sizes)
-    return (f"center: sets {dict(stages)}, held {len(core.waiting)}, routed waiting {core.routed_waiting()}, "
-            f"hosts {len(core.hosts)}, task_URL {sum(tasks.values()):,} in {len(core.tasks):,} keys "
+    return (f"center: sets {dict(stages)}, held {len(core.stages.waiting)}, routed waiting {core.stages.routed_waiting()}, "
+            f"hosts {len(core.members.hosts)}, task_URL {sum(tasks.values()):,} in {len(core.members.tasks):,} keys "
             f"({tasks[GOOD_HOST_IP]:,} for the good host); "
             f"good host: connected {good.conn is not None}, unacked {len(good.core.unacked)}, pools {good_pools}; "
             f"fuzzed host: backlog {await backlog(fuzzed):,}, unacked {len(fuzzed.core.unacked)}")

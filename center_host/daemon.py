@@ -38,7 +38,11 @@ from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_conte
 from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
 from dedupnet.adapters.status_page import AGE_BUCKETS, OLDEST_SETS, member_order, serve_status
 
-from . import protocol as cp
+from .events import (Admit, CancelTimer, Conclude, Host, Joined, Left, Lookup, Member, Operator, Peer, Reassign,
+                     Received, Reoffer, Resume, Save, Send, SetTimer, TimerFired)
+from .config import CenterConfig
+from .sets import task_parts
+from .protocol import CenterProtocol
 from .pools import WRITES, CenterPools
 
 log = logging.getLogger("dedupnet.center")
@@ -108,10 +112,10 @@ class CenterSettings:
     rewind_log: int = 256
 
 
-def core_config(settings: CenterSettings) -> cp.CenterConfig:
+def core_config(settings: CenterSettings) -> CenterConfig:
     """The core's configuration from the daemon's settings: the one mapping, which the
     deterministic simulation (dedupnet/harness/dst) uses too, so both run the same core."""
-    return cp.CenterConfig(
+    return CenterConfig(
         network=settings.network, lan=settings.lan, peers={p.network: p.cidr for p in settings.peers},
         mode=settings.mode, answer_timeout=settings.answer_timeout, max_resends=settings.max_resends,
         resume_grace=settings.resume_grace, partition_policy=settings.partition_policy,
@@ -125,15 +129,15 @@ class CenterDaemon:
     def __init__(self, settings: CenterSettings, store: Store, counters: Counters | None = None):
         self.settings = settings
         self.counters = counters or Counters()
-        self.core = cp.CenterProtocol(core_config(settings), self.counters)
+        self.core = CenterProtocol(core_config(settings), self.counters)
         #: The highest store watermark heard from each member (set up by run()).
         self.marks = Watermarks(self.counters)
         self.pools = CenterPools(store, settings.recrawl, task_log=settings.rewind_log,
                                  step_of=lambda host: self.marks.step_of(host))
         self.store = on_trio(store)
-        self.conns: dict[cp.Member, Connection] = {}
-        self.last_seen: dict[cp.Member, float] = {}
-        self.busy_with: set[cp.Member] = set()  # members whose reader waits for our inbox
+        self.conns: dict[Member, Connection] = {}
+        self.last_seen: dict[Member, float] = {}
+        self.busy_with: set[Member] = set()  # members whose reader waits for our inbox
         #: Host IP -> (task_pool size its last heartbeat gave, trio time): what a host that
         #: went down holds, as far as this center heard (memory only).
         self.reported_tasks: dict[str, tuple[int, float]] = {}
@@ -141,13 +145,13 @@ class CenterDaemon:
         #: asks it there when the configuration has no port for it).
         self.peer_listen: dict[int, str] = {}
         #: Operator requests waiting for the core's answer (set when it is sent).
-        self._answered: dict[cp.Operator, trio.Event] = {}
+        self._answered: dict[Operator, trio.Event] = {}
         #: number -> when this center stored the set (trio time): the status page's ages.
         self.set_since: dict[int, float] = {}
         #: The bound port of ``settings.metrics`` (the HTTP endpoint), once serving.
         self.http_port: int | None = None
         self.reactor = Reactor(self.core.handle, self._execute)
-        self.timers = Timers(self.reactor.post, cp.TimerFired)
+        self.timers = Timers(self.reactor.post, TimerFired)
         self.port = settings.port
         #: The UDP port discovery answers on, once bound (None: off, or it could not bind).
         self.discovery_port: int | None = None
@@ -215,7 +219,7 @@ class CenterDaemon:
                 log.info("re-crawl by age: a URL counts as seen for %s", self.settings.recrawl.describe())
             task_status.started(self.port)
 
-    def _say_resumed(self, resume: cp.Resume, admitted: int) -> None:
+    def _say_resumed(self, resume: Resume, admitted: int) -> None:
         """One line when the store is not new: a center started again on an old data
         directory goes on from what it holds (and a crawl it finished stays finished),
         which an operator who meant a fresh start must be told."""
@@ -270,7 +274,7 @@ class CenterDaemon:
         if await self._refused_map(conn, reply):
             raise ConnectionClosed("map-mismatch")
         self.peer_listen[reply.network] = reply.listen
-        await self._member_session(conn, cp.Peer(reply.network))
+        await self._member_session(conn, Peer(reply.network))
 
     async def _on_connection(self, conn: Connection) -> None:
         reg = conn.register
@@ -282,14 +286,14 @@ class CenterDaemon:
             if reg.network != self.settings.network:
                 return await self._refuse(conn, "wrong-network", f"host {reg.IP} registered for network "
                                           f"{reg.network}; this is the center of network {self.settings.network}")
-            return await self._member_session(conn, cp.Host(reg.IP))
+            return await self._member_session(conn, Host(reg.IP))
         if reg.network not in self.core.config.peers:
             return await self._refuse(conn, "unknown-peer", f"network {reg.network} is not a configured peer")
         if await self._refused_map(conn, reg):
             return
         conn.send_nowait(wire.encode(self.register()))
         self.peer_listen[reg.network] = reg.listen
-        await self._member_session(conn, cp.Peer(reg.network))
+        await self._member_session(conn, Peer(reg.network))
 
     async def _refuse(self, conn: Connection, reason: str, text: str) -> None:
         """A registration this center does not take: counted, one line (under the
@@ -298,7 +302,7 @@ class CenterDaemon:
         conn.note(logging.WARNING, "refused %s: %s: %s", conn.peer, reason, text, logger=log)
         await conn.close_with_error(reason, text)
 
-    async def _member_session(self, conn: Connection, member: cp.Member) -> None:
+    async def _member_session(self, conn: Connection, member: Member) -> None:
         old = self.conns.get(member)
         if old is not None:
             conn.note(logging.INFO, "%s reconnected; closing its old connection", member, logger=log)
@@ -306,14 +310,14 @@ class CenterDaemon:
         self.conns[member] = conn
         self.last_seen[member] = trio.current_time()
         conn.note(logging.INFO, "%s joined", member, logger=log)
-        address = conn.register.listen if isinstance(member, cp.Host) and conn.register is not None else ""
-        await self.reactor.put(cp.Joined(member, address), conn)
+        address = conn.register.listen if isinstance(member, Host) and conn.register is not None else ""
+        await self.reactor.put(Joined(member, address), conn)
         try:
             while True:
                 message = await conn.receive()
                 self.last_seen[member] = trio.current_time()
                 if isinstance(message, Heartbeat):
-                    if message.tasks is not None and isinstance(member, cp.Host):
+                    if message.tasks is not None and isinstance(member, Host):
                         self.reported_tasks[member.ip] = (message.tasks, trio.current_time())
                     behind = self.marks.hear(str(member), message.store) if message.store else None
                     if behind is not None:
@@ -322,7 +326,7 @@ class CenterDaemon:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
                     try:
-                        await self.reactor.put(cp.Received(member, message), conn)
+                        await self.reactor.put(Received(member, message), conn)
                     finally:
                         self.busy_with.discard(member)
                         self.last_seen[member] = trio.current_time()
@@ -333,7 +337,7 @@ class CenterDaemon:
                 del self.conns[member]
                 self.last_seen.pop(member, None)
                 conn.note(logging.INFO, "%s left", member, logger=log)
-                self.reactor.post(cp.Left(member))
+                self.reactor.post(Left(member))
 
     async def _heartbeats(self) -> None:
         """Send ours to every member we sent nothing else to during the last interval (any
@@ -353,7 +357,7 @@ class CenterDaemon:
                 # A control client is never a member. A busy link still carries our store
                 # watermark now and then, and at once on a new connection (a store that came
                 # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
-                if isinstance(member, cp.Operator):
+                if isinstance(member, Operator):
                     continue
                 beat(conn, ours, interval, lean)
             limit = now - self.settings.heartbeat_timeout
@@ -365,11 +369,11 @@ class CenterDaemon:
                                 member, now - seen, self.settings.heartbeat_timeout)
                     await self.conns[member].aclose()
 
-    async def _reoffer(self, member: cp.Member, behind: Behind) -> None:
+    async def _reoffer(self, member: Member, behind: Behind) -> None:
         """A member's store came back behind: a host is assigned again what its log
         holds (it drops on arrival what its store still has); a peer center is only
         reported, nothing handed to it is logged here."""
-        if not isinstance(member, cp.Host):
+        if not isinstance(member, Host):
             self.counters.inc("rewind_unrepaired", member=str(member))
             log.error("%s: what was routed to it and acknowledged since its step %d may be lost; this center "
                       "keeps no log of it", member, behind.now[1])
@@ -381,33 +385,33 @@ class CenterDaemon:
                       "assigned before them may be lost", member, len(entries), behind.now[1])
         log.warning("%s: %d tasks of its last %d assignments offered again", member,
                     sum(len(u) for u in tasks.values()), len(entries))
-        await self.reactor.put(cp.Reoffer(member.ip, tasks))
+        await self.reactor.put(Reoffer(member.ip, tasks))
 
     # -- carrying out the core's actions --------------------------------------------------
     async def _execute(self, actions: list) -> list:
         if any(isinstance(a, WRITES) for a in actions):
-            sends = any(isinstance(a, cp.Send) for a in actions)
+            sends = any(isinstance(a, Send) for a in actions)
             await until_stored(self.store, self.counters, self.pools.apply_steps, actions, sends)
         followups = []
         for a in actions:
-            if isinstance(a, cp.Save):
+            if isinstance(a, Save):
                 self.set_since.setdefault(a.number, trio.current_time())
-            elif isinstance(a, cp.Conclude):
+            elif isinstance(a, Conclude):
                 self.set_since.pop(a.number, None)
-            elif isinstance(a, cp.Send):
+            elif isinstance(a, Send):
                 for member in a.to:
                     if member in self._answered:
                         self._answered[member].set()
                     conn = self.conns.get(member)
                     if conn is None or not conn.send_nowait(a.data):
                         self.counters.inc("send_skipped")  # gone: the timers or a rejoin catch up
-            elif isinstance(a, cp.SetTimer):
+            elif isinstance(a, SetTimer):
                 self.timers.set(a.number, a.delay)
-            elif isinstance(a, cp.CancelTimer):
+            elif isinstance(a, CancelTimer):
                 self.timers.cancel(a.number)
-            elif isinstance(a, cp.Admit) and self.on_admit is not None:
+            elif isinstance(a, Admit) and self.on_admit is not None:
                 self.on_admit(a.urls)
-            elif isinstance(a, cp.Lookup):
+            elif isinstance(a, Lookup):
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a.number, a.urls))
         return followups
 
@@ -415,7 +419,7 @@ class CenterDaemon:
     async def status(self) -> dict:
         now = trio.current_time()
         stages: dict[str, int] = {}
-        for rec in self.core.sets.values():
+        for rec in self.core.stages.sets.values():
             stages[rec.stage.value] = stages.get(rec.stage.value, 0) + 1
         return {
             "role": "center", "network": self.settings.network, "listen": f"{self.settings.ip}:{self.port}",
@@ -423,9 +427,9 @@ class CenterDaemon:
             "mode": self.settings.mode, "pools": await self.store.run(self.pools.sizes),
             "admitted_total": await self.store.run(self.pools.admitted_total),
             "members": {str(m): round(now - t, 3) for m, t in sorted(self.last_seen.items(), key=str)},
-            "sets_in_flight": stages, "waiting_for": self.core.waiting_for(), "timers": len(self.timers),
+            "sets_in_flight": stages, "waiting_for": self.core.stages.waiting_for(), "timers": len(self.timers),
             "routing": self.core.config.routing,
-            "waiting_for_networks": {f"net:{n}": k for n, k in sorted(self.core.routed_waiting().items())},
+            "waiting_for_networks": {f"net:{n}": k for n, k in sorted(self.core.stages.routed_waiting().items())},
             "partition_policy": self.core.config.partition_policy, "counters": self.counters.snapshot(),
             "store_watermark": self.pools.store.watermark,
             **center_detail(self),
@@ -441,7 +445,7 @@ class CenterDaemon:
     async def _control_session(self, conn: Connection) -> None:
         """``dedupnet status``, and ``dedupnet reassign``: a Task naming the gone host,
         answered with the core's Ack once its writes are stored."""
-        operator = cp.Operator(str(conn.peer))
+        operator = Operator(str(conn.peer))
 
         async def reassign(message) -> None:
             if not isinstance(message, Task) or message.IP is None:
@@ -451,7 +455,7 @@ class CenterDaemon:
             answered = self._answered[operator] = trio.Event()
             self.conns[operator] = conn
             try:
-                await self.reactor.put(cp.Reassign(message.IP, message.number, message.URLs, operator), conn)
+                await self.reactor.put(Reassign(message.IP, message.number, message.URLs, operator), conn)
                 await answered.wait()
             finally:
                 self.conns.pop(operator, None)
@@ -465,7 +469,7 @@ def host_detail(daemon: "CenterDaemon", ip: str, now: float) -> dict:
     it leaves), its ledger (URLs given to it, not reported finished: docs/PROTOCOL.md
     section 12) and the task_pool its last heartbeat gave."""
     reported = daemon.reported_tasks.get(ip)
-    return {"known": ip in daemon.core.known, "ledger": len(daemon.core.ledger.get(ip, ())),
+    return {"known": ip in daemon.core.members.known, "ledger": len(daemon.core.members.ledger.get(ip, ())),
             "task_pool": None if reported is None else reported[0],
             "task_pool_age": None if reported is None else round(now - reported[1], 3)}
 
@@ -478,13 +482,13 @@ def center_detail(daemon: "CenterDaemon") -> dict:
     set (``CenterDaemon.set_since``); a set resumed after a restart, from the restart."""
     now = trio.current_time()
     core, since = daemon.core, daemon.set_since
-    for number in [n for n in since if n not in core.sets]:
+    for number in [n for n in since if n not in core.stages.sets]:
         del since[number]  # concluded by a path that did not pass _execute (never expected)
-    for number in core.sets:
+    for number in core.stages.sets:
         since.setdefault(number, now)
 
     stages: dict[str, dict] = {}
-    for rec in core.sets.values():
+    for rec in core.stages.sets.values():
         age = now - since[rec.number]
         st = stages.setdefault(rec.stage.value, {"count": 0, "urls": 0, "oldest": 0.0,
                                                  "ages": {label: 0 for _, label in AGE_BUCKETS}})
@@ -492,21 +496,21 @@ def center_detail(daemon: "CenterDaemon") -> dict:
         st["urls"] += len(rec.frame.URL_set)
         st["oldest"] = round(max(st["oldest"], age), 3)
         st["ages"][next(label for bound, label in AGE_BUCKETS if age < bound)] += 1
-    oldest = sorted(core.sets.values(), key=lambda r: (since[r.number], r.number))[:OLDEST_SETS]
+    oldest = sorted(core.stages.sets.values(), key=lambda r: (since[r.number], r.number))[:OLDEST_SETS]
 
     tasks: Counter[str] = Counter()
-    for key, urls in core.tasks.items():
-        tasks[cp.task_parts(key)[1]] += len(urls)  # "" = admitted while no host was there
+    for key, urls in core.members.tasks.items():
+        tasks[task_parts(key)[1]] += len(urls)  # "" = admitted while no host was there
 
     s = daemon.settings
     # max: the daemon moves last_seen forward over its own pauses (CenterDaemon._heartbeats).
-    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items() if not isinstance(m, cp.Operator)}
-    waiting = core.waiting_for()
+    silent = {str(m): max(0.0, now - t) for m, t in daemon.last_seen.items() if not isinstance(m, Operator)}
+    waiting = core.stages.waiting_for()
     addresses = {f"net:{p.network}": f"{p.host}:{p.port}" if p.port else  # 0: it dials us (its Register says where)
                  daemon.peer_listen.get(p.network, p.host) for p in s.peers}
-    addresses.update({ip: address for ip, address in core.known.items() if address})
+    addresses.update({ip: address for ip, address in core.members.known.items() if address})
     names = (set(silent) | {f"net:{p.network}" for p in s.peers} | set(waiting) | {h for h in tasks if h}
-             | set(core.known) | set(core.ledger))
+             | set(core.members.known) | set(core.members.ledger))
     liveness = []
     for name in sorted(names, key=lambda n: (n.startswith("net:"), member_order(n))):
         quiet = silent.get(name)
@@ -526,6 +530,6 @@ def center_detail(daemon: "CenterDaemon") -> dict:
                          "age": round(now - since[r.number], 3), "urls": len(r.frame.URL_set),
                          "awaiting": sorted(r.awaiting), "attempts": r.attempts} for r in oldest],
         "task_URL_per_host": dict(sorted(tasks.items())),
-        "ledger": sum(map(len, core.ledger.values())),
-        "frames_held": len(core.waiting),
+        "ledger": sum(map(len, core.members.ledger.values())),
+        "frames_held": len(core.stages.waiting),
     }

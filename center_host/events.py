@@ -115,7 +115,7 @@ class Resume:
 # -- actions ----------------------------------------------------------------------
 @dataclass(frozen=True)
 class Send:
-    to: tuple[Member, ...]
+    to: tuple[Member | Operator, ...]  # an Operator only for the answer to its request
     data: bytes  # encoded once, the same bytes for every receiver
 
 

@@ -1,19 +1,25 @@
-"""A center's members and its tasks: timers (re-sends, giving up), members joining and
-leaving, admitted URLs handed to the LAN's hosts as tasks (``task_URL`` -> ``task_pool``)
-and moved when a host leaves, and the pick-up after a restart. Part of the center's
-sans-I/O core (:class:`~center_host.protocol.CenterProtocol`)."""
+"""A center's members and its tasks: who is connected, the LAN hosts it knows (and the
+highest sequence of each one's sets), admitted URLs handed to them as tasks
+(``task_URL`` -> ``task_pool``), each host's ledger, and the work that moves when a host
+leaves or stays away. A part of the
+center's sans-I/O core (:class:`~center_host.protocol.CenterProtocol`) that owns this
+state and knows nothing of sets."""
 
 from __future__ import annotations
 
 import ipaddress
 import logging
+from collections.abc import Iterable
 
 from dedupnet.codec import wire
+from dedupnet.codec.counters import Counters
 from dedupnet.codec.messages import Ack, Done, Task
+from dedupnet.codec.numbers import MAX_SEQUENCE, split_number
 
+from .config import CenterConfig
 from .events import (Action, CancelTimer, DropTask, ForgetHost, ForgetMoved, Host, Ledger, Member, NoteHost, NoteMoved,
-                     Peer, Reassign, Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
-from .sets import ROUTED, SetRecord, Stage, owner_of, task_key, task_parts
+                     NoteSequence, Peer, Reassign, Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
+from .sets import canonical_urls, owner_of, task_key, task_parts
 
 log = logging.getLogger("dedupnet.center")
 
@@ -33,83 +39,80 @@ def reissue_timer(ip: str) -> int:
 
 
 class Membership:
-    """The timer, membership and task methods of :class:`~center_host.protocol.CenterProtocol`
-    (its state is declared there)."""
+    """Who is connected, the LAN hosts known, and the tasks handed out to them."""
 
-    def _timer(self, number: int) -> list[Action]:
-        if number < 0:
-            return self._reissue(number)
-        rec = self.sets.get(number)
-        if rec is None:
-            return []
-        if self.wait or rec.stage in ROUTED:  # a home's (or previous home's) answer is never given up
-            return self._timer_wait(rec)
-        live = {m for m in rec.awaiting if self._live(m)}  # gap 3: the dead are not waited for
-        rec.incomplete |= live != rec.awaiting
-        rec.awaiting = live
-        if rec.awaiting and rec.attempts <= self.config.max_resends:
-            rec.attempts += 1
-            self.counters.inc("resends", stage=rec.stage.value)
-            log.info("set %d: no answer from %s; re-sending (attempt %d)", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
-            return self._ask(rec)
-        if rec.awaiting:
-            rec.incomplete = True
-            self.counters.inc("concluded_incomplete", stage=rec.stage.value)
-            log.warning("set %d: concluded without %s after %d attempts", number, ", ".join(sorted(rec.awaiting)), rec.attempts)
-            rec.awaiting = set()
-        return self._stage_done(rec)
+    def __init__(self, config: CenterConfig, counters: Counters) -> None:
+        self.config = config
+        self.counters = counters
+        self.wait = config.partition_policy == "wait"
+        self.hosts: set[str] = set()  # live LAN members
+        self.peers: set[int] = set()  # connected peer networks
+        #: Every LAN host that has joined and neither left gracefully nor been reassigned
+        #: (durable: NoteHost), with its status address: the ones not live are down.
+        self.known: dict[str, str] = {}
+        self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
+        #: Host IP -> the URLs given to it that it has not reported finished (durable:
+        #: Ledger/Unledger; docs/PROTOCOL.md section 12).
+        self.ledger: dict[str, set[str]] = {}
+        #: Hosts re-issued while away -> the URLs that moved from them (durable: NoteMoved),
+        #: sent to each when it is back, to drop; and the re-issue timers of hosts away.
+        self.moved: dict[str, set[str]] = {}
+        self.reissue_timers: dict[int, str] = {}
+        #: What moved, as sent to a host that is back: number -> the URLs of that message.
+        self.moved_out: dict[str, dict[int, tuple[str, ...]]] = {}
+        #: Host IP -> the highest sequence of its sets stored here (durable: NoteSequence).
+        self.sequences: dict[str, int] = {}
 
-    def _timer_wait(self, rec: SetRecord) -> list[Action]:
-        """Slow is not dead (``wait``): no answer yet from a member that is alive means
-        ask again later, never conclude without it. Not waited for: a LAN host that has
-        left (the admitted record speaks for what the LAN crawled), a peer network no
-        longer configured. A peer network that is down is waited for."""
-        gone = {m for m in rec.awaiting if not self._waited_for(m)}
-        if gone:
-            rec.awaiting -= gone
-            rec.incomplete = True
-            log.warning("set %d: not waiting for %s (left)", rec.number, ", ".join(sorted(gone)))
-        if not rec.awaiting:
-            return self._stage_done(rec)
-        rec.attempts += 1
-        live = [m for m in rec.awaiting if self._live(m)]
-        sent = self._send_to(rec, live)  # a set whose URLs wait in another's frame to a home sends nothing
-        if sent:
-            self.counters.inc("resends", stage=rec.stage.value)
-            log.info("set %d: no answer yet from %s; asking again (attempt %d)", rec.number, ", ".join(sorted(live)), rec.attempts)
-        return [*sent, SetTimer(rec.number, self._resend_delay(rec))]
-
-    def _waited_for(self, member: str) -> bool:
-        m = member_from_str(member)
-        return m.ip in self.hosts if isinstance(m, Host) else m.network in self.config.peers
-
-    def waiting_for(self) -> dict[str, int]:
-        """Sets in flight per member whose answer they still wait for (status, metrics)."""
-        counts: dict[str, int] = {}
-        for rec in self.sets.values():
-            for m in rec.awaiting:
-                counts[m] = counts.get(m, 0) + 1
-        return counts
-
-    def _live(self, member: str) -> bool:
+    def live(self, member: str) -> bool:
         m = member_from_str(member)
         return m.ip in self.hosts if isinstance(m, Host) else m.network in self.peers
 
-    def _joined(self, member: Member, address: str = "") -> list[Action]:
-        # Sets that wait for this member (it reconnected, or a peer network is back) ask it now.
-        who = str(member)
-        again = [rec for rec in self.sets.values() if who in rec.awaiting]
+    def waited_for(self, member: str) -> bool:
+        """Not a LAN host that has left, nor a peer network no longer configured."""
+        m = member_from_str(member)
+        return m.ip in self.hosts if isinstance(m, Host) else m.network in self.config.peers
+
+    def join(self, member: Member) -> None:
         if isinstance(member, Peer):
             self.peers.add(member.network)
         else:
             self.hosts.add(member.ip)
-        asks = [a for rec in again for a in self._send_to(rec, (who,))]
-        if isinstance(member, Peer):
-            asks += self._next_routes(member.network)
-        if again:
-            log.info("%s is here: asking it for %d sets that wait for it", who, len(again))
-        if not isinstance(member, Host):
-            return asks
+
+    def leave(self, member: Member) -> None:
+        if isinstance(member, Host):
+            self.hosts.discard(member.ip)
+        else:
+            self.peers.discard(member.network)
+
+    def reused(self, sender: Host, number: int) -> list[Action]:
+        """A number that arrives again with other URLs: the sender lost the store its
+        sequence lived in. Its set is refused, never acknowledged as a duplicate (that
+        would lose its URLs); it numbers the set again above what is stored here."""
+        sequence = self.sequences.get(sender.ip, 0) + 1
+        if sequence > MAX_SEQUENCE:  # no number is left to name: the host keeps the set
+            self.counters.inc("rejected", reason="numbers-exhausted")
+            log.error("set %d from %s: number used before, and the host's sequences are used up", number, sender)
+            return [Send((sender,), wire.encode(Ack(number, "rejected", "numbers-exhausted")))]
+        self.counters.inc("rejected", reason="number-reused")
+        log.warning("set %d from %s: number used before for another set; asking it to number its sets from %d",
+                    number, sender, sequence)
+        return [Send((sender,), wire.encode(Ack(number, "rejected", "number-reused", sequence)))]
+
+    def note_sequence(self, sender: Member, number: int) -> list[Action]:
+        """A set of ``sender``'s is stored: its sequence, if the highest yet."""
+        if not isinstance(sender, Host):
+            return []
+        sequence = split_number(number)[2]
+        if sequence <= self.sequences.get(sender.ip, 0):
+            return []
+        self.sequences[sender.ip] = sequence
+        return [NoteSequence(sender.ip, sequence)]
+
+    def host_joined(self, member: Host, address: str) -> list[Action]:
+        """A LAN host (back): its re-issue is off, it drops what moved while it was away,
+        and it is sent again the tasks it has not acknowledged; then what was admitted
+        while no host was there is handed out (and sent) as usual."""
+        asks: list[Action] = []
         if self.reissue_timers.pop(reissue_timer(member.ip), None) is not None:
             asks.append(CancelTimer(reissue_timer(member.ip)))
         if self.moved.get(member.ip):  # what moved while it was away: it drops those first
@@ -120,39 +123,22 @@ class Membership:
         if self.known.get(member.ip) != address:
             self.known[member.ip] = address
             asks.append(NoteHost(member.ip, address))
-        # A host that comes back is sent again the tasks it has not acknowledged; then
-        # what was admitted while no host was there is handed out (and sent) as usual.
-        resend = [Send((member,), wire.encode(Task(task_parts(k)[0], tuple(urls))))
-                  for k, urls in self.tasks.items() if task_parts(k)[1] == member.ip]
+        resend: list[Action] = [Send((member,), wire.encode(Task(task_parts(k)[0], tuple(urls))))
+                                for k, urls in self.tasks.items() if task_parts(k)[1] == member.ip]
         return asks + resend + self._reassign("")
 
-    def _left(self, member: Member) -> list[Action]:
-        who = str(member)
-        if isinstance(member, Host):
-            self.hosts.discard(member.ip)
-        else:
-            self.peers.discard(member.network)
+    def host_left(self, ip: str) -> list[Action]:
         actions: list[Action] = []
-        if isinstance(member, Peer) and self.wait:
-            waiting = sum(1 for rec in self.sets.values() if who in rec.awaiting)
-            log.warning("%s is down: %d sets wait for it in dist_reduce_pool", who, waiting)
-            return actions
-        for rec in list(self.sets.values()):
-            if who in rec.awaiting and rec.stage not in ROUTED:
-                rec.awaiting.discard(who)
-                rec.incomplete = True
-                if not rec.awaiting:
-                    actions += [CancelTimer(rec.number), *self._stage_done(rec)]
-        if isinstance(member, Host) and not self.wait:
+        if not self.wait:
             # "admit": a host that left is not waited for, its unacknowledged tasks move.
             # Under "wait" they stay its own and go to it again when it is back
-            # (_joined): a lost connection is not a lost host, and a task whose ack was
+            # (host_joined): a lost connection is not a lost host, and a task whose ack was
             # lost with the connection may already be in its task_pool, being crawled;
             # handing it to another host would fetch it twice. Only a graceful leave
-            # (_handed_back) moves a host's tasks.
-            actions += self._reassign(member.ip)
-        if isinstance(member, Host) and member.ip in self.known:
-            actions += self._await_return(member.ip)
+            # (handed_back) moves a host's tasks.
+            actions += self._reassign(ip)
+        if ip in self.known:
+            actions += self._await_return(ip)
         return actions
 
     def _await_return(self, ip: str) -> list[Action]:
@@ -162,7 +148,7 @@ class Membership:
         self.reissue_timers[reissue_timer(ip)] = ip
         return [SetTimer(reissue_timer(ip), self.config.reissue_after)]
 
-    def _reissue(self, timer: int) -> list[Action]:
+    def reissue(self, timer: int) -> list[Action]:
         """A host silent for ``reissue_after``: as ``dedupnet reassign`` would, its ledger
         and its ``task_URL`` go to the live hosts, whole sites at a time, and it is no
         longer one of the LAN's hosts; what moved is kept to tell it when it is back."""
@@ -183,14 +169,14 @@ class Membership:
         return set(self.ledger.get(ip, ())) | {u for k, urls in self.tasks.items() if task_parts(k)[1] == ip
                                                for u in urls}
 
-    def _note_moved(self, ip: str, urls) -> list[Action]:
+    def _note_moved(self, ip: str, urls: set[str]) -> list[Action]:
         if not urls:
             return []
         self.moved.setdefault(ip, set()).update(urls)
         return [NoteMoved(ip, tuple(sorted(urls)))]
 
     # -- task_URL -> task_pool (gap 8) -------------------------------------------------
-    def _assign(self, number: int, urls: list[str]) -> list[Action]:
+    def assign(self, number: int, urls: list[str]) -> list[Action]:
         if not urls:
             return []
         if not self.hosts:
@@ -217,12 +203,12 @@ class Membership:
             actions.append(DropTask(key))
             if gone:
                 actions += self._unledger(gone, urls)
-            actions += self._assign(task_parts(key)[0], urls)
+            actions += self.assign(task_parts(key)[0], urls)
             if gone:
                 self.counters.inc("tasks_reassigned", amount=len(urls))
         return actions
 
-    def _unledger(self, host: str, urls) -> list[Action]:
+    def _unledger(self, host: str, urls: Iterable[str]) -> list[Unledger]:
         """``urls`` leave ``host``'s ledger (those on it)."""
         held = self.ledger.get(host)
         if not held:
@@ -245,7 +231,7 @@ class Membership:
         moved = list(dict.fromkeys([*urls, *rest]))
         self.counters.inc("ledger_moved", amount=len(rest))
         for i in range(0, len(moved), MAX_MESSAGE_URLS):  # each task within what a host takes
-            actions += self._assign(number if i == 0 and number is not None else self._spare_number(),
+            actions += self.assign(number if i == 0 and number is not None else self._spare_number(),
                                     moved[i:i + MAX_MESSAGE_URLS])
         return actions
 
@@ -257,23 +243,23 @@ class Membership:
             n = next(m for m in SPARE_NUMBERS if m not in taken)
         return n
 
-    def _tasks_done(self, sender: Host, done: Done) -> list[Action]:
+    def tasks_done(self, sender: Host, done: Done) -> list[Action]:
         """A host's report: these tasks of its own are finished, off its ledger (stored
         before the ack lets it drop the report). URLs not on its ledger (moved meanwhile)
         change nothing."""
-        urls = list(self._canonical_urls(sender, done.number, dict.fromkeys(done.URLs, 0)))
-        actions = self._unledger(sender.ip, urls)
-        hit = len(actions[0].urls) if actions else 0
+        urls = list(canonical_urls(self.counters, sender, done.number, dict.fromkeys(done.URLs, 0)))
+        off = self._unledger(sender.ip, urls)
+        hit = len(off[0].urls) if off else 0
         self.counters.inc("tasks_reported", amount=hit)
         if hit < len(urls):
             self.counters.inc("reports_unknown", amount=len(urls) - hit)
-        return actions + [Send((sender,), wire.encode(Ack(done.number, "stored")))]
+        return [*off, Send((sender,), wire.encode(Ack(done.number, "stored")))]
 
-    def _handed_back(self, sender: Host, task: Task) -> list[Action]:
+    def handed_back(self, sender: Host, task: Task) -> list[Action]:
         """A host that leaves for good hands its uncrawled tasks back: it is no longer
         a member, its tasks go to the others (stored before the ack lets it drop them)."""
         self.hosts.discard(sender.ip)
-        urls = list(self._canonical_urls(sender, task.number, dict.fromkeys(task.URLs, 0)))
+        urls = list(canonical_urls(self.counters, sender, task.number, dict.fromkeys(task.URLs, 0)))
         actions = self._move_ledger(sender.ip, task.number, urls) + self._forget(sender.ip)
         self.counters.inc("tasks_handed_back", amount=len(task.URLs))
         log.info("%s leaves and hands back %d tasks", sender, len(task.URLs))
@@ -282,9 +268,9 @@ class Membership:
     def _forget(self, host: str) -> list[Action]:
         return [ForgetHost(host)] if self.known.pop(host, None) is not None else []
 
-    def _operator_reassign(self, event: Reassign) -> list[Action]:
+    def operator_reassign(self, event: Reassign) -> list[Action]:
         """``dedupnet reassign``: the operator's word that a host is gone, so its work
-        moves as a graceful leave's would (:meth:`_handed_back`). Refused while the host
+        moves as a graceful leave's would (:meth:`handed_back`). Refused while the host
         is connected: it may be crawling those tasks. What it had fetched and not yet
         acknowledged is not known here; its own task_pool, taken out of its Redis by the
         operator's tool in the same step, arrives as ``urls``."""
@@ -302,7 +288,7 @@ class Membership:
         held = sum(len(u) for k, u in self.tasks.items() if task_parts(k)[1] == ip)
         if ip not in self.known and not held and not event.urls and not self.ledger.get(ip):
             return refused("unknown-host", "this center has no such host and holds nothing for it")
-        urls = list(self._canonical_urls(Host(ip), event.number, dict.fromkeys(event.urls, 0)))
+        urls = list(canonical_urls(self.counters, Host(ip), event.number, dict.fromkeys(event.urls, 0)))
         unfinished = len(self.ledger.get(ip, ()))
         moving = self._held_by(ip) | set(urls)
         actions = self._move_ledger(ip, event.number, urls) + self._forget(ip) + self._note_moved(ip, moving)
@@ -312,7 +298,7 @@ class Membership:
                     "ledger (unfinished) go to %s", ip, held, len(urls), unfinished, where)
         return actions + [Send(reply, wire.encode(Ack(event.number, "stored")))]
 
-    def _task_acked(self, sender: Host, number: int) -> list[Action]:
+    def task_acked(self, sender: Host, number: int) -> list[Action]:
         dropped = self.moved_out.get(sender.ip, {}).pop(number, None)
         if dropped is not None:  # it has dropped these of what moved from it
             held = self.moved.get(sender.ip, set())
@@ -326,7 +312,7 @@ class Membership:
             return []
         return [DropTask(key)]
 
-    def _reoffer(self, event: Reoffer) -> list[Action]:
+    def reoffer(self, event: Reoffer) -> list[Action]:
         actions: list[Action] = []
         for number, urls in sorted(event.tasks.items()):
             key = task_key(number, event.host)
@@ -339,25 +325,15 @@ class Membership:
         return actions
 
     # -- restart (durability) ----------------------------------------------------------
-    def _resume(self, event: Resume) -> list[Action]:
-        """Pick up every stored set: it is asked again once its timer fires, and members
-        that have not come back by then are no longer waited for."""
-        actions: list[Action] = []
-        for rec in sorted(map(SetRecord.load, event.sets), key=lambda r: r.number):
-            self.sets[rec.number] = rec
-            if self.exact and rec.stage is not Stage.FOREIGN:
-                for url in rec.frame.URL_set:
-                    self.claims[url] = rec.number
-            if rec.stage is Stage.HOME:
-                actions += self._reroute_stale(rec)
-            actions.append(SetTimer(rec.number, self.config.resume_grace))
+    def resume(self, event: Resume) -> list[Action]:
+        """The stored tasks, sequences, ledgers and known hosts; each known host is away until it
+        joins again."""
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)
         self.known.update(event.hosts)
         self.ledger.update({host: set(urls) for host, urls in event.ledger.items() if urls})
         self.moved.update({host: set(urls) for host, urls in event.moved.items() if urls})
-        for ip in self.known:  # away until they join again
+        actions: list[Action] = []
+        for ip in self.known:
             actions += self._await_return(ip)
-        log.debug("resumed %d sets and %d task assignments", len(event.sets), len(event.tasks))
         return actions
-

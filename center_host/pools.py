@@ -23,11 +23,14 @@ import orjson
 
 from dedupnet.adapters.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch, CoreWrites, Steps, Store
+from dedupnet.adapters.store import (ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch,
+                                     CoreWrites, Steps, Store)
 from dedupnet.adapters.watermark import tagged, untag
 from dedupnet.codec.urls import fingerprint_many
 
-from . import protocol as cp
+from .events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, LookupDone, NoteHost, NoteMoved,
+                     NoteSequence, Resume, Save, SaveTask, Unledger)
+from .sets import task_parts
 
 #: number -> digest of the set it concluded (own sets): tells a reused number from a repeat.
 CONCLUDED_DIGEST = "concluded_digest"
@@ -51,8 +54,8 @@ MOVED_HOSTS = "moved_hosts"
 #: the host's watermark step heard then: re-offered if its store comes back behind.
 TASK_LOG = "task_log"
 
-WRITES = (cp.Save, cp.Drop, cp.Admit, cp.Conclude, cp.NoteSequence, cp.NoteHost, cp.ForgetHost, cp.SaveTask,
-          cp.DropTask, cp.Ledger, cp.Unledger, cp.NoteMoved, cp.ForgetMoved)
+WRITES = (Save, Drop, Admit, Conclude, NoteSequence, NoteHost, ForgetHost, SaveTask,
+          DropTask, Ledger, Unledger, NoteMoved, ForgetMoved)
 
 
 class CenterPools(CoreWrites):
@@ -71,51 +74,51 @@ class CenterPools(CoreWrites):
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
         for a in writes:
-            if isinstance(a, cp.Save):
+            if isinstance(a, Save):
                 batch.add(b"HSET", key(a.pool), a.number, a.record)
-            elif isinstance(a, cp.Drop):
+            elif isinstance(a, Drop):
                 batch.add(b"HDEL", key(a.pool), a.number)
-            elif isinstance(a, cp.Admit):
+            elif isinstance(a, Admit):
                 if a.urls:
                     batch.add(b"INCRBY", key(ADMITTED_TOTAL), len(a.urls))
                 if a.urls and self.admitted is not None:
                     self.admitted.add(batch, a.urls)
                 elif a.urls:
                     batch.fingerprints(b"SADD", key(ADMITTED), fingerprint_many(a.urls))
-            elif isinstance(a, cp.Conclude):
+            elif isinstance(a, Conclude):
                 batch.fingerprints(b"SADD", key(CONCLUDED), np.array([a.number], dtype=np.uint64))
                 if a.digest:
                     batch.add(b"HSET", key(CONCLUDED_DIGEST), a.number, a.digest)
-            elif isinstance(a, cp.NoteSequence):
+            elif isinstance(a, NoteSequence):
                 batch.add(b"HSET", key(SEQUENCES), a.host, a.sequence)
-            elif isinstance(a, cp.NoteHost):
+            elif isinstance(a, NoteHost):
                 batch.add(b"HSET", key(HOSTS), a.host, a.address)
-            elif isinstance(a, cp.ForgetHost):
+            elif isinstance(a, ForgetHost):
                 batch.add(b"HDEL", key(HOSTS), a.host)
-            elif isinstance(a, cp.SaveTask):
+            elif isinstance(a, SaveTask):
                 batch.add(b"HSET", key(TASK_URL), a.key, orjson.dumps(a.urls))
-                number, host = cp.task_parts(a.key)
+                number, host = task_parts(a.key)
                 if self.task_log and host:
                     log_key = key(f"{TASK_LOG}:{host}")
                     batch.add(b"LPUSH", log_key, tagged(self.step_of(host), orjson.dumps([number, a.urls])))
                     batch.add(b"LTRIM", log_key, 0, self.task_log - 1)
-            elif isinstance(a, cp.DropTask):
+            elif isinstance(a, DropTask):
                 batch.add(b"HDEL", key(TASK_URL), a.key)
-            elif isinstance(a, cp.Ledger) and a.urls:
+            elif isinstance(a, Ledger) and a.urls:
                 batch.add(b"SADD", key(f"{LEDGER}:{a.host}"), *a.urls)
                 batch.add(b"SADD", key(LEDGER_HOSTS), a.host)
-            elif isinstance(a, cp.Unledger) and a.urls:
+            elif isinstance(a, Unledger) and a.urls:
                 batch.add(b"SREM", key(f"{LEDGER}:{a.host}"), *a.urls)
-            elif isinstance(a, cp.NoteMoved) and a.urls:
+            elif isinstance(a, NoteMoved) and a.urls:
                 batch.add(b"SADD", key(f"{MOVED}:{a.host}"), *a.urls)
                 batch.add(b"SADD", key(MOVED_HOSTS), a.host)
-            elif isinstance(a, cp.ForgetMoved) and a.urls:
+            elif isinstance(a, ForgetMoved) and a.urls:
                 batch.add(b"SREM", key(f"{MOVED}:{a.host}"), *a.urls)
 
-    def lookup(self, number: int, urls: tuple[str, ...]) -> cp.LookupDone:
+    def lookup(self, number: int, urls: tuple[str, ...]) -> LookupDone:
         return self.store.drive(self.lookup_steps(number, urls))
 
-    def lookup_steps(self, number: int, urls: tuple[str, ...]) -> Steps[cp.LookupDone]:
+    def lookup_steps(self, number: int, urls: tuple[str, ...]) -> Steps[LookupDone]:
         batch = self.store.batch()
         key = self.store.key
         concluded = batch.fingerprints(b"SMISMEMBER", key(CONCLUDED), np.array([number], dtype=np.uint64))
@@ -125,16 +128,16 @@ class CenterPools(CoreWrites):
             admitted = batch.fingerprints(b"SMISMEMBER", key(ADMITTED), fingerprint_many(urls))
         digest_at = batch.add(b"HGET", key(CONCLUDED_DIGEST), number)
         results = yield batch
-        return cp.LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist(),
+        return LookupDone(number, bool(concluded.flags(results)[0]), admitted.flags(results).tolist(),
                              int(results[digest_at] or 0))
 
-    def load(self) -> cp.Resume:
+    def load(self) -> Resume:
         """Everything a restarted center must pick up."""
         batch = self.store.batch()
         for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL, TASK_URL, SEQUENCES, HOSTS):
             batch.add(b"HGETALL", self.store.key(pool))
         local, dist, tasks, sequences, hosts = self.store.execute(batch)
-        return cp.Resume(
+        return Resume(
             sets=_values(local) + _values(dist),
             tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
             sequences={k.decode(): int(v) for k, v in _pairs(sequences)},

@@ -1,12 +1,10 @@
-"""A set's life at a center: its stages, its stored record, the table of the steps that
-take it from one stage to the next, and what the core waits for while a look-up is out.
+"""A set's life at a center: its stages and steps, its stored record, what the core
+waits for while a look-up is out, and the checks every message's set passes.
 
 A set enters stage LAN (an own set: from a LAN host, or a peer's URLs of sites homed
 here) or FOREIGN (another network's set). When a stage is done (every answer in, or
-given up), the core picks the set's next :class:`Step`; :data:`TRANSITIONS` says which
-stage that step leads to (None: the set is concluded and leaves the pools) and which
-method of the core carries it out. ``CenterProtocol._advance`` is the one place a
-set's stage changes, and it follows the table.
+given up), the core picks the set's next :class:`Step`; the table of center_host/stages.py
+says where it leads and which function carries it out.
 """
 
 from __future__ import annotations
@@ -15,16 +13,23 @@ import enum
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Union
+from typing import TypeVar, Union
 
 import orjson
 import xxhash
 
+from dedupnet.codec.counters import Counters
 from dedupnet.codec.messages import Frame
+from dedupnet.codec.numbers import split_number
 from dedupnet.codec.pools import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
-from dedupnet.codec.urls import site_of
+from dedupnet.codec.urls import canonical_set, site_of
 
-from .events import Member
+from .config import CenterConfig
+from .events import Member, Peer
+
+log = logging.getLogger("dedupnet.center")
+K = TypeVar("K")
+V = TypeVar("V")
 
 #: Sets held back (unacknowledged) per host while the center is full: far above what a
 #: host sends before it waits for acks (its ``max_unacked``), so only a host that does
@@ -61,22 +66,6 @@ class Step(enum.Enum):
     LOOK_UP = "look the foreign set up in the admitted record (exact mode)"
     REPLY = "answer the foreign set's origin"
 
-
-#: stage -> step -> (the stage after it, None: concluded; the core's method that carries it out).
-TRANSITIONS: dict[Stage, dict[Step, tuple[Stage | None, str]]] = {
-    Stage.LAN: {
-        Step.TO_PEERS: (Stage.DIST, "_to_peers"),
-        Step.GATHER: (Stage.LAN, "_gather"),
-        Step.TO_PREVIOUS_HOMES: (Stage.CHECK, "_check_previous"),
-        Step.TO_HOMES: (Stage.HOME, "_to_homes"),
-        Step.ADMIT: (None, "_admit"),
-    },
-    Stage.DIST: {Step.ADMIT: (None, "_admit")},
-    Stage.CHECK: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.ADMIT: (None, "_admit")},
-    Stage.HOME: {Step.TO_HOMES: (Stage.HOME, "_to_homes"), Step.TO_PREVIOUS_HOMES: (Stage.CHECK, "_check_previous"),
-                 Step.ADMIT: (None, "_admit")},
-    Stage.FOREIGN: {Step.LOOK_UP: (Stage.FOREIGN, "_look_up_foreign"), Step.REPLY: (None, "_reply_foreign")},
-}
 
 # -- a set in flight ------------------------------------------------------------------
 @dataclass
@@ -131,12 +120,38 @@ class Rejected(Exception):
         self.level = level
 
 
-def remember(d: dict, key, value, limit: int) -> None:
+def remember(d: dict[K, V], key: K, value: V, limit: int) -> None:
     """``d[key] = value`` as its newest entry; the oldest go beyond ``limit`` entries."""
     d.pop(key, None)
     d[key] = value
     while len(d) > limit:
         del d[next(iter(d))]
+
+
+def check_number(config: CenterConfig, sender: Member, number: int) -> None:
+    """A new set's number carries its sender's network (and, for a LAN host, its host
+    part): a number made in someone else's name is refused, so it cannot take the
+    number its owner will use (docs/PROTOCOL.md §7)."""
+    network, host, _ = split_number(number)
+    if isinstance(sender, Peer):
+        ok = network == sender.network
+    else:
+        expected = config.host_id_of(sender.ip)
+        ok = network == config.network and (expected is None or host == expected)
+    if not ok:
+        raise Rejected("number-not-sender", f"set number {number} (network {network}, host {host}) "
+                                            f"is not {sender}'s")
+
+
+def canonical_urls(counters: Counters, sender: Member, number: int, url_set: dict[str, int]) -> dict[str, int]:
+    """``url_set`` with every URL in the form a host would have stored it (docs/PROTOCOL.md
+    §8): nothing a peer spells enters a pool unchecked. What cannot be a pool's URL is
+    dropped and counted."""
+    url_set, bad = canonical_set(url_set)
+    if bad:
+        counters.inc("bad_input", reason="bad-url", amount=bad)
+        log.warning("set %d from %s: %d URLs dropped (not http(s) URLs a pool may hold)", number, sender, bad)
+    return url_set
 
 
 def task_key(number: int, host: str) -> str:

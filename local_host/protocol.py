@@ -355,16 +355,16 @@ class HostProtocol:
                 return []
             return [Release(message.number, tuple(entry[1]), entry[0])]
         if isinstance(message, Done):  # what moved from this host while it was away
-            urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
-            self.counters.inc("tasks_dropped_moved", amount=len(urls))
+            moved = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
+            self.counters.inc("tasks_dropped_moved", amount=len(moved))
             log.warning("the center moved %d of this host's tasks to other hosts while it was away: dropped here",
-                        len(urls))
-            return [DropTasks(urls), Send(wire.encode(Ack(message.number, "stored")))]
+                        len(moved))
+            return [DropTasks(moved), Send(wire.encode(Ack(message.number, "stored")))]
         if isinstance(message, Task):
             token = (OfferedTask.KIND, message.number)
-            urls = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
-            self._pending[token] = OfferedTask(Task(message.number, urls))
-            return [Lookup(token, urls)]
+            offered = tuple(self._canonical(message.number, dict.fromkeys(message.URLs, 0)))
+            self._pending[token] = OfferedTask(Task(message.number, offered))
+            return [Lookup(token, offered)]
         self.counters.inc("rejected", reason="unexpected-message")
         log.warning("rejected unexpected-message: %s from the center", type(message).__name__)
         return []
@@ -374,7 +374,10 @@ class HostProtocol:
         their URL_pool entries are gone already (no ids)."""
         actions: list[Action] = []
         for data in frames:
-            number = wire.decode_one(data).number
+            stored = wire.decode_one(data)
+            if not isinstance(stored, (Frame, Done)):
+                raise TypeError(f"an unacknowledged message that is not a set or a report: {type(stored).__name__}")
+            number = stored.number
             if number in self.unacked:
                 continue
             self.unacked[number] = (data, [])
@@ -416,6 +419,8 @@ class HostProtocol:
             return []
         data, ids = entry
         frame = wire.decode_one(data, max_urls=max(len(ids), 1))
+        if not isinstance(frame, Frame):
+            raise TypeError(f"set {old}: stored as a {type(frame).__name__}, not a frame")
         number = make_number(self.config.network, self.config.host_id, done.sequences[0])
         data = wire.encode(Frame(frame.URL_set, frame.IP, number, frame.flag))
         self.unacked[number] = (data, ids)

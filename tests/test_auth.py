@@ -340,7 +340,7 @@ def outsider(keys: tuple[bytes | None, ...], log: dict):
                 conn.send_nowait(encode(Frame(dict.fromkeys(urls, 0), OUTSIDER_IN_LAN, 2**41 + log["attempts"], 1)))
                 try:
                     while True:
-                        if OUTSIDER_IN_LAN in center.core.hosts:
+                        if OUTSIDER_IN_LAN in center.core.members.hosts:
                             log["joined"] = True
                         conn.send_urgent(encode(Heartbeat(OUTSIDER_IN_LAN, trio.current_time())))
                         with trio.move_on_after(0.5):

@@ -31,7 +31,7 @@ async def real_run(redis_url: str, routing: str, port: int):
 
     async def during(system, web):
         webs.append(web)
-        homes.extend(c.core.homes for c in system.centers.values())
+        homes.extend(c.core.homes.map if c.core.homes else None for c in system.centers.values())
         for n, center in system.centers.items():
             inner = center.on_admit
 

@@ -89,7 +89,7 @@ async def test_quiescent_sees_a_set_that_leaves_its_host_during_the_check(redis_
 
         async def slow_read(fn, *args):
             if fn == finder.pools.sizes:
-                while not center.core.sets or finder.core.unacked or not finder.reactor.idle:
+                while not center.core.stages.sets or finder.core.unacked or not finder.reactor.idle:
                     await trio.sleep(0.01)
             return await read(fn, *args)
 
@@ -97,7 +97,7 @@ async def test_quiescent_sees_a_set_that_leaves_its_host_during_the_check(redis_
         finder.pools.push(site_urls("quiet", 5))  # one full set: the walker sends it at once
         with trio.fail_after(30):
             assert not await system.quiescent()
-        assert center.core.sets and not finder.core.unacked  # it was in flight, acknowledged
+        assert center.core.stages.sets and not finder.core.unacked  # it was in flight, acknowledged
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -133,7 +133,7 @@ async def test_center_killed_and_restarted_mid_stage_loses_nothing(system, delay
     urls = site_urls(f"r{delay}", 600)
     await push_in_waves(system, urls)
     await trio.sleep(delay)
-    in_flight = len(system.centers[1].core.sets) + len(system.centers[2].core.sets)
+    in_flight = len(system.centers[1].core.stages.sets) + len(system.centers[2].core.stages.sets)
     await system.restart_center(1)
     with trio.fail_after(60):
         await system.wait_connected()
@@ -200,7 +200,7 @@ async def silent_member_asked(system, asked_times: int):
     register = Register(SILENT_IP, 1, "host", f"{SILENT_IP}:1", "127.0.1.0/24")
     async with await connect(center.settings.ip, center.port, register, local_ip=SILENT_IP,
                              counters=Counters()) as silent:
-        while len(center.core.hosts) < 2:
+        while len(center.core.members.hosts) < 2:
             await trio.sleep(0.01)
         host = system.hosts["127.0.1.10"]
         await host.store.run(host.pools.push, site_urls("silent", 40))
@@ -222,7 +222,7 @@ async def test_silent_host_set_concludes_after_deadline_and_resends(redis_url, a
         # generous; it still ends the test if anything blocked for good.
         with trio.fail_after(3600):
             async with silent_member_asked(system, 3):  # the broadcast and two re-sends
-                while center.core.sets:
+                while center.core.stages.sets:
                     await trio.sleep(0.1)
         assert center.counters.get("resends", stage="lan") == 2
         assert center.counters.get("concluded_incomplete", stage="lan") == 1
@@ -240,9 +240,9 @@ async def test_silent_live_host_is_waited_for_until_it_leaves(redis_url, autojum
         center = system.centers[1]
         with trio.fail_after(3600):
             async with silent_member_asked(system, 3):  # the broadcast and two re-sends (after 2 s and 4 s more)
-                assert center.core.sets and center.counters.get("urls_admitted") == 0
-                assert center.core.waiting_for() == {SILENT_IP: 1}
-            while center.core.sets:
+                assert center.core.stages.sets and center.counters.get("urls_admitted") == 0
+                assert center.core.stages.waiting_for() == {SILENT_IP: 1}
+            while center.core.stages.sets:
                 await trio.sleep(0.1)
         assert center.counters.get("concluded_incomplete") == 0
         assert center.counters.get("urls_admitted") == 40
@@ -276,7 +276,7 @@ async def test_members_outside_the_configuration_are_refused(system, ip, network
 
 
 def cp_member_count(center):
-    return len(center.core.hosts) + len(center.core.peers)
+    return len(center.core.members.hosts) + len(center.core.members.peers)
 
 
 @pytest.mark.parametrize("policy", ["wait", "admit"])
@@ -294,14 +294,14 @@ async def test_peer_network_down_longer_than_every_timeout(redis_url, autojump_c
         urls = site_urls("down", 60)
         h1, h2 = system.hosts["127.0.1.10"], system.hosts["127.0.2.10"]
         with trio.fail_after(3600):
-            while c1.core.peers:
+            while c1.core.members.peers:
                 await trio.sleep(0.1)
             await h1.store.run(h1.pools.push, urls)
             await h2.store.run(h2.pools.push, urls[20:])  # found there too; its center is down
             await trio.sleep(120)
             if policy == "wait":
                 assert c1.counters.get("urls_admitted") == 0
-                assert c1.core.waiting_for().get("net:2", 0) >= 1 and c1.core.sets
+                assert c1.core.stages.waiting_for().get("net:2", 0) >= 1 and c1.core.stages.sets
             else:
                 assert c1.counters.get("urls_admitted") == len(urls)
                 assert c1.counters.get("sets_concluded", complete="false") >= 1
@@ -345,7 +345,7 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
             assert families <= {"admitted", "concluded", "concluded_digest", "host_sequences", "hosts", "task_log",
                                 "watermark", "watermarks_heard", "fp_bucket_bits", "admitted_total", "ledger",
                                 "ledger_hosts"}, families
-        assert any(c.core.held_elsewhere for c in system.centers.values())  # the early drop: memory only
+        assert any(c.core.claims.held_elsewhere for c in system.centers.values())  # the early drop: memory only
 
 
 async def test_a_host_leaving_while_redis_is_down_hands_every_task_back(tmp_path):

@@ -54,7 +54,7 @@ class Client:
 async def registered_client(center, ip=CLIENT):
     register = Register(ip, 1, "host", f"{ip}:1", "127.0.1.0/24")
     async with await connect(center.settings.ip, center.port, register, local_ip=ip, counters=Counters()) as conn:
-        while ip not in center.core.hosts:
+        while ip not in center.core.members.hosts:
             await trio.sleep(0.01)
         client = Client(conn, ip)
         async with trio.open_nursery() as nursery:
@@ -144,15 +144,16 @@ def test_a_host_checks_the_urls_of_tasks_and_requests_as_a_center_does():
 
 
 def test_a_host_cannot_fill_the_centers_memory_with_held_sets():
-    from center_host import protocol as cp
+    from center_host.events import Host, Joined, Received
+    from center_host.sets import MAX_HELD_PER_HOST
 
     from .conformance.memory import MemoryCenter
 
     c = MemoryCenter.make(network=1, lan="127.0.1.0/24", max_in_flight=1, local_lookup="lan")
-    c.feed(cp.Joined(cp.Host("127.0.1.10")))
-    c.feed(cp.Joined(cp.Host("127.0.1.11")))  # asked about the first set, never answers: the center is full
-    for seq in range(1, cp.MAX_HELD_PER_HOST + 10):
-        c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({f"http://a.example/{seq}": 0}, "127.0.1.10",
+    c.feed(Joined(Host("127.0.1.10")))
+    c.feed(Joined(Host("127.0.1.11")))  # asked about the first set, never answers: the center is full
+    for seq in range(1, MAX_HELD_PER_HOST + 10):
+        c.feed(Received(Host("127.0.1.10"), Frame({f"http://a.example/{seq}": 0}, "127.0.1.10",
                                                          make_number(1, 10, seq), 1)))
-    assert len(c.core.waiting) == cp.MAX_HELD_PER_HOST  # one in flight, the rest held up to the bound
+    assert len(c.core.stages.waiting) == MAX_HELD_PER_HOST  # one in flight, the rest held up to the bound
     assert c.core.counters.get("rejected", reason="too-many-held") == 8

@@ -68,7 +68,7 @@ async def test_a_host_gets_the_welcome_first_and_no_success_reply(center):
     got = await raw.read(6 * BEAT)
     assert got[0] == Welcome(("zstd",))
     assert got[1:] and all(isinstance(m, Heartbeat) for m in got[1:]), got  # nothing else: no reply
-    assert HOST in center.core.hosts  # a member all the same
+    assert HOST in center.core.members.hosts  # a member all the same
     assert abs(got[1].time - time.time()) < 60  # Unix time (§4), not a monotonic clock
 
 
@@ -97,7 +97,7 @@ async def test_a_control_client_is_answered_and_sent_nothing_else(center):
     got = await raw.read(6 * BEAT)
     assert len(got) == 1 and isinstance(got[0], Status) and not got[0].request, got  # no heartbeats either
     assert got[0].body["role"] == "center" and got[0].body["network"] == 6
-    assert HOST not in center.core.hosts
+    assert HOST not in center.core.members.hosts
 
 
 @pytest.mark.parametrize("case", ["not-register", "source-mismatch", "host-not-in-lan", "unknown-peer", "map-mismatch",
@@ -171,7 +171,7 @@ async def test_the_dialing_center_registers_and_wants_the_peers_register_first(r
         await nursery.start(dialer.run)
         with trio.fail_after(10):
             await closed.wait()
-            while 6 not in dialer.core.peers:
+            while 6 not in dialer.core.members.peers:
                 await trio.sleep(0.01)
         first = registers[0]
         assert (first.role, first.network, first.IP, first.CIDR, first.compress) == ("center", 5, PEER, PEER_LAN,

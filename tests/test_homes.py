@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from center_host import protocol as cp
+from center_host.events import Host, Joined, Left, Peer, Received
+from center_host.config import CenterConfig
 from dedupnet.codec.homes import HomeMap, parse_weights
 from dedupnet.codec.messages import Ack, Frame, Task
 
@@ -58,7 +59,7 @@ def test_weights_are_parsed_and_checked():
     with pytest.raises(ValueError, match="positive"):
         HomeMap({1: 0})
     with pytest.raises(ValueError, match="neither this one nor a peer"):
-        cp.CenterConfig(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, weights={9: 1})
+        CenterConfig(network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, weights={9: 1})
 
 
 # -- the core -------------------------------------------------------------------------
@@ -66,9 +67,9 @@ def center(network=1, peers=(2, 3), hosts=("10", "11"), **kw):
     c = MemoryCenter.make(network=network, lan=f"127.0.{network}.0/24",
                           peers={n: f"127.0.{n}.0/24" for n in peers}, **kw)
     for h in hosts:
-        c.feed(cp.Joined(cp.Host(f"127.0.{network}.{h}")))
+        c.feed(Joined(Host(f"127.0.{network}.{h}")))
     for n in peers:
-        c.feed(cp.Joined(cp.Peer(n)))
+        c.feed(Joined(Peer(n)))
     c.take_outbox()
     return c
 
@@ -87,21 +88,21 @@ def sent(c):
 
 def test_urls_homed_here_are_admitted_with_no_wan_message_others_go_to_their_home_alone():
     c = center()
-    m = c.core.homes
+    m = c.core.homes.map
     here, two, three = urls_homed(m, 1, 5), urls_homed(m, 2, 4), urls_homed(m, 3, 3)
     n = num(1, 10, 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(here + two + three, 0), "127.0.1.10", n, 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame(dict.fromkeys(here + two + three, 0), "127.0.1.10", n, 1)))
     out = sent(c)
     assert c.admitted == set(here)  # decided here at once
     to_peers = {to: msg for to, msg in out if to.startswith("net:")}
     assert set(to_peers) == {"net:2", "net:3"}  # one frame to each home, none to anyone else
     assert set(to_peers["net:2"].URL_set) == set(two) and to_peers["net:2"].flag == 1
     assert set(to_peers["net:3"].URL_set) == set(three)
-    assert c.core.routed_waiting() == {2: 4, 3: 3} and n in c.dist_reduce_pool
-    c.feed(cp.Received(cp.Peer(2), Ack(n, "stored")))
-    assert c.core.routed_waiting() == {3: 3}
-    c.feed(cp.Received(cp.Peer(3), Ack(n, "duplicate")))  # a repeat is as good: held there
-    assert not c.core.sets and not c.dist_reduce_pool and n in c.concluded and not c.core.claims
+    assert c.core.stages.routed_waiting() == {2: 4, 3: 3} and n in c.dist_reduce_pool
+    c.feed(Received(Peer(2), Ack(n, "stored")))
+    assert c.core.stages.routed_waiting() == {3: 3}
+    c.feed(Received(Peer(3), Ack(n, "duplicate")))  # a repeat is as good: held there
+    assert not c.core.stages.sets and not c.dist_reduce_pool and n in c.concluded and not c.core.claims.by_url
 
 
 def test_one_frame_at_a_time_goes_to_a_home_carrying_every_set_that_waits_for_it():
@@ -109,40 +110,40 @@ def test_one_frame_at_a_time_goes_to_a_home_carrying_every_set_that_waits_for_it
     them all in one frame under the lowest number, and they all leave at its ack. A
     reconnection sends the frame out again, the same, and nothing else."""
     c = center()
-    m = c.core.homes
+    m = c.core.homes.map
     frames = {seq: dict.fromkeys(urls_homed(m, 1, 1, f"s{seq}") + urls_homed(m, 2, 2, f"s{seq}"), 0)
               for seq in range(1, 5)}
     for seq, urls in frames.items():
-        c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(urls, "127.0.1.10", num(1, 10, seq), 1)))
+        c.feed(Received(Host("127.0.1.10"), Frame(urls, "127.0.1.10", num(1, 10, seq), 1)))
     first = [msg for to, msg in sent(c) if to == "net:2"]
     assert [(f.number, len(f.URL_set)) for f in first] == [(num(1, 10, 1), 2)]
-    c.feed(cp.Left(cp.Peer(2)))  # the connection is reset: the frame or its ack is lost
-    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(Left(Peer(2)))  # the connection is reset: the frame or its ack is lost
+    c.feed(Joined(Peer(2)))
     assert [msg for to, msg in sent(c) if to == "net:2"] == first
-    c.feed(cp.Received(cp.Peer(2), Ack(num(1, 10, 3), "stored")))  # not the frame out: ignored
-    assert c.core.routed_waiting() == {2: 8}
-    c.feed(cp.Received(cp.Peer(2), Ack(num(1, 10, 1), "stored")))
+    c.feed(Received(Peer(2), Ack(num(1, 10, 3), "stored")))  # not the frame out: ignored
+    assert c.core.stages.routed_waiting() == {2: 8}
+    c.feed(Received(Peer(2), Ack(num(1, 10, 1), "stored")))
     (second,) = [msg for to, msg in sent(c) if to == "net:2"]
     assert second.number == num(1, 10, 2) and second.IP == "127.0.1.10" and len(second.URL_set) == 6
-    assert set(c.core.sets) == {num(1, 10, seq) for seq in (2, 3, 4)}
-    c.feed(cp.Received(cp.Peer(2), Ack(second.number, "stored")))
-    assert not c.core.sets and not c.dist_reduce_pool and not sent(c)
+    assert set(c.core.stages.sets) == {num(1, 10, seq) for seq in (2, 3, 4)}
+    c.feed(Received(Peer(2), Ack(second.number, "stored")))
+    assert not c.core.stages.sets and not c.dist_reduce_pool and not sent(c)
     assert {num(1, 10, seq) for seq in frames} <= set(c.concluded)
 
 
 def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_its_lan():
     c = center(network=2, peers=(1, 3), hosts=("10",))
-    m = c.core.homes
+    m = c.core.homes.map
     mine = urls_homed(m, 2, 4)
     c.admitted.add(mine[0])  # admitted here before (found in this network)
     n = num(1, 10, 7)
-    c.feed(cp.Received(cp.Peer(1), Frame(dict.fromkeys(mine, 0), "127.0.1.10", n, 1)))
+    c.feed(Received(Peer(1), Frame(dict.fromkeys(mine, 0), "127.0.1.10", n, 1)))
     out = sent(c)
     assert ("net:1", Ack(n, "stored")) in out
     assert c.admitted == set(mine)
     (task,) = [msg for _, msg in out if isinstance(msg, Task)]
     assert set(task.URLs) == set(mine[1:])
-    c.feed(cp.Received(cp.Peer(1), Frame(dict.fromkeys(mine, 0), "127.0.1.10", n, 1)))  # the ack was lost
+    c.feed(Received(Peer(1), Frame(dict.fromkeys(mine, 0), "127.0.1.10", n, 1)))  # the ack was lost
     assert sent(c) == [("net:1", Ack(n, "duplicate"))]
 
 
@@ -155,7 +156,7 @@ def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_it
 def test_a_routed_set_must_be_the_senders_own(frame, reason):
     """A set routed here is never routed on, so a routed set is always its sender's own."""
     c = center(network=2, peers=(1, 3))
-    c.feed(cp.Received(cp.Peer(1), frame))
+    c.feed(Received(Peer(1), frame))
     assert c.core.counters.get("rejected", reason=reason) == 1 and not c.admitted and not sent(c)
 
 
@@ -168,58 +169,58 @@ def test_a_previous_home_answers_from_what_it_admitted_not_from_what_it_routes()
     c = center(network=1, peers=(2,), weights={1: 0.0}, previous_weights=(old,))
     url = next(u for u in urls_homed(HomeMap(old), 1, 50))  # homed at 1 before, at 2 now
     mine = num(1, 10, 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({url: 0}, "127.0.1.10", mine, 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame({url: 0}, "127.0.1.10", mine, 1)))
     assert [(to, f.URL_set) for to, f in sent(c) if to == "net:2"] == [("net:2", {url: 0})]
     asked = num(2, 10, 9)  # network 2's higher-numbered set asks about the same URL
-    c.feed(cp.Received(cp.Peer(2), Frame({url: 0}, "127.0.2.10", asked, 2)))
+    c.feed(Received(Peer(2), Frame({url: 0}, "127.0.2.10", asked, 2)))
     assert [f.URL_set for to, f in sent(c) if to == "net:2"] == [{url: 0}]  # not admitted here: unseen
 
 
 def test_a_home_that_is_down_delays_only_its_own_sites_and_gets_them_when_back():
     c = center()
-    m = c.core.homes
-    c.feed(cp.Left(cp.Peer(3)))
+    m = c.core.homes.map
+    c.feed(Left(Peer(3)))
     for seq in range(1, 6):
         here, three = urls_homed(m, 1, 10, f"s{seq}"), urls_homed(m, 3, 2, f"s{seq}")
-        c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(here + three, 0), "127.0.1.10",
+        c.feed(Received(Host("127.0.1.10"), Frame(dict.fromkeys(here + three, 0), "127.0.1.10",
                                                         num(1, 10, seq), 1)))
     assert len(c.admitted) == 50  # every URL of this network's sites: admitted during the cut
-    assert c.core.routed_waiting() == {3: 10} and not [to for to, _ in sent(c) if to == "net:3"]
+    assert c.core.stages.routed_waiting() == {3: 10} and not [to for to, _ in sent(c) if to == "net:3"]
     for number in list(c.timers):  # time passes: nothing is given up, nothing sent to the dead
         c.fire(number)
-    assert c.core.routed_waiting() == {3: 10} and c.core.counters.get("sets_concluded", complete="false") == 0
-    c.feed(cp.Joined(cp.Peer(3)))
+    assert c.core.stages.routed_waiting() == {3: 10} and c.core.counters.get("sets_concluded", complete="false") == 0
+    c.feed(Joined(Peer(3)))
     asked = [msg for to, msg in sent(c) if to == "net:3"]
     assert len(asked) == 1 and len(asked[0].URL_set) == 10  # all it waits for, in one frame
     for f in asked:
-        c.feed(cp.Received(cp.Peer(3), Ack(f.number, "stored")))
-    assert not c.core.sets and c.core.routed_waiting() == {}
+        c.feed(Received(Peer(3), Ack(f.number, "stored")))
+    assert not c.core.stages.sets and c.core.stages.routed_waiting() == {}
 
 
 def test_the_urls_a_center_holds_for_other_homes_are_bounded():
     c = center(max_routed_waiting=4)
-    m = c.core.homes
-    c.feed(cp.Left(cp.Peer(2)))
+    m = c.core.homes.map
+    c.feed(Left(Peer(2)))
     first = Frame(dict.fromkeys(urls_homed(m, 2, 4), 0), "127.0.1.10", num(1, 10, 1), 1)
     second = Frame(dict.fromkeys(urls_homed(m, 1, 2), 0), "127.0.1.10", num(1, 10, 2), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
-    c.feed(cp.Received(cp.Host("127.0.1.10"), second))
+    c.feed(Received(Host("127.0.1.10"), first))
+    c.feed(Received(Host("127.0.1.10"), second))
     assert ("127.0.1.10", Ack(second.number, "stored")) not in sent(c)  # held back: not acknowledged
-    c.feed(cp.Joined(cp.Peer(2)))
-    c.feed(cp.Received(cp.Peer(2), Ack(first.number, "stored")))
+    c.feed(Joined(Peer(2)))
+    c.feed(Received(Peer(2), Ack(first.number, "stored")))
     assert ("127.0.1.10", Ack(second.number, "stored")) in sent(c)
 
 
 def test_a_restarted_center_sends_the_urls_it_holds_to_their_homes_again():
     c = center(resume_grace=1.0)
-    m = c.core.homes
+    m = c.core.homes.map
     two = urls_homed(m, 2, 3)
     n = num(1, 10, 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(two, 0), "127.0.1.10", n, 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame(dict.fromkeys(two, 0), "127.0.1.10", n, 1)))
     sent(c)
     c = c.restart()
-    assert c.core.claims == dict.fromkeys(two, n)
-    c.feed(cp.Joined(cp.Peer(2)))
+    assert c.core.claims.by_url == dict.fromkeys(two, n)
+    c.feed(Joined(Peer(2)))
     assert [(to, set(f.URL_set)) for to, f in sent(c)] == [("net:2", set(two))]
 
 
@@ -237,7 +238,7 @@ def test_random_interleavings_with_partitions_admit_each_url_once_at_its_home(se
     admitted = Counter(net.admitted())
     assert set(admitted) == pushed
     assert max(admitted.values()) == 1
-    homes = next(iter(net.centers.values())).core.homes
+    homes = next(iter(net.centers.values())).core.homes.map
     for n, c in net.centers.items():  # each URL admitted by its site's home network
         assert all(homes.home_of(u) == n for u in c.admitted)
 
@@ -264,7 +265,7 @@ async def test_a_network_cut_off_delays_only_its_own_sites(redis_url):
         with trio.fail_after(30):
             while (system.centers[1].counters.get("urls_admitted") < 30
                    or system.centers[2].counters.get("urls_admitted") < 30
-                   or system.centers[1].core.routed_waiting() != {3: 30}):
+                   or system.centers[1].core.stages.routed_waiting() != {3: 30}):
                 await trio.sleep(0.05)
         assert (await system.centers[1].status())["waiting_for_networks"] == {"net:3": 30}
         assert system.centers[3].counters.get("urls_admitted") == 0
@@ -329,11 +330,11 @@ async def test_without_the_previous_map_sites_that_moved_are_admitted_again(redi
 
 def test_a_url_its_home_has_taken_is_dropped_at_once_when_found_again():
     c = center()
-    two = urls_homed(c.core.homes, 2, 3)
+    two = urls_homed(c.core.homes.map, 2, 3)
     first = num(1, 10, 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(dict.fromkeys(two, 0), "127.0.1.10", first, 1)))
-    c.feed(cp.Received(cp.Peer(2), Ack(first, "stored")))
+    c.feed(Received(Host("127.0.1.10"), Frame(dict.fromkeys(two, 0), "127.0.1.10", first, 1)))
+    c.feed(Received(Peer(2), Ack(first, "stored")))
     sent(c)
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame(dict.fromkeys(two, 0), "127.0.1.11", num(1, 11, 1), 1)))
+    c.feed(Received(Host("127.0.1.11"), Frame(dict.fromkeys(two, 0), "127.0.1.11", num(1, 11, 1), 1)))
     assert not [to for to, _ in sent(c) if to == "net:2"]  # no second trip to the home
     assert c.core.counters.get("urls_dropped", stage="center-record") == 3

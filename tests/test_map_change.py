@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from center_host import protocol as cp
+from center_host.events import Host, Joined, Left, Peer, Received
 from dedupnet.codec.homes import HomeMap
 from dedupnet.codec.messages import Ack, Frame
 
@@ -34,7 +34,7 @@ def num(network, seq):
 def make(n, **kw):
     other = B if n == A else A
     c = MemoryCenter.make(network=n, lan=lan(n), peers={other: lan(other)}, resume_grace=1.0, **kw)
-    c.feed(cp.Joined(cp.Host(host(n))))
+    c.feed(Joined(Host(host(n))))
     return c
 
 
@@ -53,18 +53,18 @@ class Pair:
 
     def connect(self):
         self.connected = True
-        self.c[A].feed(cp.Joined(cp.Peer(B)))
-        self.c[B].feed(cp.Joined(cp.Peer(A)))
+        self.c[A].feed(Joined(Peer(B)))
+        self.c[B].feed(Joined(Peer(A)))
         self.run()
 
     def cut(self):
         self.run()
         self.connected = False
-        self.c[A].feed(cp.Left(cp.Peer(B)))
-        self.c[B].feed(cp.Left(cp.Peer(A)))
+        self.c[A].feed(Left(Peer(B)))
+        self.c[B].feed(Left(Peer(A)))
 
     def found(self, n, seq, found):
-        self.c[n].feed(cp.Received(cp.Host(host(n)), Frame(dict.fromkeys(found, 0), host(n), num(n, seq), 1)))
+        self.c[n].feed(Received(Host(host(n)), Frame(dict.fromkeys(found, 0), host(n), num(n, seq), 1)))
         self.run()
 
     def run(self, drop_acks_to=None, steps=10_000):
@@ -73,16 +73,16 @@ class Pair:
             for n, c in self.c.items():
                 for to, data in c.take_outbox():
                     msg = decode(data)
-                    if isinstance(to, cp.Host):  # tasks need no ack here; a look-up is answered
+                    if isinstance(to, Host):  # tasks need no ack here; a look-up is answered
                         if self.hosts_answer and isinstance(msg, Frame) and msg.flag == 2:
-                            c.feed(cp.Received(to, msg.with_flag(3)))
+                            c.feed(Received(to, msg.with_flag(3)))
                             moved = True
                         continue
                     if not self.connected:
                         continue
                     if isinstance(msg, Ack) and to.network == drop_acks_to:
                         continue
-                    self.c[to.network].feed(cp.Received(cp.Peer(n), msg))
+                    self.c[to.network].feed(Received(Peer(n), msg))
                     moved = True
             if not moved:
                 return
@@ -92,7 +92,7 @@ class Pair:
         """Both centers restart with a new map (crash semantics: memory lost, pools kept)."""
         for n, c in self.c.items():
             self.c[n] = c.restart(**config)
-            self.c[n].feed(cp.Joined(cp.Host(host(n))))
+            self.c[n].feed(Joined(Host(host(n))))
         self.connected = False
 
     def settle(self):
@@ -100,12 +100,12 @@ class Pair:
         for _ in range(50):
             self.run()
             due = [(n, t) for n, c in self.c.items() for t in list(c.timers)]
-            if not due and not any(c.core.sets for c in self.c.values()):
+            if not due and not any(c.core.stages.sets for c in self.c.values()):
                 return
             for n, t in due:
                 if t in self.c[n].timers:
                     self.c[n].fire(t)
-        raise AssertionError({n: sorted(c.core.sets) for n, c in self.c.items()})
+        raise AssertionError({n: sorted(c.core.stages.sets) for n, c in self.c.items()})
 
     def admissions(self) -> Counter:
         return Counter((n, u) for n, c in self.c.items() for _, batch in c.admissions for u in batch)
@@ -130,7 +130,7 @@ def test_retiring_a_network_while_urls_wait_for_it_admits_each_once_at_the_new_h
     p = Pair()
     waiting = urls(old, new, B, A, 10, "w")
     p.found(A, 1, waiting)
-    assert p.c[A].core.routed_waiting() == {B: 10}
+    assert p.c[A].core.stages.routed_waiting() == {B: 10}
     p.restart(weights={B: 0.0}, previous_weights=(OLD,))
     p.connect()
     p.settle()
@@ -157,16 +157,16 @@ def test_a_map_change_with_urls_waiting_on_both_sides_admits_each_once(new_weigh
     if ack_lost:
         p.connect()
         p.hosts_answer = False
-        p.c[A].feed(cp.Received(cp.Host(host(A)), Frame(dict.fromkeys(sides[A], 0), host(A), num(A, 1), 1)))
+        p.c[A].feed(Received(Host(host(A)), Frame(dict.fromkeys(sides[A], 0), host(A), num(A, 1), 1)))
         p.run(drop_acks_to=A)  # 57 stored 56's routed URLs; its ack is lost with the link
-        assert num(A, 1) in p.c[B].core.sets and p.c[A].core.routed_waiting()
+        assert num(A, 1) in p.c[B].core.stages.sets and p.c[A].core.stages.routed_waiting()
         p.cut()
         p.hosts_answer = True
         p.found(B, 1, sides[B])
     else:
         p.found(A, 1, sides[A])
         p.found(B, 1, sides[B])
-    assert p.c[A].core.routed_waiting() and p.c[B].core.routed_waiting()
+    assert p.c[A].core.stages.routed_waiting() and p.c[B].core.stages.routed_waiting()
     p.restart(weights=new_weights, previous_weights=(OLD,))
     p.connect()
     p.settle()
@@ -202,7 +202,7 @@ async def test_retiring_a_network_that_is_down_loses_none_of_the_urls_waiting_fo
         one = system.hosts["127.0.1.10"]
         await one.store.run(one.pools.push, waiting)
         with trio.fail_after(30):
-            while system.centers[1].core.routed_waiting() != {2: 10}:
+            while system.centers[1].core.stages.routed_waiting() != {2: 10}:
                 await trio.sleep(0.05)
         system.timing["weights"] = {2: 0.0}
         system.timing["previous_weights"] = (old,)

@@ -142,7 +142,7 @@ async def test_a_handed_back_task_is_normalised_where_it_enters(redis_url, prefi
             leaving_got, staying_got = [], []
             leaving = await host_conn(port, "127.0.5.66", nursery, leaving_got)
             await host_conn(port, "127.0.5.10", nursery, staying_got)
-            await until(lambda: len(center.core.hosts) == 2)
+            await until(lambda: len(center.core.members.hosts) == 2)
             leaving.send_nowait(wire.encode(Task(BAD_NUMBER, ("javascript:alert(1)", "HTTP://A.Example:80/x#f"))))
             await until(lambda: Ack(BAD_NUMBER, "stored") in leaving_got)
             await until(lambda: any(isinstance(m, Task) for m in staying_got))

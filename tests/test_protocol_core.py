@@ -4,7 +4,8 @@ from collections import Counter
 
 import pytest
 
-from center_host import protocol as cp
+from center_host.events import Host, Joined, Left, Peer, Received
+from center_host.membership import reissue_timer
 from dedupnet.codec.messages import Ack, Frame, Task
 from local_host import protocol as hp
 
@@ -47,7 +48,7 @@ def test_concurrent_discovery_random_interleavings(mode, seed):
         assert all(queued[u] <= admitted[u] for u in queued)
     # Nothing left in flight anywhere.
     for c in net.centers.values():
-        assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.sets
+        assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.stages.sets
     for h in net.hosts.values():
         assert not h.URL_pool and not h.unacked
 
@@ -56,7 +57,7 @@ def check_exact_and_nothing_lost(net: MemNet, pushed: set[str]) -> Counter:
     admitted = Counter(net.admitted())
     assert set(admitted) == pushed  # nothing lost
     for c in net.centers.values():
-        assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.sets and not c.timers
+        assert not c.local_reduce_pool and not c.dist_reduce_pool and not c.core.stages.sets and not c.timers
     return admitted
 
 
@@ -135,7 +136,7 @@ def center(**kw):
     cfg.update(kw)
     c = MemoryCenter.make(**cfg)
     for ip in ("127.0.1.10", "127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Joined(cp.Host(ip)))
+        c.feed(Joined(Host(ip)))
     return c
 
 
@@ -145,11 +146,11 @@ def sent(c):
 
 def test_silent_host_set_concludes_after_resends_under_admit():
     c = center(peers={}, max_resends=2, partition_policy="admit")
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)))
     out = sent(c)
     assert ("127.0.1.10", Ack(num("127.0.1.10", 7), "stored")) in out
     assert sorted(to for to, m in out if isinstance(m, Frame)) == ["127.0.1.11", "127.0.1.12"]
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
+    c.feed(Received(Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
     sent(c)
     for attempt in range(2):  # re-sent to the silent host only
         c.fire(num("127.0.1.10", 7))
@@ -163,8 +164,8 @@ def test_silent_live_host_is_waited_for_with_backoff():
     """"wait" (exact's default): a host that is alive but slow is asked again, less and
     less often, and the set concludes complete once it answers — never without it."""
     c = center(peers={}, max_resends=1, answer_timeout=2.0, max_resend_interval=10.0)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)))
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
+    c.feed(Received(Host("127.0.1.10"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)))
+    c.feed(Received(Host("127.0.1.11"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
     sent(c)
     delays = []
     for _ in range(6):
@@ -172,8 +173,8 @@ def test_silent_live_host_is_waited_for_with_backoff():
         c.fire(num("127.0.1.10", 7))
         assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.12"]
     assert delays == [2.0, 4.0, 8.0, 10.0, 10.0, 10.0]
-    assert not c.admitted and num("127.0.1.10", 7) in c.core.sets and c.core.waiting_for() == {"127.0.1.12": 1}
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
+    assert not c.admitted and num("127.0.1.10", 7) in c.core.stages.sets and c.core.stages.waiting_for() == {"127.0.1.12": 1}
+    c.feed(Received(Host("127.0.1.12"), Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 3)))
     assert c.admitted == {"http://a.example/"} and not c.timers
     assert c.core.counters.get("sets_concluded", complete="true") == 1
 
@@ -184,30 +185,30 @@ def test_set_waits_for_a_peer_network_that_is_down():
     once nothing of ours is out). When the network is back the first is asked, then the
     second, and both conclude complete."""
     c = center(peers={2: "127.0.2.0/24"}, routing="broadcast")
-    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(Joined(Peer(2)))
     first = Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    c.feed(Received(Host("127.0.1.10"), first))
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), first.with_flag(3)))
+        c.feed(Received(Host(ip), first.with_flag(3)))
     assert [to for to, m in sent(c) if isinstance(m, Frame)][-1:] == ["net:2"]
-    c.feed(cp.Left(cp.Peer(2)))
+    c.feed(Left(Peer(2)))
     second = Frame({"http://b.example/": 0}, "127.0.1.11", num("127.0.1.11", 8), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.11"), second))
+    c.feed(Received(Host("127.0.1.11"), second))
     for ip in ("127.0.1.10", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), second.with_flag(3)))
+        c.feed(Received(Host(ip), second.with_flag(3)))
     sent(c)
     for _ in range(5):
         for n in list(c.timers):
             c.fire(n)
     assert not [m for _, m in sent(c) if isinstance(m, (Frame, Task))]
     assert not c.admitted and sorted(c.dist_reduce_pool) == [num("127.0.1.10", 7)]
-    assert list(c.local_reduce_pool) == [num("127.0.1.11", 8)] and list(c.core.gathering) == [num("127.0.1.11", 8)]
-    assert c.core.waiting_for() == {"net:2": 1}
-    c.feed(cp.Joined(cp.Peer(2)))
+    assert list(c.local_reduce_pool) == [num("127.0.1.11", 8)] and list(c.core.stages.gathering) == [num("127.0.1.11", 8)]
+    assert c.core.stages.waiting_for() == {"net:2": 1}
+    c.feed(Joined(Peer(2)))
     for number in (num("127.0.1.10", 7), num("127.0.1.11", 8)):
         (asked,) = [m for to, m in sent(c) if isinstance(m, Frame)]
         assert asked.number == number
-        c.feed(cp.Received(cp.Peer(2), asked.with_flag(3)))
+        c.feed(Received(Peer(2), asked.with_flag(3)))
     assert c.admitted == {"http://a.example/", "http://b.example/"} and not c.dist_reduce_pool
     assert c.core.counters.get("sets_concluded", complete="true") == 2
 
@@ -215,9 +216,9 @@ def test_set_waits_for_a_peer_network_that_is_down():
 def test_a_network_removed_from_the_configuration_is_no_longer_waited_for():
     c = center(peers={2: "127.0.2.0/24"})
     f = Frame({"http://a.example/": 0}, "127.0.1.10", num("127.0.1.10", 7), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    c.feed(Received(Host("127.0.1.10"), f))
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
+        c.feed(Received(Host(ip), f.with_flag(3)))
     assert num("127.0.1.10", 7) in c.dist_reduce_pool  # network 2 never connected: waited for
     c = c.restart(peers={})  # the operator removes it and restarts the center
     c.fire(num("127.0.1.10", 7))
@@ -225,29 +226,29 @@ def test_a_network_removed_from_the_configuration_is_no_longer_waited_for():
 
 
 @pytest.mark.parametrize("sender, frame, reason", [
-    (cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 99, 3), "unknown-number"),
-    (cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.11", 9, 2), "flag2-from-lan"),
-    (cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 9, 1), "ip-mismatch"),
-    (cp.Peer(2), Frame({"http://a/": 0}, "127.0.3.5", 9, 2), "not-a-peer"),
-    (cp.Peer(2), Frame({"http://a/": 0}, "127.0.1.10", 9, 2), "flag2-own-network"),
+    (Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 99, 3), "unknown-number"),
+    (Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.11", 9, 2), "flag2-from-lan"),
+    (Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", 9, 1), "ip-mismatch"),
+    (Peer(2), Frame({"http://a/": 0}, "127.0.3.5", 9, 2), "not-a-peer"),
+    (Peer(2), Frame({"http://a/": 0}, "127.0.1.10", 9, 2), "flag2-own-network"),
 ])
 def test_illegal_input_is_rejected_by_name(sender, frame, reason):
     c = center(routing="broadcast")  # flag=2 between networks: the look-ups of §10
-    c.feed(cp.Received(sender, frame))
+    c.feed(Received(sender, frame))
     assert c.core.counters.get("rejected", reason=reason) == 1
     assert not c.outbox and not c.local_reduce_pool and not c.dist_reduce_pool
 
 
 def test_answer_from_a_host_that_was_not_asked_and_repeated_answers():
     c = center(peers={})
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
     sent(c)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 1}, "127.0.1.10", num("127.0.1.10", 5), 3)))  # the origin was not asked
+    c.feed(Received(Host("127.0.1.10"), Frame({"http://a/": 1}, "127.0.1.10", num("127.0.1.10", 5), 3)))  # the origin was not asked
     assert c.core.counters.get("rejected", reason="not-asked") == 1
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 1, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0, "http://b/": 1}, "127.0.1.10", num("127.0.1.10", 5), 3)))
+    c.feed(Received(Host("127.0.1.11"), Frame({"http://a/": 1, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
+    c.feed(Received(Host("127.0.1.11"), Frame({"http://a/": 0, "http://b/": 1}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     assert c.core.counters.get("repeated_answers") == 1
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
+    c.feed(Received(Host("127.0.1.12"), Frame({"http://a/": 0, "http://b/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     assert c.admitted == {"http://b/"}
 
 
@@ -256,13 +257,13 @@ def test_a_late_answer_is_counted_quietly_an_unknown_one_loudly(caplog):
     alike); only an answer for a number never held here is a warning in the log."""
     c = center(peers={})
     f = Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    c.feed(Received(Host("127.0.1.10"), f))
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
+        c.feed(Received(Host(ip), f.with_flag(3)))
     assert c.admitted == {"http://a/"}
     with caplog.at_level("DEBUG", logger="dedupnet.center"):
-        c.feed(cp.Received(cp.Host("127.0.1.12"), f.with_flag(3)))  # a re-sent question answered again
-        c.feed(cp.Received(cp.Host("127.0.1.12"), Frame({"http://a/": 0}, "127.0.1.10", 6, 3)))  # never held
+        c.feed(Received(Host("127.0.1.12"), f.with_flag(3)))  # a re-sent question answered again
+        c.feed(Received(Host("127.0.1.12"), Frame({"http://a/": 0}, "127.0.1.10", 6, 3)))  # never held
     assert c.core.counters.get("rejected", reason="unknown-number") == 2
     logged = [(r.levelname, "late answer" in r.getMessage()) for r in caplog.records if "rejected" in r.getMessage()]
     assert logged == [("DEBUG", True), ("WARNING", False)]
@@ -271,12 +272,12 @@ def test_a_late_answer_is_counted_quietly_an_unknown_one_loudly(caplog):
 def test_foreign_request_inverted_sentence_resolved():
     """§2.4 gap 1: a non-zero answer marks the URL seen; zero leaves it unseen."""
     c = center(mode="paper")
-    c.feed(cp.Joined(cp.Peer(2)))
-    c.feed(cp.Received(cp.Peer(2), Frame({"http://a/": 0, "http://b/": 0}, "127.0.2.10", num("127.0.2.10", 11), 2)))
+    c.feed(Joined(Peer(2)))
+    c.feed(Received(Peer(2), Frame({"http://a/": 0, "http://b/": 0}, "127.0.2.10", num("127.0.2.10", 11), 2)))
     assert sorted(to for to, m in sent(c)) == ["127.0.1.10", "127.0.1.11", "127.0.1.12"]
     for ip, seen in (("127.0.1.10", {"http://a/": 1, "http://b/": 0}), ("127.0.1.11", {"http://a/": 0, "http://b/": 0}),
                      ("127.0.1.12", {"http://a/": 0, "http://b/": 0})):
-        c.feed(cp.Received(cp.Host(ip), Frame(seen, "127.0.2.10", num("127.0.2.10", 11), 3)))
+        c.feed(Received(Host(ip), Frame(seen, "127.0.2.10", num("127.0.2.10", 11), 3)))
     assert sent(c) == [("net:2", Frame({"http://a/": 1, "http://b/": 0}, "127.0.2.10", num("127.0.2.10", 11), 3))]
     assert not c.dist_reduce_pool
 
@@ -284,25 +285,25 @@ def test_foreign_request_inverted_sentence_resolved():
 def test_repeated_flag1_is_acknowledged_not_redone():
     c = center(peers={})
     f = Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    c.feed(Received(Host("127.0.1.10"), f))
     sent(c)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), f))
+    c.feed(Received(Host("127.0.1.10"), f))
     assert sent(c) == [("127.0.1.10", Ack(num("127.0.1.10", 5), "duplicate"))]
 
 
 def test_center_restart_resumes_and_loses_nothing():
     c = center(peers={}, resume_grace=1.0)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)))
     sent(c)
     c = c.restart()
-    assert num("127.0.1.10", 5) in c.core.sets and c.timers == {num("127.0.1.10", 5): 1.0,
-                                                               **{cp.reissue_timer(f"127.0.1.{h}"): 300.0
+    assert num("127.0.1.10", 5) in c.core.stages.sets and c.timers == {num("127.0.1.10", 5): 1.0,
+                                                               **{reissue_timer(f"127.0.1.{h}"): 300.0
                                                                   for h in (10, 11, 12)}}  # hosts away
-    c.feed(cp.Joined(cp.Host("127.0.1.11")))  # back: asked at once
+    c.feed(Joined(Host("127.0.1.11")))  # back: asked at once
     assert [to for to, m in sent(c) if isinstance(m, Frame)] == ["127.0.1.11"]
     c.fire(num("127.0.1.10", 5))  # 127.0.1.12 never came back: no longer waited for
-    assert "127.0.1.12" not in c.core.sets[num("127.0.1.10", 5)].awaiting
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
+    assert "127.0.1.12" not in c.core.stages.sets[num("127.0.1.10", 5)].awaiting
+    c.feed(Received(Host("127.0.1.11"), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     assert c.admitted == {"http://a/"}
 
 
@@ -312,30 +313,30 @@ def test_sets_done_with_their_lan_stage_go_on_to_the_peers_as_one():
     set under the lowest of their numbers, whose claims cover all their URLs, and every
     number gathered is concluded with it."""
     c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", routing="broadcast")
-    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(Joined(Peer(2)))
     first = Frame({"http://a/1": 0}, "127.0.1.10", 9 << 32 | 1 << 16 | 10, 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    c.feed(Received(Host("127.0.1.10"), first))
     assert [m.number for to, m in sent(c) if isinstance(m, Frame)] == [first.number]  # nothing out: at once
     second = Frame({"http://b/1": 0, "http://b/2": 0}, "127.0.1.11", 7 << 32 | 1 << 16 | 11, 1)
     third = Frame({"http://c/1": 0}, "127.0.1.10", 8 << 32 | 1 << 16 | 10, 1)
     for f in (second, third):
-        c.feed(cp.Received(cp.Host(f.IP), f))
+        c.feed(Received(Host(f.IP), f))
     assert not [m for to, m in sent(c) if isinstance(m, Frame)] and c.timers == {first.number: 2.0}  # no linger
-    assert c.core.claims["http://c/1"] == third.number
-    c.feed(cp.Received(cp.Peer(2), first.with_flag(3)))  # the set out is answered: nothing of ours is out
+    assert c.core.claims.by_url["http://c/1"] == third.number
+    c.feed(Received(Peer(2), first.with_flag(3)))  # the set out is answered: nothing of ours is out
     assert "http://a/1" in c.admitted
     (to, out), = [(to, m) for to, m in sent(c) if isinstance(m, Frame)]
     assert (to, out.number, out.flag, set(out.URL_set)) == ("net:2", second.number, 2, {"http://b/1", "http://b/2", "http://c/1"})
-    assert {c.core.claims[u] for u in out.URL_set} == {second.number}
+    assert {c.core.claims.by_url[u] for u in out.URL_set} == {second.number}
     assert set(c.dist_reduce_pool) == {second.number} and not c.local_reduce_pool
     c = c.restart()  # a crash now: the gathered set is stored whole, claims rebuilt from it
-    assert c.core.claims["http://c/1"] == second.number
-    c.feed(cp.Joined(cp.Peer(2)))
+    assert c.core.claims.by_url["http://c/1"] == second.number
+    c.feed(Joined(Peer(2)))
     sent(c)
-    c.feed(cp.Received(cp.Peer(2), out.with_flag(3)))
+    c.feed(Received(Peer(2), out.with_flag(3)))
     assert {"http://b/1", "http://b/2", "http://c/1"} <= c.admitted
     assert {second.number, third.number} <= c.concluded
-    c.feed(cp.Received(cp.Host(third.IP), third))  # re-sent (its ack lost): known, not redone
+    c.feed(Received(Host(third.IP), third))  # re-sent (its ack lost): known, not redone
     assert sent(c) == [(third.IP, Ack(third.number, "duplicate"))]
 
 
@@ -343,14 +344,14 @@ def test_a_gathered_set_stays_within_gather_max():
     """What is held goes on first when the next set would take it past gather_max: a
     gathered set must fit the peers' max_urls (hosts' sets may be up to that size)."""
     c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", gather_max=3, routing="broadcast")
-    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(Joined(Peer(2)))
     frames = [Frame({f"http://s{i}/a": 0, f"http://s{i}/b": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1)
               for i in range(3)]
     for f in frames:
-        c.feed(cp.Received(cp.Host(f.IP), f))
+        c.feed(Received(Host(f.IP), f))
     out = [m for to, m in sent(c) if isinstance(m, Frame)]
     assert [(m.number, len(m.URL_set)) for m in out] == [(frames[0].number, 2), (frames[1].number, 2)]
-    assert list(c.core.gathering) == [frames[2].number]
+    assert list(c.core.stages.gathering) == [frames[2].number]
 
 
 def test_gathering_frees_room_for_every_frame_held_back():
@@ -358,24 +359,24 @@ def test_gathering_frees_room_for_every_frame_held_back():
     every held-back frame that now fits goes on (before, one per admitted set: at 5x5,
     10,000 pages, the centers then took one set per round trip and the crawl stalled)."""
     c = center(peers={2: "127.0.2.0/24"}, local_lookup="center", max_in_flight=4, routing="broadcast")
-    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(Joined(Peer(2)))
     frames = [Frame({f"http://s{i}/p": 0}, "127.0.1.10", (i + 1) << 32 | 1 << 16 | 10, 1) for i in range(7)]
     for f in frames:
-        c.feed(cp.Received(cp.Host(f.IP), f))
+        c.feed(Received(Host(f.IP), f))
     acked = {m.number for to, m in sent(c) if isinstance(m, Ack)}
     assert acked == {f.number for f in frames[:4]}  # one out, three gathering; three held back
-    c.feed(cp.Received(cp.Peer(2), frames[0].with_flag(3)))  # admitted; the three go on as one: room for three
+    c.feed(Received(Peer(2), frames[0].with_flag(3)))  # admitted; the three go on as one: room for three
     assert {m.number for to, m in sent(c) if isinstance(m, Ack)} == {f.number for f in frames[4:]}
-    assert not c.core.waiting and list(c.core.gathering) == [f.number for f in frames[4:]]
+    assert not c.core.stages.waiting and list(c.core.stages.gathering) == [f.number for f in frames[4:]]
 
 
 def admit_one_set_of_30_sites(c) -> dict:
     """Set num("127.0.1.10", 5) from .10 with 30 sites, answered by .11 and .12: admitted, so assigned by
     site to the three hosts. Returns the Task sent to each host."""
     batch = {f"http://site{i}.example/p": 0 for i in range(30)}
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame(batch, "127.0.1.10", num("127.0.1.10", 5), 1)))
+    c.feed(Received(Host("127.0.1.10"), Frame(batch, "127.0.1.10", num("127.0.1.10", 5), 1)))
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), Frame(dict(batch), "127.0.1.10", num("127.0.1.10", 5), 3)))
+        c.feed(Received(Host(ip), Frame(dict(batch), "127.0.1.10", num("127.0.1.10", 5), 3)))
     return {to: m for to, m in sent(c) if isinstance(m, Task)}
 
 
@@ -383,18 +384,18 @@ def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_ba
     c = center(peers={})
     tasks = admit_one_set_of_30_sites(c)
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
+    c.feed(Received(Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
     # .12 leaves (missed heartbeats, a closed connection): its task may be in its socket
     # or its task_pool already, so nobody else gets it (issue #9: a frozen host crawled
     # what had been given to another meanwhile); it is sent again when .12 is back.
-    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    c.feed(Left(Host("127.0.1.12")))
     assert not [m for _, m in sent(c) if isinstance(m, Task)]
     assert list(c.task_URL[f"{num('127.0.1.10', 5)}:127.0.1.12"]) == list(tasks["127.0.1.12"].URLs)
-    c.feed(cp.Joined(cp.Host("127.0.1.12")))
+    c.feed(Joined(Host("127.0.1.12")))
     again = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
     assert [(to, set(m.URLs)) for to, m in again if to == "127.0.1.12"] == [("127.0.1.12", set(tasks["127.0.1.12"].URLs))]
     # Handed back (a host leaving for good), they go to the live hosts.
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Task(9, tasks["127.0.1.12"].URLs)))
+    c.feed(Received(Host("127.0.1.12"), Task(9, tasks["127.0.1.12"].URLs)))
     moved = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
     assert {to for to, _ in moved} <= {"127.0.1.10", "127.0.1.11"}
     assert set(tasks["127.0.1.12"].URLs) <= {u for _, m in moved for u in m.URLs}
@@ -405,8 +406,8 @@ def test_under_admit_a_host_that_leaves_has_its_tasks_reassigned():
     c = center(peers={}, partition_policy="admit")  # under "wait" they stay (tests around)
     tasks = admit_one_set_of_30_sites(c)
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
-    c.feed(cp.Received(cp.Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
-    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    c.feed(Received(Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
+    c.feed(Left(Host("127.0.1.12")))
     moved = [(to, m) for to, m in sent(c) if isinstance(m, Task)]
     # .12's URLs go to the live hosts (joining .10's unacknowledged task, sent again whole).
     assert {to for to, _ in moved} <= {"127.0.1.10", "127.0.1.11"}
@@ -420,12 +421,12 @@ def test_under_wait_a_host_that_disconnects_keeps_its_unacknowledged_tasks():
     another host too. It stays assigned and is sent again when the host is back."""
     c = center(peers={})
     tasks = admit_one_set_of_30_sites(c)
-    c.feed(cp.Left(cp.Host("127.0.1.12")))
+    c.feed(Left(Host("127.0.1.12")))
     assert [m for _, m in sent(c) if isinstance(m, Task)] == []
     assert c.core.counters.get("tasks_reassigned") == 0
-    c.feed(cp.Joined(cp.Host("127.0.1.12")))
+    c.feed(Joined(Host("127.0.1.12")))
     assert [(to, m) for to, m in sent(c) if isinstance(m, Task)] == [("127.0.1.12", tasks["127.0.1.12"])]
-    c.feed(cp.Received(cp.Host("127.0.1.12"), Ack(num("127.0.1.10", 5), "stored")))
+    c.feed(Received(Host("127.0.1.12"), Ack(num("127.0.1.10", 5), "stored")))
     assert not any(k.endswith("127.0.1.12") for k in c.task_URL)
 
 
@@ -523,30 +524,30 @@ def test_back_pressure_holds_frames_unacknowledged_until_a_set_concludes():
     c = center(peers={}, max_in_flight=1)
     first = Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 1)
     second = Frame({"http://b/": 0}, "127.0.1.11", num("127.0.1.11", 6), 1)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), first))
+    c.feed(Received(Host("127.0.1.10"), first))
     sent(c)
-    c.feed(cp.Received(cp.Host("127.0.1.11"), second))
-    assert sent(c) == [] and num("127.0.1.11", 6) in c.core.waiting  # held: no ack, so host .11 keeps it
+    c.feed(Received(Host("127.0.1.11"), second))
+    assert sent(c) == [] and num("127.0.1.11", 6) in c.core.stages.waiting  # held: no ack, so host .11 keeps it
     for ip in ("127.0.1.11", "127.0.1.12"):
-        c.feed(cp.Received(cp.Host(ip), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
+        c.feed(Received(Host(ip), Frame({"http://a/": 0}, "127.0.1.10", num("127.0.1.10", 5), 3)))
     out = sent(c)
     assert ("127.0.1.11", Ack(num("127.0.1.11", 6), "stored")) in out  # the first concluded; the held one goes on
-    assert num("127.0.1.11", 6) in c.core.sets and not c.core.waiting
+    assert num("127.0.1.11", 6) in c.core.stages.sets and not c.core.stages.waiting
 
 
 def test_urls_held_by_other_networks_sets_are_a_bounded_memory_cache():
     """Exact mode drops early what another network's set holds, from a bounded cache
     (never Redis, never needed for exactness): the oldest entries go first."""
     c = center(held_elsewhere_max=2, routing="broadcast")
-    c.feed(cp.Joined(cp.Peer(2)))
+    c.feed(Joined(Peer(2)))
     for i, number in enumerate((num("127.0.2.10", 11), num("127.0.2.10", 12), num("127.0.2.10", 13))):
         f = Frame({f"http://e.example/{i}": 0}, "127.0.2.10", number, 2)
-        c.feed(cp.Received(cp.Peer(2), f))
+        c.feed(Received(Peer(2), f))
         for ip in ("127.0.1.10", "127.0.1.11", "127.0.1.12"):
-            c.feed(cp.Received(cp.Host(ip), f.with_flag(3)))
-    assert c.core.held_elsewhere == {"http://e.example/1": num("127.0.2.10", 12), "http://e.example/2": num("127.0.2.10", 13)}
+            c.feed(Received(Host(ip), f.with_flag(3)))
+    assert c.core.claims.held_elsewhere == {"http://e.example/1": num("127.0.2.10", 12), "http://e.example/2": num("127.0.2.10", 13)}
     sent(c)
-    c.feed(cp.Received(cp.Host("127.0.1.10"), Frame({"http://e.example/0": 0, "http://e.example/2": 0},
+    c.feed(Received(Host("127.0.1.10"), Frame({"http://e.example/0": 0, "http://e.example/2": 0},
                                                    "127.0.1.10", num("127.0.1.10", 20), 1)))
     asked = [m for _, m in sent(c) if isinstance(m, Frame)]
     assert asked and all(m.URL_set == {"http://e.example/0": 0} for m in asked)

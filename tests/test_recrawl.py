@@ -11,7 +11,9 @@ from collections import defaultdict
 
 import pytest
 
-from center_host import protocol as cp
+from center_host.events import Admit, Host, Joined, Lookup, Peer, Received, Send
+from center_host.config import CenterConfig
+from center_host.protocol import CenterProtocol
 from center_host.pools import ADMITTED, CenterPools
 from dedupnet.adapters.metrics import Counters
 from dedupnet.adapters.recrawl import SLICES, AgedSet
@@ -124,7 +126,7 @@ class Center:
 
     def __init__(self, store, clock, **config):
         config.setdefault("recrawl", RecrawlPolicy(A))
-        self.core = cp.CenterProtocol(cp.CenterConfig(**config), Counters())
+        self.core = CenterProtocol(CenterConfig(**config), Counters())
         self.pools = CenterPools(store, config["recrawl"], clock)
         self.admitted: list[str] = []
         self.sent: list[tuple] = []
@@ -136,11 +138,11 @@ class Center:
             actions = self.core.handle(pending.pop(0))
             self.pools.apply(actions)
             for a in actions:
-                if isinstance(a, cp.Lookup):
+                if isinstance(a, Lookup):
                     pending.append(self.pools.lookup(a.number, a.urls))
-                elif isinstance(a, cp.Admit):
+                elif isinstance(a, Admit):
                     self.admitted += a.urls
-                elif isinstance(a, cp.Send):
+                elif isinstance(a, Send):
                     self.sent.append((a.to, wire.decode_one(a.data)))
 
     def offer(self, host: str, found: list[str]) -> list[str]:
@@ -148,14 +150,14 @@ class Center:
         self._seq += 1
         before = len(self.admitted)
         number = make_number(1, int(host.rsplit(".", 1)[1]), self._seq)
-        self.feed(cp.Received(cp.Host(host), Frame(dict.fromkeys(found, 0), host, number, FLAG_NEW_SET)))
+        self.feed(Received(Host(host), Frame(dict.fromkeys(found, 0), host, number, FLAG_NEW_SET)))
         return self.admitted[before:]
 
 
 def test_the_center_admits_a_url_again_only_after_its_age(store):
     clock = Clock()
     center = Center(store, clock, network=1, lan="127.0.1.0/24")
-    center.feed(cp.Joined(cp.Host("127.0.1.10")))
+    center.feed(Joined(Host("127.0.1.10")))
     u, v, w = urls(1, 2, 3)
     assert center.offer("127.0.1.10", [u, v]) == [u, v]
     clock.now = T0 + A / 2
@@ -175,15 +177,15 @@ def test_no_early_drop_for_a_url_another_network_held_under_a_recrawl_policy(sto
     that is fresh now but old by the time of a later offer, which must then go on."""
     center = Center(store, Clock(), network=1, lan="127.0.1.0/24", peers={2: "127.0.2.0/24"}, recrawl=recrawl,
                     routing="broadcast")  # another network's look-up: §10's
-    center.feed(cp.Joined(cp.Host("127.0.1.10")))
-    center.feed(cp.Joined(cp.Peer(2)))
+    center.feed(Joined(Host("127.0.1.10")))
+    center.feed(Joined(Peer(2)))
     u = urls(7)[0]
     theirs = make_number(2, 10, 1)
-    center.feed(cp.Received(cp.Peer(2), Frame({u: 0}, "127.0.2.10", theirs, FLAG_LOOKUP)))
+    center.feed(Received(Peer(2), Frame({u: 0}, "127.0.2.10", theirs, FLAG_LOOKUP)))
     ((_, answer),) = [s for s in center.sent if isinstance(s[1], Frame) and s[1].number == theirs]
     assert answer.URL_set == {u: 0}
     center.offer("127.0.1.10", [u])
-    asked = [rec.frame.URL_set for rec in center.core.sets.values()]
+    asked = [rec.frame.URL_set for rec in center.core.stages.sets.values()]
     assert asked == ([] if recrawl is None else [{u: 0}])  # without ages dropped at once
 
 

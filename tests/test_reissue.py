@@ -7,7 +7,8 @@ from collections import Counter, defaultdict
 
 import trio
 
-from center_host import protocol as cp
+from center_host.events import Host, Joined, Left, Received
+from center_host.membership import MAX_MESSAGE_URLS, MOVED_NUMBER, SPARE_NUMBERS, reissue_timer
 from dedupnet.codec.messages import Ack, Done, Frame, Task
 from dedupnet.codec.urls import site_of
 
@@ -27,24 +28,24 @@ def center_with_work():
     """Three hosts; 120 URLs of 17 sites admitted and acknowledged into their task_pools."""
     c = MemoryCenter.make(network=1, lan=LAN)
     for ip in HOSTS:
-        c.feed(cp.Joined(cp.Host(ip), f"{ip}:7701"))
-    c.feed(cp.Received(cp.Host(HOSTS[0]), Frame(dict.fromkeys(URLS, 0), HOSTS[0], 1 << 32 | 1 << 16 | 10, 1)))
+        c.feed(Joined(Host(ip), f"{ip}:7701"))
+    c.feed(Received(Host(HOSTS[0]), Frame(dict.fromkeys(URLS, 0), HOSTS[0], 1 << 32 | 1 << 16 | 10, 1)))
     for to, msg in sent(c):
         if isinstance(msg, Task):
-            c.feed(cp.Received(cp.Host(to), Ack(msg.number, "stored")))
-    assert not c.task_URL and c.core.ledger[GONE]
+            c.feed(Received(Host(to), Ack(msg.number, "stored")))
+    assert not c.task_URL and c.core.members.ledger[GONE]
     return c
 
 
 def test_a_host_silent_for_reissue_after_has_its_ledger_moved_by_site_and_drops_it_when_back():
     c = center_with_work()
-    held = set(c.core.ledger[GONE])
-    c.feed(cp.Left(cp.Host(GONE)))
-    assert c.timers == {cp.reissue_timer(GONE): 300.0}  # the default: far above heartbeat_timeout
-    c.fire(cp.reissue_timer(GONE))
+    held = set(c.core.members.ledger[GONE])
+    c.feed(Left(Host(GONE)))
+    assert c.timers == {reissue_timer(GONE): 300.0}  # the default: far above heartbeat_timeout
+    c.fire(reissue_timer(GONE))
     given = defaultdict(set)
     for to, msg in sent(c):
-        assert isinstance(msg, Task) and msg.number in cp.SPARE_NUMBERS
+        assert isinstance(msg, Task) and msg.number in SPARE_NUMBERS
         given[to].update(msg.URLs)
     assert set().union(*given.values()) == held and GONE not in given  # nothing lost
     owners = defaultdict(set)
@@ -52,34 +53,34 @@ def test_a_host_silent_for_reissue_after_has_its_ledger_moved_by_site_and_drops_
         for url in urls:
             owners[site_of(url)].add(to)
     assert max(map(len, owners.values())) == 1 and len(given) == 2  # each moved site went whole to one host
-    assert GONE not in c.core.known and GONE not in c.core.ledger
+    assert GONE not in c.core.members.known and GONE not in c.core.members.ledger
     assert c.moved[GONE] == held and c.core.counters.get("hosts_reissued") == 1
-    c.feed(cp.Joined(cp.Host(GONE), f"{GONE}:7701"))  # back, its store kept: told what moved, first
+    c.feed(Joined(Host(GONE), f"{GONE}:7701"))  # back, its store kept: told what moved, first
     (first, *_) = sent(c)
-    assert first == (GONE, Done(cp.MOVED_NUMBER, tuple(sorted(held))))
-    c.feed(cp.Received(cp.Host(GONE), Ack(cp.MOVED_NUMBER, "stored")))
-    assert not any(c.moved.values()) and not c.core.moved
+    assert first == (GONE, Done(MOVED_NUMBER, tuple(sorted(held))))
+    c.feed(Received(Host(GONE), Ack(MOVED_NUMBER, "stored")))
+    assert not any(c.moved.values()) and not c.core.members.moved
 
 
 def test_a_host_back_before_reissue_after_keeps_its_work():
     c = center_with_work()
-    held = set(c.core.ledger[GONE])
-    c.feed(cp.Left(cp.Host(GONE)))
-    c.feed(cp.Joined(cp.Host(GONE), f"{GONE}:7701"))
-    assert not c.timers and c.core.ledger[GONE] == held
+    held = set(c.core.members.ledger[GONE])
+    c.feed(Left(Host(GONE)))
+    c.feed(Joined(Host(GONE), f"{GONE}:7701"))
+    assert not c.timers and c.core.members.ledger[GONE] == held
     assert not [m for _, m in sent(c) if isinstance(m, (Task, Done))]
 
 
 def test_a_restarted_center_waits_for_its_hosts_and_remembers_what_moved():
     c = center_with_work()
-    c.feed(cp.Left(cp.Host(GONE)))
-    c.fire(cp.reissue_timer(GONE))
+    c.feed(Left(Host(GONE)))
+    c.fire(reissue_timer(GONE))
     moved = set(c.moved[GONE])
     c = c.restart()
-    assert c.core.moved[GONE] == moved
-    assert set(c.timers) >= {cp.reissue_timer(ip) for ip in HOSTS if ip != GONE}  # every known host is away
-    c.feed(cp.Joined(cp.Host(HOSTS[0]), f"{HOSTS[0]}:7701"))
-    assert cp.reissue_timer(HOSTS[0]) not in c.timers
+    assert c.core.members.moved[GONE] == moved
+    assert set(c.timers) >= {reissue_timer(ip) for ip in HOSTS if ip != GONE}  # every known host is away
+    c.feed(Joined(Host(HOSTS[0]), f"{HOSTS[0]}:7701"))
+    assert reissue_timer(HOSTS[0]) not in c.timers
 
 
 # -- real daemons ---------------------------------------------------------------------
@@ -102,13 +103,13 @@ async def test_a_killed_host_is_reissued_without_an_operator_and_drops_what_move
         await cluster.kill("127.0.1.11")
         center = cluster.centers[1]
         with trio.fail_after(30):
-            while center.counters.get("hosts_reissued") < 1 or center.core.tasks:
+            while center.counters.get("hosts_reissued") < 1 or center.core.members.tasks:
                 await trio.sleep(0.05)
         live = cluster.hosts["127.0.1.10"]
         assert held <= {u for _, u in await live.store.run(live.pools.all_tasks)}
         back = await cluster.start_host(1, 1)  # the same address and store
         with trio.fail_after(30):
-            while await back.store.run(back.pools.all_tasks) or center.core.moved:
+            while await back.store.run(back.pools.all_tasks) or center.core.members.moved:
                 await trio.sleep(0.05)
         tasks = Counter()
         for h in cluster.hosts.values():
@@ -143,12 +144,12 @@ async def test_a_power_cut_between_a_page_and_its_report_loses_no_report(redis_u
         await cluster.kill("127.0.1.11")  # at once: its report waits in tasks_done
         assert await host.store.run(host.pools.tasks_done, 1000) == urls
         center = cluster.centers[1]
-        assert center.core.ledger["127.0.1.11"] == set(urls)
+        assert center.core.members.ledger["127.0.1.11"] == set(urls)
         back = await cluster.start_host(1, 1)
         with trio.fail_after(30):
-            while center.core.ledger.get("127.0.1.11"):
+            while center.core.members.ledger.get("127.0.1.11"):
                 await trio.sleep(0.05)
-        assert not await back.store.run(back.pools.tasks_done, 1) and not center.core.tasks
+        assert not await back.store.run(back.pools.tasks_done, 1) and not center.core.members.tasks
         assert center.counters.get("tasks_reported") == len(urls) and center.counters.get("ledger_moved") == 0
 
 
@@ -158,28 +159,28 @@ def test_a_large_ledger_moves_in_messages_a_host_takes():
     own; each ack takes its part off."""
     c = MemoryCenter.make(network=1, lan=LAN)
     for ip in ("127.0.1.10", GONE):
-        c.feed(cp.Joined(cp.Host(ip), f"{ip}:7701"))
-    c.feed(cp.Left(cp.Host("127.0.1.10")))  # so that every URL goes to GONE
+        c.feed(Joined(Host(ip), f"{ip}:7701"))
+    c.feed(Left(Host("127.0.1.10")))  # so that every URL goes to GONE
     urls = [f"http://big{i % 40}.example/p{i}" for i in range(12_000)]
     for seq in range(3):
         part = urls[seq * 4000:(seq + 1) * 4000]
-        c.feed(cp.Received(cp.Host(GONE), Frame(dict.fromkeys(part, 0), GONE, (seq + 1) << 32 | 1 << 16 | 11, 1)))
+        c.feed(Received(Host(GONE), Frame(dict.fromkeys(part, 0), GONE, (seq + 1) << 32 | 1 << 16 | 11, 1)))
         for to, msg in sent(c):
             if isinstance(msg, Task):
-                c.feed(cp.Received(cp.Host(to), Ack(msg.number, "stored")))
-    c.feed(cp.Joined(cp.Host("127.0.1.10"), "127.0.1.10:7701"))
-    c.feed(cp.Left(cp.Host(GONE)))
+                c.feed(Received(Host(to), Ack(msg.number, "stored")))
+    c.feed(Joined(Host("127.0.1.10"), "127.0.1.10:7701"))
+    c.feed(Left(Host(GONE)))
     sent(c)
-    c.fire(cp.reissue_timer(GONE))
+    c.fire(reissue_timer(GONE))
     tasks = [m for _, m in sent(c) if isinstance(m, Task)]
-    assert len(tasks) == 3 and max(len(t.URLs) for t in tasks) <= cp.MAX_MESSAGE_URLS
-    assert len({t.number for t in tasks}) == 3 and all(t.number in cp.SPARE_NUMBERS for t in tasks)
+    assert len(tasks) == 3 and max(len(t.URLs) for t in tasks) <= MAX_MESSAGE_URLS
+    assert len({t.number for t in tasks}) == 3 and all(t.number in SPARE_NUMBERS for t in tasks)
     assert sorted(u for t in tasks for u in t.URLs) == sorted(urls)
-    c.feed(cp.Joined(cp.Host(GONE), f"{GONE}:7701"))
+    c.feed(Joined(Host(GONE), f"{GONE}:7701"))
     lists = [m for _, m in sent(c) if isinstance(m, Done)]
-    assert len(lists) == 3 and max(len(d.URLs) for d in lists) <= cp.MAX_MESSAGE_URLS
+    assert len(lists) == 3 and max(len(d.URLs) for d in lists) <= MAX_MESSAGE_URLS
     for d in lists[:2]:
-        c.feed(cp.Received(cp.Host(GONE), Ack(d.number, "stored")))
-    assert c.core.moved[GONE] == set(lists[2].URLs)
-    c.feed(cp.Received(cp.Host(GONE), Ack(lists[2].number, "stored")))
-    assert not c.core.moved
+        c.feed(Received(Host(GONE), Ack(d.number, "stored")))
+    assert c.core.members.moved[GONE] == set(lists[2].URLs)
+    c.feed(Received(Host(GONE), Ack(lists[2].number, "stored")))
+    assert not c.core.members.moved

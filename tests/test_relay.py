@@ -354,7 +354,7 @@ async def test_link_faults_switch_relays_on_and_off(autojump_clock):
 
 # --- the link scenarios end to end: dedupnet sim, in one process ---------------------------
 
-from center_host import protocol as cp  # noqa: E402
+from center_host.events import Admit, Peer, Received  # noqa: E402
 from dedupnet.harness.cluster import Cluster  # noqa: E402
 from dedupnet.harness.report import SimConfig  # noqa: E402
 from dedupnet.harness.sim import simulate  # noqa: E402
@@ -398,15 +398,15 @@ class CenterWatch:
         core, handle = daemon.core, daemon.reactor._handle
 
         def watched(event):
-            before = {num: frozenset(rec.answered) for num, rec in core.sets.items()}
+            before = {num: frozenset(rec.answered) for num, rec in core.stages.sets.items()}
             actions = handle(event)
             now = trio.current_time()
-            if isinstance(event, cp.Received) and isinstance(event.sender, cp.Peer) \
+            if isinstance(event, Received) and isinstance(event.sender, Peer) \
                     and isinstance(event.message, Frame) and event.message.flag == 3:
                 number = event.message.number  # this answer counts for its own set only
                 before[number] = before.get(number, frozenset()) | {str(event.sender)}
             for a in actions:
-                if isinstance(a, cp.Admit) and a.urls:
+                if isinstance(a, Admit) and a.urls:
                     self.admits.append((now, n, a.number, before.get(a.number, frozenset())))
             return actions
         daemon.reactor._handle = watched
@@ -416,7 +416,7 @@ class CenterWatch:
             await trio.sleep(every)
             if self.cluster is not None:
                 for n, c in self.cluster.centers.items():
-                    self.waiting.append((trio.current_time(), n, c.core.waiting_for()))
+                    self.waiting.append((trio.current_time(), n, c.core.stages.waiting_for()))
 
 
 def cut_window(watch: CenterWatch) -> tuple[float, float]:
@@ -516,7 +516,7 @@ async def test_lossy_lan_exact(redis_url):
 
 # --- what the daemons do with a lost message ------------------------------------------------
 
-from center_host.protocol import owner_of  # noqa: E402
+from center_host.sets import owner_of  # noqa: E402
 from dedupnet.harness.cluster import open_cluster  # noqa: E402
 
 HOSTS_1 = ("127.0.1.10", "127.0.1.11")

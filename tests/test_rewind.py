@@ -75,7 +75,7 @@ async def test_a_center_whose_store_comes_back_behind_gets_the_acknowledged_sets
         urls = [f"http://site{i}.example/" for i in range(60)]
         with trio.fail_after(60):
             await h0.store.run(h0.pools.push, urls)
-            while (await h0.store.run(h0.pools.sizes))["URL_pool"] or h0.core.unacked or not center1.core.sets:
+            while (await h0.store.run(h0.pools.sizes))["URL_pool"] or h0.core.unacked or not center1.core.stages.sets:
                 await trio.sleep(0.02)
             await heard(h0, "center", cstore)
             # Center 1's Redis comes back as it was before those sets.

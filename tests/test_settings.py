@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from center_host import protocol as center_core
+from center_host.config import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS
 from dedupnet.codec.settings import SETTINGS
 from dedupnet.service.config import load_settings, reference_markdown
 
@@ -67,10 +67,10 @@ def test_the_reference_in_docs_is_generated_from_the_declaration():
 
 
 def test_the_declared_choices_are_the_cores_own():
-    assert SETTINGS["partition_policy"].choices == center_core.PARTITION_POLICIES
-    assert SETTINGS["foreign_lookup"].choices == center_core.FOREIGN_LOOKUPS
-    assert SETTINGS["local_lookup"].choices == center_core.LOCAL_LOOKUPS
-    assert SETTINGS["routing"].choices == center_core.ROUTINGS
+    assert SETTINGS["partition_policy"].choices == PARTITION_POLICIES
+    assert SETTINGS["foreign_lookup"].choices == FOREIGN_LOOKUPS
+    assert SETTINGS["local_lookup"].choices == LOCAL_LOOKUPS
+    assert SETTINGS["routing"].choices == ROUTINGS
 
 
 def test_every_path_in_a_config_file_resolves_against_that_file(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from center_host import protocol as cp
+from center_host.events import LookupDone
+from center_host.protocol import CenterProtocol
 from dedupnet.cli import main
 from dedupnet.harness.dst import faults as fl
 from dedupnet.harness.dst.run import simulate, trace_of
@@ -65,27 +66,27 @@ class _NoClaims(dict):
 
 @pytest.fixture
 def without_r2(monkeypatch):
-    init = cp.CenterProtocol.__init__
+    init = CenterProtocol.__init__
 
     def init_without_r2(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self.claims = _NoClaims()
+        self.claims.by_url = _NoClaims()
 
-    monkeypatch.setattr(cp.CenterProtocol, "__init__", init_without_r2)
+    monkeypatch.setattr(CenterProtocol, "__init__", init_without_r2)
 
 
 @pytest.fixture
 def without_r1_record(monkeypatch):
     """R1 without its first half: a center's own set no longer drops what its admitted
     record holds (every look-up answers 'not admitted')."""
-    handle = cp.CenterProtocol.handle
+    handle = CenterProtocol.handle
 
     def handle_without(self, event):
-        if isinstance(event, cp.LookupDone):
+        if isinstance(event, LookupDone):
             event = dataclasses.replace(event, admitted=[False] * len(event.admitted))
         return handle(self, event)
 
-    monkeypatch.setattr(cp.CenterProtocol, "handle", handle_without)
+    monkeypatch.setattr(CenterProtocol, "handle", handle_without)
 
 
 def _caught(**kwargs) -> list[int]:

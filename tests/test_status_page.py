@@ -49,13 +49,13 @@ async def test_status_json_reports_what_the_center_did(redis_url):
         h10, h11 = system.hosts["127.0.1.10"], system.hosts["127.0.1.11"]
         port2 = system.centers[2].port
         await system.kill("center2")
-        await until(lambda: not c1.core.peers)
+        await until(lambda: not c1.core.members.peers)
         shared, more = site_urls("shared", 30), site_urls("more", 10)
         started = trio.current_time()
         await h10.store.run(h10.pools.push, shared)
-        await until(lambda: len(c1.core.sets) == 1)
+        await until(lambda: len(c1.core.stages.sets) == 1)
         await h11.store.run(h11.pools.push, shared + more)
-        await until(lambda: len(c1.core.sets) == 2 and c1.core.gathering)  # R4: behind the one out (Nagle's rule)
+        await until(lambda: len(c1.core.stages.sets) == 2 and c1.core.stages.gathering)  # R4: behind the one out (Nagle's rule)
         d = await get_json(c1.http_port)
         elapsed = trio.current_time() - started  # the sets' ages were taken before now, after they were stored
         assert d["role"] == "center" and d["network"] == 1 and d["mode"] == "exact"
@@ -86,9 +86,9 @@ async def test_status_json_reports_what_the_center_did(redis_url):
 
         for ip in ("127.0.1.10", "127.0.1.11"):
             await system.kill(ip)
-        await until(lambda: not c1.core.hosts)
+        await until(lambda: not c1.core.members.hosts)
         await system.start_center(2, 2, port=port2)
-        await until(lambda: not c1.core.sets and c1.core.peers)
+        await until(lambda: not c1.core.stages.sets and c1.core.members.peers)
         d = await get_json(c1.http_port)
         # The hosts that went stay listed, down (a center remembers its hosts until they
         # leave or are reassigned: a crawl whose work sits with a dead host is not finished).

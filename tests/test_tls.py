@@ -148,7 +148,7 @@ async def two_centers(redis_url, tls1, tls2):
 async def test_two_centers_peer_over_tls_with_client_certificates(redis_url, certs):
     good, _ = certs
     async with two_centers(redis_url, center_tls(good, 1), center_tls(good, 2)) as (c1, c2):
-        await until(lambda: c1.core.peers and c2.core.peers)
+        await until(lambda: c1.core.members.peers and c2.core.members.peers)
         conn = c2.conns[next(iter(c2.conns))]
         assert conn.tls and center_uri(1) in str(conn.peer_cert)  # center 2 saw center 1's certificate
         assert c1.counters.get("tls_handshakes") == 1 and c2.counters.get("tls_handshakes") == 1
@@ -174,7 +174,7 @@ async def test_a_center_that_is_not_who_it_says_is_refused(redis_url, certs, cap
         refusing, reason = {"wrong-network": (c2, "wrong-network"), "other-ca": (c2, "tls"),
                             "plaintext": (c2, "tls"), "server-wrong-network": (c1, "wrong-network")}[case]
         await until(lambda: refusing.counters.get("handshake_failed", reason=reason) >= 2)  # and it retried
-        assert not c1.core.peers and not c2.core.peers
+        assert not c1.core.members.peers and not c2.core.members.peers
         assert c1.conns == {} and c2.conns == {}
     text = {"wrong-network": "dedupnet://network/3, not dedupnet://network/1",
             "other-ca": "TLS handshake failed", "plaintext": "role center must use TLS here",
@@ -218,7 +218,7 @@ async def test_lan_tls_refuses_a_plain_host_and_serves_tls_hosts(redis_url, cert
                         replies.append(await conn.receive())
         assert any(isinstance(m, Error) and m.reason == "source-mismatch" for m in replies)
         assert center.counters.get("handshake_failed", reason="source-mismatch") == 1
-        assert len(center.core.hosts) == 1 and not center.core.peers
+        assert len(center.core.members.hosts) == 1 and not center.core.members.peers
 
 
 @pytest.mark.parametrize("case", ["tls-and-key", "tls-no-key", "tls-wrong-key", "key-no-tls"])

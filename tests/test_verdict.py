@@ -90,7 +90,7 @@ async def test_a_host_down_holding_tasks_is_stuck_until_reassigned(redis_url):
         del cluster.hosts[dead]
         dead_store = cluster.stores[f"host:{dead}"]
         with trio.fail_after(10):
-            while dead in center.core.hosts:
+            while dead in center.core.members.hosts:
                 await trio.sleep(0.05)
         fetched = await crawl(cluster)  # everything else is crawled
 
@@ -208,9 +208,9 @@ async def test_a_host_gone_with_its_disk_loses_no_url_its_center_gave_it(redis_u
         store.delete_prefix()  # the disk is gone
         center = cluster.centers[1]
         with trio.fail_after(10):
-            while dead in center.core.hosts:
+            while dead in center.core.members.hosts:
                 await trio.sleep(0.05)
-        assert len(center.core.ledger[dead]) == len(entries)
+        assert len(center.core.members.ledger[dead]) == len(entries)
         fetched += await crawl(cluster)
         report = await survey(cluster.center_address(1), [None], settle=0.1)
         assert report["verdict"] == "stuck", report  # never complete while its URLs are unfetched

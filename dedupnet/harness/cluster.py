@@ -185,7 +185,7 @@ class Cluster:
             if (await h.store.run(h.pools.sizes))[URL_POOL]:
                 return False
         # No await from here on.
-        if any(c.core.sets or c.core.tasks or not c.reactor.idle for c in self.centers.values()):
+        if any(c.core.stages.sets or c.core.members.tasks or not c.reactor.idle for c in self.centers.values()):
             return False
         return not any(h.core.unacked or not h.reactor.idle or h.conn is None for h in self.hosts.values())
 
@@ -197,7 +197,7 @@ class Cluster:
         n = len(self.centers)
         per_lan = {c: sum(1 for h in self.hosts.values() if h.settings.network == c) for c in self.centers}
         while any(h.conn is None for h in self.hosts.values()) or any(
-                len(c.core.peers) < n - 1 or len(c.core.hosts) < per_lan[k] for k, c in self.centers.items()):
+                len(c.core.members.peers) < n - 1 or len(c.core.members.hosts) < per_lan[k] for k, c in self.centers.items()):
             await trio.sleep(0.02)
 
 

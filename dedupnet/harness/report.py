@@ -341,7 +341,7 @@ def assign_seeds(ips: list[str], seeds: list[str]) -> dict[str, list[str]]:
 
 def check_routing(cfg: SimConfig) -> None:
     """ValueError for a routing or weights the run's centers would refuse (before anything starts)."""
-    from center_host.protocol import ROUTINGS
+    from center_host.config import ROUTINGS
     from dedupnet.codec.homes import parse_weights
 
     if cfg.routing is not None and cfg.routing not in ROUTINGS:

@@ -245,8 +245,8 @@ async def _pool_sizes(system, meter: CpuMeter | None = None) -> dict[str, int]:
         sizes["URL_pool"] += pools[URL_POOL]
         sizes["task_pool"] += pools[TASK_POOL]
     for c in getattr(system, "centers", {}).values():
-        sizes["reduce_pools"] += len(c.core.sets)
-        sizes["task_URL"] += len(c.core.tasks)
+        sizes["reduce_pools"] += len(c.core.stages.sets)
+        sizes["task_URL"] += len(c.core.members.tasks)
     return dict(sizes)
 
 

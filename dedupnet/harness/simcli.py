@@ -11,7 +11,7 @@ import tempfile
 
 import trio
 
-from center_host.protocol import PARTITION_POLICIES, ROUTINGS
+from center_host.config import PARTITION_POLICIES, ROUTINGS
 from dedupnet.codec.settings import CENTER, LOCAL, SETTINGS, SIM
 
 from dedupnet.harness.faults import FAULTS, Fault, parse_fault

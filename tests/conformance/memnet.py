@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections import defaultdict, deque
 
-from center_host import protocol as cp
+from center_host.events import Host, Joined, Left, Peer, Received
 from local_host import protocol as hp
 
 from .memory import MemoryCenter, MemoryHost, decode
@@ -41,9 +41,9 @@ class MemNet:
         for n, center in self.centers.items():
             for m in self.centers:
                 if m != n:
-                    center.feed(cp.Joined(cp.Peer(m)))
+                    center.feed(Joined(Peer(m)))
             for ip in self.hosts_of(n):
-                center.feed(cp.Joined(cp.Host(ip)))
+                center.feed(Joined(Host(ip)))
                 self.hosts[ip].feed(hp.Connected())
 
     def hosts_of(self, network: int) -> list[str]:
@@ -55,9 +55,9 @@ class MemNet:
                 self.links[(ip, f"center:{host.core.config.network}")].append(data)
         for n, center in self.centers.items():
             for to, data in center.take_outbox():
-                if isinstance(to, cp.Peer) and frozenset((n, to.network)) in self.cut:
+                if isinstance(to, Peer) and frozenset((n, to.network)) in self.cut:
                     continue  # no connection: the daemon skips the send
-                dst = f"center:{to.network}" if isinstance(to, cp.Peer) else to.ip
+                dst = f"center:{to.network}" if isinstance(to, Peer) else to.ip
                 self.links[(f"center:{n}", dst)].append(data)
 
     def cut_link(self, a: int, b: int) -> None:
@@ -65,13 +65,13 @@ class MemNet:
         self.cut.add(frozenset((a, b)))
         self.links.pop((f"center:{a}", f"center:{b}"), None)
         self.links.pop((f"center:{b}", f"center:{a}"), None)
-        self.centers[a].feed(cp.Left(cp.Peer(b)))
-        self.centers[b].feed(cp.Left(cp.Peer(a)))
+        self.centers[a].feed(Left(Peer(b)))
+        self.centers[b].feed(Left(Peer(a)))
 
     def heal(self, a: int, b: int) -> None:
         self.cut.discard(frozenset((a, b)))
-        self.centers[a].feed(cp.Joined(cp.Peer(b)))
-        self.centers[b].feed(cp.Joined(cp.Peer(a)))
+        self.centers[a].feed(Joined(Peer(b)))
+        self.centers[b].feed(Joined(Peer(a)))
 
     def _fault(self) -> bool:
         """Maybe inject a fault; True if one happened."""
@@ -91,8 +91,8 @@ class MemNet:
         msg = decode(data)
         if dst.startswith("center:"):
             center = self.centers[int(dst[7:])]
-            sender = cp.Peer(int(src[7:])) if src.startswith("center:") else cp.Host(src)
-            center.feed(cp.Received(sender, msg))
+            sender = Peer(int(src[7:])) if src.startswith("center:") else Host(src)
+            center.feed(Received(sender, msg))
         else:
             self.hosts[dst].feed(hp.FromCenter(msg))
 

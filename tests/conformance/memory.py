@@ -10,7 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from center_host import protocol as cp
+from center_host.events import (Admit, CancelTimer, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, Lookup,
+                                LookupDone, Member, NoteHost, NoteMoved, NoteSequence, Resume, Save, SaveTask, Send,
+                                SetTimer, TimerFired, Unledger)
+from center_host.config import CenterConfig
+from center_host.protocol import CenterProtocol
 from dedupnet.codec import wire
 from dedupnet.adapters.metrics import Counters
 from local_host import protocol as hp
@@ -18,7 +22,7 @@ from local_host import protocol as hp
 
 @dataclass
 class MemoryCenter:
-    core: cp.CenterProtocol
+    core: CenterProtocol
     local_reduce_pool: dict[int, bytes] = field(default_factory=dict)
     dist_reduce_pool: dict[int, bytes] = field(default_factory=dict)
     task_URL: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -27,7 +31,7 @@ class MemoryCenter:
     digests: dict[int, int] = field(default_factory=dict)
     sequences: dict[str, int] = field(default_factory=dict)
     timers: dict[int, float] = field(default_factory=dict)
-    outbox: list[tuple[cp.Member, bytes]] = field(default_factory=list)
+    outbox: list[tuple[Member, bytes]] = field(default_factory=list)
     admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     hosts: dict[str, str] = field(default_factory=dict)  # the known hosts (NoteHost)
     ledger: dict[str, set[str]] = field(default_factory=dict)  # host -> URLs given, not reported finished
@@ -35,7 +39,7 @@ class MemoryCenter:
 
     @classmethod
     def make(cls, **config) -> "MemoryCenter":
-        return cls(cp.CenterProtocol(cp.CenterConfig(**config), Counters()))
+        return cls(CenterProtocol(CenterConfig(**config), Counters()))
 
     def pool(self, name: str) -> dict[int, bytes]:
         return self.local_reduce_pool if name == "local_reduce_pool" else self.dist_reduce_pool
@@ -48,67 +52,67 @@ class MemoryCenter:
         answered right before its result is handled."""
         deferred = []
         for a in actions:
-            if isinstance(a, cp.Lookup):
+            if isinstance(a, Lookup):
                 deferred.append(a)
-            elif isinstance(a, cp.Send):
+            elif isinstance(a, Send):
                 self.outbox.extend((to, a.data) for to in a.to)
-            elif isinstance(a, cp.Save):
+            elif isinstance(a, Save):
                 self.pool(a.pool)[a.number] = a.record
-            elif isinstance(a, cp.Drop):
+            elif isinstance(a, Drop):
                 self.pool(a.pool).pop(a.number, None)
-            elif isinstance(a, cp.SetTimer):
+            elif isinstance(a, SetTimer):
                 self.timers[a.number] = a.delay
-            elif isinstance(a, cp.CancelTimer):
+            elif isinstance(a, CancelTimer):
                 self.timers.pop(a.number, None)
-            elif isinstance(a, cp.Admit):
+            elif isinstance(a, Admit):
                 self.admitted.update(a.urls)
                 self.admissions.append((a.number, a.urls))
-            elif isinstance(a, cp.Conclude):
+            elif isinstance(a, Conclude):
                 self.concluded.add(a.number)
                 if a.digest:
                     self.digests[a.number] = a.digest
-            elif isinstance(a, cp.NoteSequence):
+            elif isinstance(a, NoteSequence):
                 self.sequences[a.host] = a.sequence
-            elif isinstance(a, cp.NoteHost):
+            elif isinstance(a, NoteHost):
                 self.hosts[a.host] = a.address
-            elif isinstance(a, cp.ForgetHost):
+            elif isinstance(a, ForgetHost):
                 self.hosts.pop(a.host, None)
-            elif isinstance(a, cp.SaveTask):
+            elif isinstance(a, SaveTask):
                 self.task_URL[a.key] = a.urls
-            elif isinstance(a, cp.DropTask):
+            elif isinstance(a, DropTask):
                 self.task_URL.pop(a.key, None)
-            elif isinstance(a, cp.Ledger):
+            elif isinstance(a, Ledger):
                 self.ledger.setdefault(a.host, set()).update(a.urls)
-            elif isinstance(a, cp.Unledger):
+            elif isinstance(a, Unledger):
                 self.ledger.get(a.host, set()).difference_update(a.urls)
-            elif isinstance(a, cp.NoteMoved):
+            elif isinstance(a, NoteMoved):
                 self.moved.setdefault(a.host, set()).update(a.urls)
-            elif isinstance(a, cp.ForgetMoved):
+            elif isinstance(a, ForgetMoved):
                 self.moved.get(a.host, set()).difference_update(a.urls)
             else:
                 raise TypeError(a)
         for a in deferred:
-            self.run(self.core.handle(cp.LookupDone(
+            self.run(self.core.handle(LookupDone(
                 a.number, a.number in self.concluded,
                 [u in self.admitted for u in a.urls], self.digests.get(a.number, 0))))
 
     def fire(self, number: int) -> None:
         assert number in self.timers, f"no timer set for {number}"
         del self.timers[number]
-        self.feed(cp.TimerFired(number))
+        self.feed(TimerFired(number))
 
-    def take_outbox(self) -> list[tuple[cp.Member, bytes]]:
+    def take_outbox(self) -> list[tuple[Member, bytes]]:
         out, self.outbox = self.outbox, []
         return out
 
     def restart(self, **changes) -> "MemoryCenter":
         """A new core over the same pools, as after a crash (memory lost, Redis kept),
         with ``changes`` to its configuration (an operator's edit)."""
-        fresh = MemoryCenter(cp.CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
+        fresh = MemoryCenter(CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
                              self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
                              self.digests, self.sequences, admissions=self.admissions, hosts=self.hosts,
                              ledger=self.ledger, moved=self.moved)
-        fresh.feed(cp.Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
+        fresh.feed(Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
                              {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences), dict(self.hosts),
                              {h: sorted(u) for h, u in self.ledger.items() if u},
                              {h: sorted(u) for h, u in self.moved.items() if u}))

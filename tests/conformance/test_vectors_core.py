@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from center_host import protocol as cp
+from center_host.events import Host, Joined, Left, Peer, Received, member_from_str
+from center_host.sets import SetRecord
 from dedupnet.codec import wire
 from dedupnet.codec.errors import ProtocolError
 from local_host import protocol as hp
@@ -36,9 +37,9 @@ class CenterUnderTest:
         self.m.admitted.update(init.get("admitted", []))
         self.m.concluded.update(init.get("concluded", []))
         for ip in init.get("hosts", []):
-            self.m.feed(cp.Joined(cp.Host(ip)))
+            self.m.feed(Joined(Host(ip)))
         for n in init.get("peers", []):
-            self.m.feed(cp.Joined(cp.Peer(n)))
+            self.m.feed(Joined(Peer(n)))
         assert self.m.take_outbox() == []
 
     @property
@@ -48,13 +49,13 @@ class CenterUnderTest:
     def step(self, step: dict, mode: str) -> None:
         if "message" in step:
             msg = on_the_wire(pick(step["message"], mode))
-            self.m.feed(cp.Received(cp.member_from_str(step["from"]), msg))
+            self.m.feed(Received(member_from_str(step["from"]), msg))
         elif "timer" in step:
             self.m.fire(step["timer"])
         elif "join" in step:
-            self.m.feed(cp.Joined(cp.member_from_str(step["join"])))
+            self.m.feed(Joined(member_from_str(step["join"])))
         elif "leave" in step:
-            self.m.feed(cp.Left(cp.member_from_str(step["leave"])))
+            self.m.feed(Left(member_from_str(step["leave"])))
         else:
             raise AssertionError(f"not a center step: {step}")
 
@@ -63,7 +64,7 @@ class CenterUnderTest:
 
     def pools(self) -> dict:
         def frames(pool):
-            return {n: cp.SetRecord.load(rec).frame.URL_set for n, rec in pool.items()}
+            return {n: SetRecord.load(rec).frame.URL_set for n, rec in pool.items()}
         return {"local_reduce_pool": frames(self.m.local_reduce_pool), "dist_reduce_pool": frames(self.m.dist_reduce_pool),
                 "admitted": self.m.admitted, "concluded": self.m.concluded,
                 "task_URL": self.m.task_URL, "ledger": {h: sorted(u) for h, u in self.m.ledger.items() if u}}

@@ -27,7 +27,8 @@ import orjson
 import pytest
 import trio
 
-from center_host import protocol as cp
+from center_host.events import Admit, Conclude
+from center_host.sets import SetRecord
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from center_host.pools import ADMITTED, CONCLUDED, CenterPools
 from dedupnet.codec import wire
@@ -178,8 +179,8 @@ class CenterUnderTest:
 
     async def start(self):
         init = self.vector["initial"]
-        writes = [cp.Admit(0, tuple(init.get("admitted", [])))]
-        writes += [cp.Conclude(n, True) for n in init.get("concluded", [])]
+        writes = [Admit(0, tuple(init.get("admitted", [])))]
+        writes += [Conclude(n, True) for n in init.get("concluded", [])]
         await in_thread(CenterPools(self.store).apply, writes)
         self.port = await self.nursery.start(self.daemon.run)
         self.tap.want["Resume"] += 1
@@ -219,7 +220,7 @@ class CenterUnderTest:
         r, key = self.store.redis, self.store.key
 
         def frames(pool):
-            return {int(n): cp.SetRecord.load(v).frame.URL_set for n, v in r.hgetall(key(pool)).items()}
+            return {int(n): SetRecord.load(v).frame.URL_set for n, v in r.hgetall(key(pool)).items()}
 
         def members(pool, values, fps):
             flags = self.store.fp_contains(pool, fps) if len(fps) else []

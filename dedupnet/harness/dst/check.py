@@ -70,9 +70,9 @@ def check(world: World) -> Outcome:
     for c in world.centers.values():
         if world.gone(c) or c.state != "up":
             continue
-        if c.core.sets:
-            numbers = sorted(c.core.sets)[:5]
-            v.append(Violation("set held", f"{c.name} still holds {len(c.core.sets)} sets, e.g. {numbers} "
-                                           f"awaiting {[sorted(c.core.sets[n].awaiting) for n in numbers]}"))
+        if c.core.stages.sets:
+            numbers = sorted(c.core.stages.sets)[:5]
+            v.append(Violation("set held", f"{c.name} still holds {len(c.core.stages.sets)} sets, e.g. {numbers} "
+                                           f"awaiting {[sorted(c.core.stages.sets[n].awaiting) for n in numbers]}"))
     return Outcome(v, len(reach), len(answered), sum(1 for h in answered.values() if len(h) > 1),
                    len([u for u in missing if u in excused]), len(world.admits))

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from center_host import protocol as cp
+from center_host.events import (Admit, CancelTimer, Host, Joined, Left, Lookup, LookupDone, Member, Peer, Received,
+                                Send, SetTimer, TimerFired)
+from center_host.protocol import CenterProtocol
 from center_host.daemon import CenterSettings, core_config as center_core_config
 from center_host.pools import WRITES as CENTER_WRITES
 from local_host import protocol as hp
@@ -42,18 +44,18 @@ def kind_of(message: object) -> str:
 
 def _summary(item: object) -> tuple:
     """A short, stable form of an event for the trace."""
-    if isinstance(item, (cp.Received, hp.FromCenter)):
+    if isinstance(item, (Received, hp.FromCenter)):
         m = item.message
         return (type(item).__name__, kind_of(m), getattr(m, "number", None), str(getattr(item, "sender", "")))
-    if isinstance(item, cp.LookupDone):
+    if isinstance(item, LookupDone):
         return ("LookupDone", item.number, item.concluded, sum(item.admitted))
     if isinstance(item, hp.LookupDone):
         return ("LookupDone", item.token, sum(item.seen), tuple(item.sequences))
     if isinstance(item, hp.Found):
         return ("Found", len(item.entries))
-    if isinstance(item, (cp.Joined, cp.Left)):
+    if isinstance(item, (Joined, Left)):
         return (type(item).__name__, str(item.member))
-    if isinstance(item, cp.TimerFired):
+    if isinstance(item, TimerFired):
         return ("TimerFired", item.number)
     return (type(item).__name__,)
 
@@ -107,7 +109,7 @@ class Node:
         queue = [event]
         while queue:
             item = queue.pop(0)
-            if isinstance(item, (cp.Lookup, hp.Lookup)):
+            if isinstance(item, (Lookup, hp.Lookup)):
                 item = self.lookup(item)
                 self.lookups += 1
             self.events += 1
@@ -133,17 +135,17 @@ class CenterNode(Node):
 
     def start(self) -> None:
         self.state = "up"
-        self.core = cp.CenterProtocol(center_core_config(self.settings), self.counters)
+        self.core = CenterProtocol(center_core_config(self.settings), self.counters)
         self.joined, self.timers = {}, {}
         self.process(self.store.load())
         for peer in self.settings.peers:
             if self.network < peer.network:
                 self.world.dial(self, f"c{peer.network}")
 
-    def member(self, name: str) -> cp.Member:
-        return cp.Peer(int(name[1:])) if name.startswith("c") else cp.Host(name)
+    def member(self, name: str) -> Member:
+        return Peer(int(name[1:])) if name.startswith("c") else Host(name)
 
-    def lookup(self, action: cp.Lookup) -> cp.LookupDone:
+    def lookup(self, action: Lookup) -> LookupDone:
         return self.store.lookup(action)
 
     def execute(self, actions: list) -> list:
@@ -153,21 +155,21 @@ class CenterNode(Node):
             self.transactions += 1
         followups = []
         for a in actions:
-            if isinstance(a, cp.Send):
+            if isinstance(a, Send):
                 for m in a.to:
-                    self.world.send(self, m.ip if isinstance(m, cp.Host) else f"c{m.network}", a.data)
-            elif isinstance(a, cp.SetTimer):
+                    self.world.send(self, m.ip if isinstance(m, Host) else f"c{m.network}", a.data)
+            elif isinstance(a, SetTimer):
                 old = self.timers.pop(a.number, None)
                 if old is not None:
                     old.cancel()
                 self.timers[a.number] = self.after(a.delay, self._fire, a.number)
-            elif isinstance(a, cp.CancelTimer):
+            elif isinstance(a, CancelTimer):
                 old = self.timers.pop(a.number, None)
                 if old is not None:
                     old.cancel()
-            elif isinstance(a, cp.Admit):
+            elif isinstance(a, Admit):
                 self.world.admitted(self, a.urls)
-            elif isinstance(a, cp.Lookup):
+            elif isinstance(a, Lookup):
                 followups.append(a)
             elif not isinstance(a, CENTER_WRITES):
                 raise NotImplementedError(f"the simulated center does not carry out {type(a).__name__}")
@@ -175,7 +177,7 @@ class CenterNode(Node):
 
     def _fire(self, number: int) -> None:
         self.timers.pop(number, None)
-        self.process(cp.TimerFired(number))
+        self.process(TimerFired(number))
 
     # -- membership (center_host/daemon.py _member_session) ------------------------------
     def receive(self, frm: str, epoch: int, message: object) -> None:
@@ -188,14 +190,14 @@ class CenterNode(Node):
             if frm.startswith("c") and self.network > int(frm[1:]):
                 self.world.send(self, frm, wire.encode(self.world.register_of(self)), epoch=epoch)
             self.joined[frm] = epoch  # a reconnection replaces the old connection: no Left
-            self.process(cp.Joined(self.member(frm)))
+            self.process(Joined(self.member(frm)))
         elif not isinstance(message, Heartbeat) and self.joined.get(frm) == epoch:
-            self.process(cp.Received(self.member(frm), message))
+            self.process(Received(self.member(frm), message))
 
     def closed(self, other: str, epoch: int) -> None:
         if self.joined.get(other) == epoch:
             del self.joined[other]
-            self.process(cp.Left(self.member(other)))
+            self.process(Left(self.member(other)))
         if other.startswith("c") and self.network < int(other[1:]) and other not in self.joined:
             self.world.dial(self, other)  # the lower network dials (connect_forever)
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import orjson
 
-from center_host import protocol as cp
+from center_host.events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, Lookup, LookupDone,
+                                NoteHost, NoteMoved, NoteSequence, Resume, Save, SaveTask, Unledger)
 from local_host import protocol as hp
 
 
@@ -241,43 +242,43 @@ class CenterStore(_Records):
     def apply(self, writes: list) -> None:
         j = self.journal
         for a in writes:
-            if isinstance(a, cp.Save):
+            if isinstance(a, Save):
                 _dict_set(self.pools.setdefault(a.pool, {}), a.number, a.record, j)
-            elif isinstance(a, cp.Drop):
+            elif isinstance(a, Drop):
                 _dict_pop(self.pools.setdefault(a.pool, {}), a.number, j)
-            elif isinstance(a, cp.Admit):
+            elif isinstance(a, Admit):
                 _set_add(self.admitted, a.urls, j)
-            elif isinstance(a, cp.Conclude):
+            elif isinstance(a, Conclude):
                 _set_add(self.concluded, (a.number,), j)
                 if a.digest:
                     _dict_set(self.digests, a.number, a.digest, j)
-            elif isinstance(a, cp.NoteSequence):
+            elif isinstance(a, NoteSequence):
                 _dict_set(self.sequences, a.host, a.sequence, j)
-            elif isinstance(a, cp.NoteHost):
+            elif isinstance(a, NoteHost):
                 _dict_set(self.hosts, a.host, a.address, j)
-            elif isinstance(a, cp.ForgetHost):
+            elif isinstance(a, ForgetHost):
                 _dict_pop(self.hosts, a.host, j)
-            elif isinstance(a, cp.SaveTask):
+            elif isinstance(a, SaveTask):
                 _dict_set(self.task_url, a.key, tuple(a.urls), j)
-            elif isinstance(a, cp.DropTask):
+            elif isinstance(a, DropTask):
                 _dict_pop(self.task_url, a.key, j)
-            elif isinstance(a, cp.Ledger):
+            elif isinstance(a, Ledger):
                 _set_add(self.ledger.setdefault(a.host, set()), a.urls, j)
-            elif isinstance(a, cp.Unledger):
+            elif isinstance(a, Unledger):
                 _set_remove(self.ledger.setdefault(a.host, set()), a.urls, j)
-            elif isinstance(a, cp.NoteMoved):
+            elif isinstance(a, NoteMoved):
                 _set_add(self.moved.setdefault(a.host, set()), a.urls, j)
-            elif isinstance(a, cp.ForgetMoved):
+            elif isinstance(a, ForgetMoved):
                 _set_remove(self.moved.setdefault(a.host, set()), a.urls, j)
 
-    def lookup(self, action: cp.Lookup) -> cp.LookupDone:
-        return cp.LookupDone(action.number, action.number in self.concluded, [u in self.admitted for u in action.urls],
+    def lookup(self, action: Lookup) -> LookupDone:
+        return LookupDone(action.number, action.number in self.concluded, [u in self.admitted for u in action.urls],
                              self.digests.get(action.number, 0))
 
-    def load(self) -> cp.Resume:
+    def load(self) -> Resume:
         from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
-        return cp.Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),
+        return Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),
                          hosts=dict(self.hosts), ledger={h: sorted(u) for h, u in self.ledger.items() if u},
                          moved={h: sorted(u) for h, u in self.moved.items() if u})

@@ -526,11 +526,11 @@ class World:
             if c.state != "up" or c.paused:
                 out.append(f"{c.name} {c.state} {sorted(c.paused)}")
                 continue
-            tasks = [k for k in c.core.tasks if k.split(":", 1)[1] not in lost_hosts]
+            tasks = [k for k in c.core.members.tasks if k.split(":", 1)[1] not in lost_hosts]
             # A lost host's ledger is re-issued once it has been silent for reissue_after.
-            held = sum(len(urls) for ip, urls in c.core.ledger.items() if ip in lost_hosts)
-            if c.core.sets or c.core.waiting or tasks or held:
-                out.append(f"{c.name}: {len(c.core.sets)} sets, {len(c.core.waiting)} held frames, "
+            held = sum(len(urls) for ip, urls in c.core.members.ledger.items() if ip in lost_hosts)
+            if c.core.stages.sets or c.core.stages.waiting or tasks or held:
+                out.append(f"{c.name}: {len(c.core.stages.sets)} sets, {len(c.core.stages.waiting)} held frames, "
                            f"{len(tasks)} task keys, {held} URLs of lost hosts to re-issue")
         return out
 
