@@ -35,8 +35,8 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import ADMITTED, Store
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import ADMITTED, Store
 
 DEFAULT_CHECKPOINTS = "1e6,1e7,1e8,2.5e8,5e8,7.5e8,1e9"
 #: Present fingerprints kept from each inserted chunk to draw look-ups from: the whole

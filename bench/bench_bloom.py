@@ -1,5 +1,5 @@
 """Redis bytes per URL and URLs/s of a host's finish_URL: the exact intset buckets
-against the optional Bloom filter (dedupnet/adapters/bloom.py), on the same embedded server, in
+against the optional Bloom filter (dedupnet/adapters/storage/bloom.py), on the same embedded server, in
 one process, one after the other (issue #11 part 4).
 
 For each: N URLs' fingerprints stored in batches of B (``SADD`` per bucket, or
@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 
-from dedupnet.adapters.bloom import BloomSpec, attach
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import FINISH_URL, Store
+from dedupnet.adapters.storage.bloom import BloomSpec, attach
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import FINISH_URL, Store
 
 
 def run(url: str, name: str, spec: BloomSpec | None, stored: np.ndarray, fresh: np.ndarray, batch: int) -> dict:

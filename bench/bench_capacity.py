@@ -5,7 +5,7 @@
 data dir of its own, as deployed: AOF on, durable acknowledgements), talking real TCP on
 loopback. One feeder process per host plays that host's crawler: it writes the links it
 "found" into the host's ``URL_pool`` with the crawler's own write
-(:func:`local_host.tasks.fill_discovered`, in one MULTI/EXEC per group of pages), never
+(:func:`local_host.frontier.tasks.fill_discovered`, in one MULTI/EXEC per group of pages), never
 more than ``--backlog`` entries ahead of the host's walker, as a crawler's fetch rate
 would bound it. ``--urls`` distinct URLs over ``--sites`` sites; each URL is found
 1 + Poisson(``--finds`` - 1) times, each time by a host drawn at random (any network),
@@ -51,15 +51,15 @@ import redis
 import trio
 
 from dedupnet.adapters.children import free_port
-from dedupnet.adapters.status_page import key_family
-from dedupnet.adapters.store import ADMITTED, TASK_POOL, URL_POOL, Store
+from dedupnet.adapters.monitor.status_page import key_family
+from dedupnet.adapters.storage.store import ADMITTED, TASK_POOL, URL_POOL, Store
 from dedupnet.codec.homes import HomeMap
 from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.harness.cluster import center_ip, host_ip, lan
 from dedupnet.harness.procdaemons import Daemon, cpu_seconds, poll_all, start_all, stop_all
 from dedupnet.harness.procplan import daemon_env
-from local_host import sites
-from local_host.tasks import fill_discovered
+from local_host.frontier import sites
+from local_host.frontier.tasks import fill_discovered
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Links per crawler write: the crawler commits the pages that finished together, each

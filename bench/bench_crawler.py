@@ -62,13 +62,13 @@ from pathlib import Path
 import psutil
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, Store
-from local_host.sites import task_count
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, Store
+from local_host.frontier.sites import task_count
 from dedupnet.codec.urls import fingerprint_many
 from dedupnet.harness.web import SyntheticWeb, WebSpec
-from local_host.crawler import FAILED, Crawler, CrawlerSettings
+from local_host.crawler.crawl import FAILED, Crawler, CrawlerSettings
 
 TARGET = 200.0  # pages/s, one host (issue #4)
 

@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 
 VARIANTS = {"everysec": ("everysec", False), "everysec+wait": ("everysec", True), "always+wait": ("always", True)}
 

@@ -23,7 +23,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dedupnet.adapters.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
 from dedupnet.harness.faults import PROCESS_FAULTS, Fault  # noqa: E402
 from dedupnet.harness.report import SimConfig  # noqa: E402
 from dedupnet.harness.simproc import simulate_processes  # noqa: E402

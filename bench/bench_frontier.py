@@ -35,7 +35,7 @@ from pathlib import Path
 import psutil
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.harness.frontiercrawl import PATHS, crawl
 from dedupnet.harness.report import SimConfig
 

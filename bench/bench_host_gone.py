@@ -18,9 +18,9 @@ from pathlib import Path
 
 import trio
 
-from dedupnet.adapters.census import survey
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.monitor.census import survey
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import Store
 from dedupnet.harness import procdaemons, procplan, simproc
 from dedupnet.harness.report import SimConfig, assign_seeds
 from dedupnet.harness.web import SyntheticWeb, WebSpec

@@ -23,7 +23,7 @@ import trio
 
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.codec.messages import Frame, Heartbeat
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.sim import simulate

@@ -24,7 +24,7 @@ from collections import Counter
 import orjson
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.harness.faults import LINK_FAULTS, Fault
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.sim import simulate

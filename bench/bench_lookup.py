@@ -31,8 +31,8 @@ from contextlib import nullcontext
 import numpy as np
 from redis.exceptions import ResponseError
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import _MEMBER_DIGITS, _MEMBER_OFFSET, _MEMBER_RECORD, FINISH_URL, Store, _bulk
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import _MEMBER_DIGITS, _MEMBER_OFFSET, _MEMBER_RECORD, FINISH_URL, Store, _bulk
 
 LUA_ARRAY = b"""
 local out, a = {}, #KEYS

@@ -50,11 +50,11 @@ ROOT = HERE.parent.parent
 def crawl_child(args) -> None:
     import trio
 
-    from dedupnet.adapters.metrics import Counters
-    from dedupnet.adapters.store import URL_POOL, Store
+    from dedupnet.adapters.monitor.metrics import Counters
+    from dedupnet.adapters.storage.store import URL_POOL, Store
     from dedupnet.codec.urls import site_of
     from local_host import protocol as hp
-    from local_host.crawler import Crawler, CrawlerSettings
+    from local_host.crawler.crawl import Crawler, CrawlerSettings
     from local_host.pools import HostPools
 
     store = Store(args.redis, args.prefix)
@@ -211,7 +211,7 @@ def main() -> None:
         return web_child(args)
 
     sys.path.insert(0, str(ROOT))
-    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
 
     web = subprocess.Popen([sys.executable, str(HERE), "--child", "web", "--sites", str(args.sites), "--pages",
                             str(args.pages), "--latency", str(args.latency), "--seed", str(args.seed)],

@@ -26,7 +26,7 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dedupnet.adapters.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
 from dedupnet.harness.faults import Fault  # noqa: E402
 from dedupnet.harness.powercut import unavailable  # noqa: E402
 from dedupnet.harness.report import SimConfig  # noqa: E402

@@ -19,7 +19,7 @@ import trio
 
 from dedupnet.harness.cluster import open_cluster
 from dedupnet.harness.report import redis_memory
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 
 
 async def run(url: str, args) -> None:

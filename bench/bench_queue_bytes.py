@@ -42,10 +42,10 @@ def write_urls(path: Path, n: int, sites: int, seed: int) -> None:
 
 def side(path: Path, checkpoints: list[int], compact_every: int, take: int) -> dict:
     """One run on this process's code (PYTHONPATH chooses the checkout)."""
-    from dedupnet.adapters.embedded import EmbeddedRedis
-    from dedupnet.adapters.store import Store
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.store import Store
     from local_host import protocol as hp
-    from local_host import sites
+    from local_host.frontier import sites
     from local_host.pools import HostPools
 
     compact = getattr(sites, "compact_steps", None)  # None: a checkout without sealed blocks

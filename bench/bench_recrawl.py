@@ -1,5 +1,5 @@
 """Redis bytes per URL and URLs/s of a fingerprint set with ages (re-crawl by age,
-dedupnet/adapters/recrawl.py) against the plain set, on the same embedded server, one after the
+dedupnet/adapters/storage/recrawl.py) against the plain set, on the same embedded server, one after the
 other (issue #13 item 3).
 
 For each: N fingerprints stored in batches of B, then N look-ups of which half are
@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.recrawl import SLICES, AgedSet
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.recrawl import SLICES, AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import FINISH_URL, Store
+from dedupnet.adapters.storage.store import FINISH_URL, Store
 
 AGE = 86_400.0
 

@@ -5,7 +5,7 @@ embedded 3-master cluster (``EmbeddedCluster``). For each: N fingerprints stored
 batches of B (``SADD`` per bucket), N looked up (half stored), and a center's event
 transaction (an ``HSET`` on its own slot + ``SADD`` of 100 URLs on the bucket slots) as
 one MULTI/EXEC. The cluster path is dedupnet's own (one pipelined round trip per node,
-``dedupnet/adapters/redis_cluster/``); as a baseline the same look-ups go through redis-py's
+``dedupnet/adapters/storage/redis_cluster/``); as a baseline the same look-ups go through redis-py's
 ``RedisCluster`` pipeline (``SMISMEMBER`` per bucket, the way a user would write it).
 
     .venv/bin/python bench/bench_redis_cluster.py --urls 300000 --batch 10000
@@ -18,10 +18,10 @@ import time
 
 import numpy as np
 
-from dedupnet.adapters.store_choice import store_for
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.embedded_cluster import EmbeddedCluster
-from dedupnet.adapters.store import FINISH_URL
+from dedupnet.adapters.storage.store_choice import store_for
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.harness.embedded_cluster import EmbeddedCluster
+from dedupnet.adapters.storage.store import FINISH_URL
 
 
 def measure(url: str, stored: np.ndarray, fresh: np.ndarray, batch: int, events: int) -> dict:

@@ -1,7 +1,7 @@
 """Benchmark: dedupnet's hand-packed RESP vs redis-py's own pipeline, the same commands.
 
 The store packs a batch's fingerprint commands with numpy and reads the replies with
-its own hiredis reader (dedupnet/adapters/store.py). The obvious alternative is redis-py's
+its own hiredis reader (dedupnet/adapters/storage/store.py). The obvious alternative is redis-py's
 ``pipeline(transaction=False)``: one ``execute_command`` per bucket with the members as
 Python ints, one ``execute()`` (one write, one read: also one round trip). Both are
 given the same numpy grouping by bucket, send the same commands (the same members under
@@ -27,8 +27,8 @@ import numpy as np
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import _MEMBER_OFFSET, FINISH_URL, Store
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import _MEMBER_OFFSET, FINISH_URL, Store
 
 
 def pipeline_op(client: redis.Redis, store: Store, command: str, fps: np.ndarray) -> np.ndarray | int:

@@ -1,6 +1,6 @@
 """Benchmark: CPU and wall time of one Redis round trip, by how trio code reaches Redis.
 
-Three ways of executing the same :class:`~dedupnet.adapters.store.Batch`:
+Three ways of executing the same :class:`~dedupnet.adapters.storage.store.Batch`:
 
 * ``sync``       ``Store.execute`` called directly (the bench, the demo, tests);
 * ``to_thread``  ``await AsyncStore.run(store.execute, batch)``: a worker thread per
@@ -27,9 +27,9 @@ from contextlib import nullcontext
 import numpy as np
 import trio
 
-from dedupnet.adapters.aio import AsyncStore
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import FINISH_URL, Batch, Store
+from dedupnet.adapters.storage.aio import AsyncStore
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import FINISH_URL, Batch, Store
 
 
 def server_cpu(store: Store) -> float:

@@ -61,7 +61,7 @@ from pathlib import Path
 import redis
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.harness import procdaemons, procplan
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.scrapyhost import EXAMPLE

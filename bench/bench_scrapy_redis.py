@@ -9,10 +9,10 @@ repeat an earlier URL, as crawlers find popular pages again and again) goes
 * through dedupnet's check (what ``dedupnet.scrapy`` and a host do): normalise and
   fingerprint each URL (``URLGate``, xxh3), then per batch of ``--batch`` one round
   trip that asks ``SMISMEMBER`` and ``SADD``s into the bucketed fingerprint sets of
-  ``dedupnet/adapters/store.py`` (the same writes as ``bench/bench_store.py``),
+  ``dedupnet/adapters/storage/store.py`` (the same writes as ``bench/bench_store.py``),
 
 on the same embedded server, one after the other, once with the server's default
-``set-max-intset-entries`` (512) and once with dedupnet's (``dedupnet/adapters/embedded.py``,
+``set-max-intset-entries`` (512) and once with dedupnet's (``dedupnet/adapters/storage/embedded.py``,
 1,048,576). Printed per run: requests/s (building the ``Request`` objects is not
 timed, on either side) and Redis bytes per distinct URL: the sum of ``MEMORY USAGE`` of
 the keys (exact: ``SAMPLES 0``), and the ``INFO memory`` ``used_memory`` delta (which
@@ -36,8 +36,8 @@ import redis
 from scrapy import Request
 from scrapy_redis.dupefilter import RFPDupeFilter
 
-from dedupnet.adapters.embedded import INTSET_MAX_ENTRIES, EmbeddedRedis
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.embedded import INTSET_MAX_ENTRIES, EmbeddedRedis
+from dedupnet.adapters.storage.store import Store
 from dedupnet.codec.urls import URLGate, fingerprint_many
 
 POOL = "seen"

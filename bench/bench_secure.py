@@ -5,7 +5,7 @@ alternating, in one process on one embedded Redis (issue #10).
 Each round runs every variant once, in the order given, on the same web and seed, so a
 change in the machine's load hits all variants alike. Bytes on the wire: what the
 daemons sent; on TLS connections the TCP bytes under the SSLStream (TLS records,
-handshakes and alerts included: dedupnet/adapters/tls.py CountingStream), on plain ones the
+handshakes and alerts included: dedupnet/adapters/net/tls.py CountingStream), on plain ones the
 messages' bytes (which are the TCP payload). Per distinct URL (the URLs a perfect crawl
 requests) and per URL found (links pushed into URL_pool).
 
@@ -23,7 +23,7 @@ import time
 
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.sim import simulate
 

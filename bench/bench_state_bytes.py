@@ -24,14 +24,14 @@ import time
 
 from center_host.events import Admit, Conclude, DropTask, SaveTask
 from center_host.pools import CenterPools
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.status_page import key_family
-from dedupnet.adapters.store_choice import store_for
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.monitor.status_page import key_family
+from dedupnet.adapters.storage.store_choice import store_for
 from dedupnet.codec.messages import Frame
 from dedupnet.codec.wire import encode_frame
 from local_host import protocol as hp
 from local_host.pools import HostPools
-from local_host.tasks import finish_tasks
+from local_host.frontier.tasks import finish_tasks
 
 LOG = 256  # rewind_log's default
 

@@ -20,8 +20,8 @@ from contextlib import nullcontext
 import numpy as np
 import redis
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import FINISH_URL, Store
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import FINISH_URL, Store
 from dedupnet.codec.urls import fingerprint_many, normalize
 
 

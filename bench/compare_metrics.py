@@ -1,4 +1,4 @@
-"""Compare: dedupnet.adapters.metrics.Counters vs prometheus-client, for issue #12 (hand-written vs library).
+"""Compare: dedupnet.adapters.monitor.metrics.Counters vs prometheus-client, for issue #12 (hand-written vs library).
 
 Prints, for the same series:
 
@@ -43,13 +43,13 @@ from prometheus_client.core import Metric  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dedupnet.adapters.metrics import Counters, render_prometheus  # noqa: E402
+from dedupnet.adapters.monitor.metrics import Counters, render_prometheus  # noqa: E402
 from import_cost import line  # noqa: E402
 from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters  # noqa: E402
 
 PREFIX = "dedupnet_"
 
-# Series shaped like a daemon's (names and label sets from dedupnet/adapters/transport/ and the
+# Series shaped like a daemon's (names and label sets from dedupnet/adapters/net/transport/ and the
 # cores); the count is reached by widening the label values.
 _SHAPES = [
     ("frames_received", ("kind",)), ("frames_acked", ("kind", "flag")), ("frames_sent", ("kind",)),
@@ -273,7 +273,7 @@ def main() -> None:
 
     tries = 1 if args.quick else args.imports
     print(f"== import on top of trio (best of {tries} fresh interpreters) ==")
-    print("  " + line(["dedupnet.adapters.metrics", "prometheus_client"], tries))
+    print("  " + line(["dedupnet.adapters.monitor.metrics", "prometheus_client"], tries))
 
     a, b = memory(1000)
     print("== memory of 1,000 series (tracemalloc) ==")

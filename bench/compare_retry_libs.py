@@ -2,7 +2,7 @@
 
 Where dedupnet retries (each with its own loop, for reasons in docs/DECISIONS.md):
 
-* ``Store._with_retry`` (dedupnet/adapters/store.py) and ``AsyncStore.execute`` (dedupnet/adapters/aio.py):
+* ``Store._with_retry`` (dedupnet/adapters/storage/store.py) and ``AsyncStore.execute`` (dedupnet/adapters/storage/aio.py):
   every Redis round trip, 6 attempts from 50 ms doubling to 2 s, then ``StoreUnavailable``;
 * ``redis_cluster.run_commands`` / ``_transaction``: the same policy, but the waits are
   yielded (``Pause``) by a sans-I/O plan to whichever driver runs it, sync or trio;
@@ -42,11 +42,11 @@ import stamina  # noqa: E402
 import tenacity  # noqa: E402
 
 from dedupnet.codec.errors import StoreUnavailable  # noqa: E402
-from dedupnet.adapters.store import STORE_RETRY, Store  # noqa: E402
+from dedupnet.adapters.storage.store import STORE_RETRY, Store  # noqa: E402
 from import_cost import line  # noqa: E402
 
 POLICY = STORE_RETRY  # 6 attempts, 0.05 s doubling, capped at 2 s
-logging.getLogger("dedupnet.adapters.store").setLevel(logging.ERROR)  # the retry warnings
+logging.getLogger("dedupnet.adapters.storage.store").setLevel(logging.ERROR)  # the retry warnings
 logging.getLogger("stamina").setLevel(logging.ERROR)
 stamina.instrumentation.set_on_retry_hooks([])  # no per-retry log lines in the figures
 
@@ -73,7 +73,7 @@ LIBS: dict[str, Callable] = {"tenacity": tenacity_retry, "stamina": stamina_retr
 
 
 async def ours_async(fn):
-    """The loop of ``AsyncStore.execute`` (dedupnet/adapters/aio.py), around ``fn``."""
+    """The loop of ``AsyncStore.execute`` (dedupnet/adapters/storage/aio.py), around ``fn``."""
     delays = POLICY.delays()
     while True:
         try:

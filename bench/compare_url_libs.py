@@ -45,7 +45,7 @@ import w3lib.url  # noqa: E402
 from dedupnet.codec.errors import BadURL  # noqa: E402
 from dedupnet.codec.urls import normalize  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
-from local_host.links import extract_links  # noqa: E402
+from local_host.crawler.links import extract_links  # noqa: E402
 from dedupnet.harness.url_cases import NORMALISED, REJECTED  # noqa: E402
 
 REJECT = "<rejected>"

@@ -52,8 +52,8 @@ import fuzz_wire  # noqa: E402
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress  # noqa: E402
 from center_host.sets import task_parts  # noqa: E402
-from dedupnet.adapters.metrics import Counters  # noqa: E402
-from dedupnet.adapters.store import Store  # noqa: E402
+from dedupnet.adapters.monitor.metrics import Counters  # noqa: E402
+from dedupnet.adapters.storage.store import Store  # noqa: E402
 from dedupnet.codec import wire  # noqa: E402
 from dedupnet.codec.errors import ProtocolError  # noqa: E402
 from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Status, Task, Welcome  # noqa: E402
@@ -682,7 +682,7 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         url = args.redis
         if url is None:
-            from dedupnet.adapters.embedded import EmbeddedRedis
+            from dedupnet.adapters.storage.embedded import EmbeddedRedis
             url = stack.enter_context(EmbeddedRedis())
         figures, report = trio.run(lambda: run(url, args.frames, seed=args.seed, concurrency=args.concurrency,
                                                progress=args.progress, patience=args.patience))

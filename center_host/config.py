@@ -65,7 +65,7 @@ class CenterConfig:
     #: distinct URL of the WAN's (a 3 x 3 sim: center frames 6.3 B/URL with it, 9.1
     #: without).
     held_elsewhere_max: int = 20_000
-    #: Re-crawl by age (dedupnet/adapters/recrawl.py): the admitted record (the pools) answers
+    #: Re-crawl by age (dedupnet/adapters/storage/recrawl.py): the admitted record (the pools) answers
     #: "seen" for a URL's age only, and ``held_elsewhere`` is not kept. None: for ever.
     recrawl: RecrawlPolicy | None = None
     #: Exact mode, R4 (docs/PROTOCOL.md §10), and the frames to a home network (§11):

@@ -21,22 +21,22 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet.adapters.store_choice import on_trio
+from dedupnet.adapters.storage.store_choice import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
-from dedupnet.adapters.census import ask_hosts, build_report
-from dedupnet.adapters.discovery import Responder, center_address, serve_discovery
+from dedupnet.adapters.monitor.census import ask_hosts, build_report
+from dedupnet.adapters.net.discovery import Responder, center_address, serve_discovery
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
 from dedupnet.codec.settings import declared
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.adapters.runtime import (Reactor, Timers, check_durable, check_memory, control_session, beat,
                                       heartbeat, keep_watermarks, open_watermarks, until_stored, watch_room)
-from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches
-from dedupnet.adapters.store import Store
-from dedupnet.adapters.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
-from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
-from dedupnet.adapters.status_page import AGE_BUCKETS, OLDEST_SETS, member_order, serve_status
+from dedupnet.adapters.storage.watermark import Behind, Watermarks, log_reaches
+from dedupnet.adapters.storage.store import Store
+from dedupnet.adapters.net.tls import ServerTLS, TLSConfig, center_uri, client_context, server_context
+from dedupnet.adapters.net.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.monitor.status_page import AGE_BUCKETS, OLDEST_SETS, member_order, serve_status
 
 from .events import (Admit, CancelTimer, Conclude, Host, Joined, Left, Lookup, Member, Operator, Peer, Reassign,
                      Received, Reoffer, Resume, Save, Send, SetTimer, TimerFired)
@@ -92,23 +92,23 @@ class CenterSettings:
     lan_key_file: str | None = declared("lan_key_file")
     peer_key_file: str | None = declared("peer_key_file")
     key_poll_interval: float = declared("key_poll_interval")
-    #: Limits against abuse (dedupnet/adapters/transport.py); None: no limit.
+    #: Limits against abuse (dedupnet/adapters/net/transport.py); None: no limit.
     max_connections_per_source: int | None = declared("max_connections_per_source")
     max_bytes_per_s: float | None = declared("max_bytes_per_s")
     max_messages_per_s: float | None = declared("max_messages_per_s")
-    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/adapters/tls.py.
+    #: TLS with the peer centers (and with ``tls.lan_tls`` the hosts): dedupnet/adapters/net/tls.py.
     #: None: plain TCP, trusted by source address only (loopback simulations).
     tls: TLSConfig | None = None
-    #: LAN discovery (dedupnet/adapters/discovery.py): answer hosts started with ``--center auto``
+    #: LAN discovery (dedupnet/adapters/net/discovery.py): answer hosts started with ``--center auto``
     #: on this UDP port (0: any free one). None: no responder, as in-process clusters
     #: want; ``dedupnet center`` turns it on by default (docs/DECISIONS.md).
     discovery_port: int | None = None
-    #: Re-crawl by age (dedupnet/adapters/recrawl.py): admitted URLs count as seen for their age
+    #: Re-crawl by age (dedupnet/adapters/storage/recrawl.py): admitted URLs count as seen for their age
     #: only. None: for ever. Every center of the system must have the same policy.
     recrawl: RecrawlPolicy | None = None
     durable_acks: bool = declared("durable_acks")
     #: Assignments kept per host (``task_log:<host>``) to offer again if the host's store
-    #: comes back behind what it acknowledged (dedupnet/adapters/watermark.py); 0: none.
+    #: comes back behind what it acknowledged (dedupnet/adapters/storage/watermark.py); 0: none.
     rewind_log: int = 256
 
 
@@ -262,7 +262,7 @@ class CenterDaemon:
                               **self._peer_tls(peer))
 
     def _peer_tls(self, peer: PeerAddress) -> dict:
-        """TLS to a peer: its certificate must name the network we dial (dedupnet/adapters/tls.py)."""
+        """TLS to a peer: its certificate must name the network we dial (dedupnet/adapters/net/tls.py)."""
         if self.client_tls is None:
             return {}
         return {"tls_context": self.client_tls, "expect_uri": center_uri(peer.network)}
@@ -356,7 +356,7 @@ class CenterDaemon:
             for member, conn in list(self.conns.items()):
                 # A control client is never a member. A busy link still carries our store
                 # watermark now and then, and at once on a new connection (a store that came
-                # back behind is noticed by what it reports: dedupnet/adapters/watermark.py).
+                # back behind is noticed by what it reports: dedupnet/adapters/storage/watermark.py).
                 if isinstance(member, Operator):
                     continue
                 beat(conn, ours, interval, lean)
@@ -436,7 +436,7 @@ class CenterDaemon:
         }
 
     async def crawl_report(self) -> dict:
-        """This network's verdict for the status page (dedupnet/adapters/census.py): its
+        """This network's verdict for the status page (dedupnet/adapters/monitor/census.py): its
         sets and tasks, and what its live hosts say; the whole system's needs every
         network's key (``dedupnet status --cluster``)."""
         report = build_report(await ask_hosts(await self.status(), [self.lan_keyring]))

@@ -7,7 +7,7 @@ adds the ``admitted`` record (a fingerprint set); the claims of sets in flight a
 core's memory, rebuilt from the reduce pools on restart (docs/PROTOCOL.md §10), so
 nothing per URL is stored for another network's set. ``concluded`` remembers the
 numbers already finished, so a frame sent again is recognised. With a re-crawl policy
-(``recrawl_after``) ``admitted`` is an :class:`~dedupnet.adapters.recrawl.AgedSet`: a URL counts as
+(``recrawl_after``) ``admitted`` is an :class:`~dedupnet.adapters.storage.recrawl.AgedSet`: a URL counts as
 admitted for its age only (docs/PROTOCOL.md, "Re-crawl by age").
 
 All writes of one event go in one MULTI/EXEC; a look-up is one round trip.
@@ -21,11 +21,11 @@ from collections.abc import Callable
 import numpy as np
 import orjson
 
-from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.adapters.storage.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import (ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch,
+from dedupnet.adapters.storage.store import (ADMITTED, CONCLUDED, DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_URL, Batch,
                                      CoreWrites, Steps, Store)
-from dedupnet.adapters.watermark import tagged, untag
+from dedupnet.adapters.storage.watermark import tagged, untag
 from dedupnet.codec.urls import fingerprint_many
 
 from .events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, LookupDone, NoteHost, NoteMoved,
@@ -69,7 +69,7 @@ class CenterPools(CoreWrites):
         self.task_log = task_log
         self.step_of = step_of
 
-    # ``lookup_steps`` is the sans-I/O form (dedupnet.adapters.store.Steps) the daemon
+    # ``lookup_steps`` is the sans-I/O form (dedupnet.adapters.storage.store.Steps) the daemon
     # drives on trio with AsyncStore.drive, as CoreWrites.apply_steps.
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key

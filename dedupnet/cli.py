@@ -183,7 +183,7 @@ def _add_tool_commands(sub: argparse._SubParsersAction) -> None:
                                        "network's center, naming its network id (URI dedupnet://network/N), "
                                        "optionally per host, and a LAN key file per network (kept if DIR has "
                                        "one), and prints the settings to use (docs/DEPLOY.md).")
-    from dedupnet.adapters.tls import add_arguments as add_certs_arguments
+    from dedupnet.adapters.net.tls import add_arguments as add_certs_arguments
 
     add_certs_arguments(certs)
 
@@ -254,7 +254,7 @@ def _run(args: argparse.Namespace) -> int:
 
         return dst_cli.run(args)
     if args.command == "certs":
-        from dedupnet.adapters.tls import certs_main
+        from dedupnet.adapters.net.tls import certs_main
 
         return certs_main(args)
     if args.command == "status":  # its own output says what went wrong; the transport's warnings would repeat it

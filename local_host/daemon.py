@@ -18,28 +18,28 @@ from dataclasses import dataclass, field
 
 import trio
 
-from dedupnet.adapters.store_choice import on_trio
+from dedupnet.adapters.storage.store_choice import on_trio
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Heartbeat, Register, Task
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.recrawl import SLICES
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.recrawl import SLICES
 from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.numbers import host_id_from_ip
 from dedupnet.codec.settings import declared
 from dedupnet.adapters.runtime import (Changes, Reactor, check_durable, check_memory, control_session, beat,
                                       heartbeat, keep_watermarks, open_watermarks, until_room, until_stored,
                                       watch_room)
-from dedupnet.adapters.census import CrawlCensus
-from dedupnet.adapters.watermark import Behind, Watermarks, log_reaches, untag
-from dedupnet.adapters.store import TASK_POOL, URL_POOL, Store
-from dedupnet.adapters.tls import TLSConfig, center_uri, client_context
-from dedupnet.adapters.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
-from dedupnet.adapters.status_page import serve_status
+from dedupnet.adapters.monitor.census import CrawlCensus
+from dedupnet.adapters.storage.watermark import Behind, Watermarks, log_reaches, untag
+from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL, Store
+from dedupnet.adapters.net.tls import TLSConfig, center_uri, client_context
+from dedupnet.adapters.net.transport import Connection, ConnectionClosed, connect_forever, serve, watch_keyrings
+from dedupnet.adapters.monitor.status_page import serve_status
 
 from . import protocol as hp
-from .crawler import Crawler, CrawlerSettings
-from . import sites
+from .crawler.crawl import Crawler, CrawlerSettings
+from .frontier import sites
 from .pools import WRITES, HostPools
 
 log = logging.getLogger("dedupnet.local")
@@ -96,9 +96,9 @@ class LocalSettings:
     lan_key_file: str | None = declared("lan_key_file")
     key_poll_interval: float = declared("key_poll_interval")
     #: With ``tls.lan_tls``: TLS to the center, whose certificate must name this
-    #: host's network (dedupnet/adapters/tls.py). None or without lan_tls: plain TCP.
+    #: host's network (dedupnet/adapters/net/tls.py). None or without lan_tls: plain TCP.
     tls: TLSConfig | None = None
-    #: Re-crawl by age (dedupnet/adapters/recrawl.py): finish_URL counts a URL as crawled for its
+    #: Re-crawl by age (dedupnet/adapters/storage/recrawl.py): finish_URL counts a URL as crawled for its
     #: age only, and the crawler's seed re-crawl goes through URL_pool. None: for ever.
     recrawl: RecrawlPolicy | None = None
     #: Leaving (:meth:`LocalDaemon.leave`): seconds the pages on the wire get to finish,
@@ -109,10 +109,10 @@ class LocalSettings:
     #: once the whole crawl is complete (the command then leaves as on SIGTERM).
     exit_when_complete: bool = declared("exit_when_complete")
     durable_acks: bool = declared("durable_acks")
-    #: ``(host, port)`` of the URLFrontier service (local_host/frontier.py); None: off.
+    #: ``(host, port)`` of the URLFrontier service (local_host/frontier/service.py); None: off.
     frontier: tuple[str, int] | None = None
     #: Frames the center acknowledged, kept (``URL_pool:released``) to send again if the
-    #: center's store comes back behind (dedupnet/adapters/watermark.py); 0: none.
+    #: center's store comes back behind (dedupnet/adapters/storage/watermark.py); 0: none.
     rewind_log: int = 256
 
 
@@ -204,7 +204,7 @@ class LocalDaemon:
             nursery.start_soon(self.reactor.run)
             self.port = await nursery.start(self._serve_status)
             register = Register(s.ip, s.network, "host", f"{s.ip}:{self.port}", s.lan)
-            if s.metrics:  # --http: /metrics, the status page and /status.json (dedupnet/adapters/status_page.py)
+            if s.metrics:  # --http: /metrics, the status page and /status.json (dedupnet/adapters/monitor/status_page.py)
                 self.http_port = await nursery.start(serve_status, self.counters, *s.metrics, self.status, self.pools.store)
             nursery.start_soon(self._walk)
             nursery.start_soon(self._report_done)
@@ -251,8 +251,8 @@ class LocalDaemon:
     async def _serve_frontier(self, task_status=trio.TASK_STATUS_IGNORED) -> None:
         """The URLFrontier service: gRPC's server, in its own threads, on this host's
         Redis (the optional grpcio is imported only here)."""
-        from .frontier import start_server
-        from .frontier_queues import FrontierQueues
+        from .frontier.service import start_server
+        from .frontier.queues import FrontierQueues
 
         queues = FrontierQueues(self.pools.store, self.counters, recrawl=self.settings.recrawl)
         await until_stored(self.store, self.counters, queues.setup)
@@ -331,7 +331,7 @@ class LocalDaemon:
             await trio.sleep(self.settings.heartbeat_interval)
 
     async def _compact_tasks(self) -> None:
-        """Seal the URLs queued lately into blocks (local_host/site_blocks.py), round
+        """Seal the URLs queued lately into blocks (local_host/frontier/site_blocks.py), round
         after round while there are any, then every ``COMPACT_INTERVAL``: what keeps a
         long queue small. Sites queued before a restart are looked at once."""
         await until_stored(self.store, self.counters, sites.mark_all_dirty, self.pools.store)

@@ -9,8 +9,8 @@ a restart. ``task_pool`` is a stream the crawler consumes; ``task_pool:fp`` the
 fingerprints of the URLs queued there and not yet crawled (a crawled one is in
 ``finish_URL`` instead): exact mode answers "seen" from both.
 
-With a re-crawl policy (``recrawl_after``, dedupnet/adapters/recrawl.py) ``finish_URL`` is an
-:class:`~dedupnet.adapters.recrawl.AgedSet` (a URL counts as crawled for its age only):
+With a re-crawl policy (``recrawl_after``, dedupnet/adapters/storage/recrawl.py) ``finish_URL`` is an
+:class:`~dedupnet.adapters.storage.recrawl.AgedSet` (a URL counts as crawled for its age only):
 a URL admitted again after its age is queued again, while a task sent again because its
 ack was lost is still recognised, by either set.
 """
@@ -23,18 +23,18 @@ from collections.abc import Callable
 import orjson
 from redis.exceptions import ResponseError
 
-from dedupnet.adapters.once import once
-from dedupnet.adapters.recrawl import AgedSet
+from dedupnet.adapters.storage.once import once
+from dedupnet.adapters.storage.recrawl import AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.watermark import tagged
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, CoreWrites, Steps, Store
+from dedupnet.adapters.storage.watermark import tagged
+from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, CoreWrites, Steps, Store
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Done
 from dedupnet.codec.numbers import make_number
 from dedupnet.codec.urls import URLGate, fingerprint_many
 
 from . import protocol as hp
-from . import sites
+from .frontier import sites
 
 GROUP = "dedup"
 WALKER = "walker"
@@ -71,7 +71,7 @@ RAISE_AND_RESERVE = (b"local c = tonumber(redis.call('GET', KEYS[1]) or '0') "
                      b"return redis.call('INCRBY', KEYS[1], ARGV[2])")
 
 #: The finished tasks' URLs not yet in a report to the center, oldest first (a list):
-#: written with ``finish_URL`` (local_host/tasks.py), taken into a report by the daemon.
+#: written with ``finish_URL`` (local_host/frontier/tasks.py), taken into a report by the daemon.
 TASKS_DONE = "tasks_done"
 #: Tasks that moved to other hosts while this one was away, to take out of task_pool
 #: (the daemon does, before they are crawled: local_host/daemon.py).
@@ -105,7 +105,7 @@ class HostPools(CoreWrites):
 
     # -- the core's actions ------------------------------------------------------------
     # Each protocol-path operation is also a sans-I/O generator (``*_steps``, see
-    # dedupnet.adapters.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
+    # dedupnet.adapters.storage.store.Steps): the daemons drive those on trio with AsyncStore.drive, no
     # worker thread; the plain methods drive them synchronously (CoreWrites: apply).
     def _queue(self, batch: Batch, writes: list) -> None:
         key = self.store.key
@@ -151,7 +151,7 @@ class HostPools(CoreWrites):
     def tasks_done(self, count: int) -> list[str]:
         """The oldest finished tasks not yet reported (``count`` at most) that may be
         reported now: those whose links have all left ``URL_pool`` (each entry carries
-        the newest URL_pool id at its finish, local_host/tasks.py). A page reported
+        the newest URL_pool id at its finish, local_host/frontier/tasks.py). A page reported
         before its links were admitted would be forgotten by its center while its links
         were in this host's store only: a host gone with its disk would lose them."""
         batch = self.store.batch()
@@ -195,7 +195,7 @@ class HostPools(CoreWrites):
         # task_pool counts as "seen" for exact mode's answers, and in both modes for
         # incoming tasks: a task sent again (its ack was lost) is not queued twice. Read
         # before finish_URL: a task finished between the two reads moves from the one to
-        # the other (local_host/tasks.py), and is seen in one of them.
+        # the other (local_host/frontier/tasks.py), and is seen in one of them.
         use_queued = self.exact or action.token[0] == hp.OfferedTask.KIND
         queued = batch.fingerprints(b"SMISMEMBER", self.store.key(TASK_FP), fps) if use_queued else None
         if self.finished is not None:
@@ -281,7 +281,7 @@ class HostPools(CoreWrites):
         return [make_number(config.network, config.host_id, seq) for seq in self.store.next_sequences(n)]
 
     def task_pool_size_steps(self) -> Steps[int]:
-        """:func:`~local_host.sites.task_count` on trio (no worker thread: a daemon that
+        """:func:`~local_host.frontier.sites.task_count` on trio (no worker thread: a daemon that
         stops is not held by a Redis that does not answer)."""
         return (yield from sites.task_count_steps(self.store))
 

@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import Store
 
 from .procs import server_processes
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import trio
 
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.transport import Connection, serve
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.transport import Connection, serve
 from dedupnet.codec.messages import Register
 from dedupnet.codec.wire import Decoder, encode
 

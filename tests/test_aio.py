@@ -6,13 +6,13 @@ import redis
 import trio
 from redis.exceptions import ResponseError
 
-from dedupnet.adapters import aio
-from dedupnet.adapters.aio import AsyncStore
+from dedupnet.adapters.storage import aio
+from dedupnet.adapters.storage.aio import AsyncStore
 from dedupnet.adapters.children import free_port
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.codec.errors import StoreUnavailable
 from dedupnet.adapters.runtime import Reactor
-from dedupnet.adapters.store import FINISH_URL, URL_POOL, Store
+from dedupnet.adapters.storage.store import FINISH_URL, URL_POOL, Store
 from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.urls import fingerprint_many
 from local_host import protocol as hp
@@ -197,7 +197,7 @@ def test_the_daemons_protocol_path_is_driven_natively():
 
 
 async def test_until_stored_keeps_retrying_a_native_call(autojump_clock):
-    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.monitor.metrics import Counters
     from dedupnet.adapters.runtime import until_stored
 
     with trio.socket.socket() as s:  # a port nobody listens on
@@ -395,7 +395,7 @@ async def test_an_error_reply_to_a_fingerprint_command_is_waited_out_not_read_as
     same case) answers a write with an error, not a count: raised as the Redis error it
     is, so the daemons' ``until_stored`` logs it, counts it and tries again until
     Redis accepts the write, instead of the daemon exiting on a TypeError."""
-    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.monitor.metrics import Counters
     from dedupnet.adapters.runtime import until_stored
 
     fps = fingerprint_many(urls(50, tag="oom"))

@@ -20,7 +20,7 @@ import pytest
 import trio
 import yaml
 
-from dedupnet.adapters.metric_catalog import METRICS
+from dedupnet.adapters.monitor.metric_catalog import METRICS
 from dedupnet.harness.cluster import open_cluster
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -72,7 +72,7 @@ def test_every_alert_is_tested_and_uses_declared_metrics():
     for group in yaml.safe_load(RULES.read_text())["groups"]:
         for rule in group["rules"]:
             for name in set(re.findall(r"\bdedupnet_[a-z0-9_]+", rule["expr"])):
-                assert name in EXPOSED, f"{rule['alert']}: {name} is not declared in dedupnet/adapters/metric_catalog.py"
+                assert name in EXPOSED, f"{rule['alert']}: {name} is not declared in dedupnet/adapters/monitor/metric_catalog.py"
 
 
 def test_dashboard_queries_use_declared_metrics():

@@ -9,8 +9,8 @@ import os
 import pytest
 import redis
 
-from dedupnet.adapters.aof import valid_prefix
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.aof import valid_prefix
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import open_store
 
 KEYS = 20

@@ -16,9 +16,9 @@ from dedupnet.codec import wire
 from dedupnet.codec.auth import TAG_LEN, Keyring, KeyFileError, parse_key_file, write_key_file
 from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import Frame, Heartbeat, Kind, Register, Status
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, watch_keyrings
-from dedupnet.adapters.transport.forms import _signed
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.transport import Connection, ConnectionClosed, connect, watch_keyrings
+from dedupnet.adapters.net.transport.forms import _signed
 from dedupnet.codec.wire import Decoder, encode
 
 from .helpers import echo, raw_exchange, reg, start_server, until
@@ -197,7 +197,7 @@ def test_a_broadcast_is_signed_once_per_key():
 
 @pytest.mark.parametrize("key", [None, K2], ids=["no-key", "wrong-key"])
 async def test_outsider_without_the_key_is_refused_before_registering(caplog, key):
-    caplog.set_level(logging.INFO, logger="dedupnet.adapters.transport")
+    caplog.set_level(logging.INFO, logger="dedupnet.adapters.net.transport")
     lan = Keyring.single(K1)
     counters = Counters()
     called = []

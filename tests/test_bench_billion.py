@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dedupnet.adapters.store import ADMITTED
+from dedupnet.adapters.storage.store import ADMITTED
 
 BENCH = Path(__file__).resolve().parent.parent / "bench" / "bench_billion.py"
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import redis
 
-from dedupnet.adapters.store import FINISH_URL
+from dedupnet.adapters.storage.store import FINISH_URL
 
 _spec = importlib.util.spec_from_file_location("bench_resp", Path(__file__).parent.parent / "bench" / "bench_resp.py")
 bench_resp = importlib.util.module_from_spec(_spec)

@@ -1,4 +1,4 @@
-"""The optional Bloom-filter finish_URL (issue #11 part 4, dedupnet/adapters/bloom.py): sized as
+"""The optional Bloom-filter finish_URL (issue #11 part 4, dedupnet/adapters/storage/bloom.py): sized as
 specified, no false negatives, a measured false-positive rate near the configured one,
 and in a crawl every false positive is a URL never crawled: a deliberately small filter
 loses URLs (about as many as its rate predicts), a default-sized one loses none."""
@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import trio
 
-from dedupnet.adapters.bloom import BloomSpec, attach, spec_from
+from dedupnet.adapters.storage.bloom import BloomSpec, attach, spec_from
 from dedupnet.service.config import Settings
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.sim import simulate
-from dedupnet.adapters.store import FINISH_URL
+from dedupnet.adapters.storage.store import FINISH_URL
 from local_host.pools import HostPools
 
 

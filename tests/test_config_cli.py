@@ -67,7 +67,7 @@ def test_the_cores_and_the_crawler_take_their_defaults_from_the_declarations():
 
     from center_host.config import CenterConfig
     from dedupnet.codec.settings import SETTINGS, default_of
-    from local_host.crawl_settings import CrawlerSettings
+    from local_host.crawler.settings import CrawlerSettings
     from local_host.protocol import HostConfig
 
     checked = 0

@@ -18,13 +18,13 @@ import h11
 import pytest
 import trio
 
-import local_host.crawler as crawler_mod
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
-from local_host.sites import task_count
+import local_host.crawler.crawl as crawler_mod
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, URL_POOL, fingerprint_fields
+from local_host.frontier.sites import task_count
 from dedupnet.codec.urls import fingerprint_many, normalize
-from local_host.crawler import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSettings, seed_urls
-from local_host.links import extract_links, in_scope
+from local_host.crawler.crawl import DEPTH, FAILED, GROUP, SEEDS, Crawler, CrawlerSettings, seed_urls
+from local_host.crawler.links import extract_links, in_scope
 from local_host.pools import HostPools
 
 from .helpers import until
@@ -687,8 +687,8 @@ async def test_no_fetch_starts_while_redis_is_down(web, tmp_path):
     Now the tasks wait: during the outage only the pages in flight at the kill, and those
     that started before the crawler saw a call to Redis fail, are fetched; after it, each
     page once."""
-    from dedupnet.adapters.embedded import EmbeddedRedis
-    from dedupnet.adapters.store import Store
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.store import Store
 
     a = web.sites["a"]
     tasks = slow_pages(a, 20)

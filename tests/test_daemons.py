@@ -193,8 +193,8 @@ async def silent_member_asked(system, asked_times: int):
     silent host's connection open once it was asked ``asked_times`` times (broadcast +
     re-sends); it closes on leaving the block."""
     from dedupnet.codec.messages import Frame, Register
-    from dedupnet.adapters.metrics import Counters
-    from dedupnet.adapters.transport import connect
+    from dedupnet.adapters.monitor.metrics import Counters
+    from dedupnet.adapters.net.transport import connect
 
     center = system.centers[1]
     register = Register(SILENT_IP, 1, "host", f"{SILENT_IP}:1", "127.0.1.0/24")
@@ -257,8 +257,8 @@ async def test_members_outside_the_configuration_are_refused(system, ip, network
     """Gap 5: membership is explicit configuration; strangers are told why, counted,
     and logged in one line."""
     from dedupnet.codec.messages import Error, Register
-    from dedupnet.adapters.metrics import Counters
-    from dedupnet.adapters.transport import ConnectionClosed, connect
+    from dedupnet.adapters.monitor.metrics import Counters
+    from dedupnet.adapters.net.transport import ConnectionClosed, connect
 
     center = system.centers[1]
     register = Register(ip, network, role, f"{ip}:1", f"127.0.{network}.0/24")

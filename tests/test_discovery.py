@@ -1,4 +1,4 @@
-"""LAN discovery (issue #13 item 2, dedupnet/adapters/discovery.py): a host started with
+"""LAN discovery (issue #13 item 2, dedupnet/adapters/net/discovery.py): a host started with
 ``--center auto`` finds its center by a UDP broadcast, authenticated under a LAN key.
 
 The codec and the two decision makers are tested without sockets; the trio adapters
@@ -25,16 +25,16 @@ import pytest
 import trio
 
 from center_host.daemon import CenterDaemon, CenterSettings
-from dedupnet.adapters import discovery as d
-from dedupnet.adapters import netinfo
+from dedupnet.adapters.net import discovery as d
+from dedupnet.adapters.net import netinfo
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring, new_key_line, write_key_file
 from dedupnet.cli import build_parser, main
 from dedupnet.service.config import load_settings
 from dedupnet.codec.errors import DiscoveryError, ProtocolError
 from dedupnet.codec.messages import Heartbeat
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.store import Store
 from local_host.pools import HostPools
 
 from . import netns
@@ -176,7 +176,7 @@ def test_mutated_datagrams_only_ever_raise_protocol_errors():
 
 # -- the center's side --------------------------------------------------------------------
 def test_a_center_answers_queries_from_its_lan_for_its_network_only(caplog):
-    caplog.set_level(logging.WARNING, logger="dedupnet.adapters.discovery")
+    caplog.set_level(logging.WARNING, logger="dedupnet.adapters.net.discovery")
     counters = Counters()
     r = responder(counters=counters)
     reply = r.handle(d.encode(d.Query(NONCE)), HOST_IP, 0.0)

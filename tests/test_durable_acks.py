@@ -8,8 +8,8 @@ import random
 import pytest
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import Store
 from dedupnet.harness.cluster import open_cluster
 
 

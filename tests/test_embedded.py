@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from dedupnet.adapters import embedded
-from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError, find_server_binary
+from dedupnet.adapters.storage import embedded
+from dedupnet.adapters.storage.embedded import EmbeddedRedis, EmbeddedRedisError, find_server_binary
 from dedupnet.codec.errors import DedupnetError
 
 from .procs import SERVER_NAMES, server_processes
@@ -398,7 +398,7 @@ def test_server_started_from_a_short_lived_thread_survives_the_thread(servers):
 _CHILD = textwrap.dedent(
     """
     import json, os, sys
-    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
     srv = EmbeddedRedis()
     url = srv.start()
     print(json.dumps({"pid": srv.pid, "url": url, "dir": str(srv.log_path.parent)}), flush=True)

@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 
 import trio
 
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.transport import connect
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.transport import connect
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Ack, Frame, Register, Task
 from dedupnet.codec.numbers import make_number

@@ -14,8 +14,8 @@ import pytest
 import trio
 
 from dedupnet import cli
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.transport import ConnectionClosed, connect
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.transport import ConnectionClosed, connect
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Error, Register
 from dedupnet.service.config import load_settings

@@ -16,7 +16,7 @@ from dedupnet.harness.crawlchecks import check_extracted
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.powercut import unavailable
 from dedupnet.harness.simproc import SUPPORTED_FAULTS, check_faults, simulate_processes
-from dedupnet.adapters.store import raise_if_refused
+from dedupnet.adapters.storage.store import raise_if_refused
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 

@@ -3,7 +3,7 @@ project's .proto compiled with grpcio-tools (the stock generator), against real
 `dedupnet center` and `dedupnet local` processes on one real Redis.
 
 The client's messages are compiled here from a copy of the .proto; this process never
-imports local_host.frontier (both would define the same messages in protobuf's one
+imports local_host.frontier.service (both would define the same messages in protobuf's one
 pool), the daemons do.
 """
 
@@ -21,14 +21,14 @@ import pytest
 grpc = pytest.importorskip("grpc")
 protoc = pytest.importorskip("grpc_tools.protoc")
 
-from dedupnet.adapters.store import FINISH_URL, Store  # noqa: E402
-from local_host.sites import task_count  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Store  # noqa: E402
+from local_host.frontier.sites import task_count  # noqa: E402
 from dedupnet.codec.urls import fingerprint_many  # noqa: E402
 
 from .helpers import DEDUPNET, free_port, wait_for  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTO = ROOT / "local_host" / "urlfrontier" / "urlfrontier.proto"
+PROTO = ROOT / "local_host" / "frontier" / "urlfrontier" / "urlfrontier.proto"
 OK, SKIPPED, FAIL = 0, 1, 2
 
 

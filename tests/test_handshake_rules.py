@@ -1,4 +1,4 @@
-"""The handshake's rules, sans I/O (dedupnet/adapters/transport/handshake.py): who may
+"""The handshake's rules, sans I/O (dedupnet/adapters/net/transport/handshake.py): who may
 register as what, and which compression both ends use, decided without a socket.
 The same rules over real TCP are tests/test_handshakes.py, test_auth.py and test_tls.py."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from dedupnet.adapters.transport.handshake import Accepted, ClientHandshake, Peer, Refused, ServerHandshake
+from dedupnet.adapters.net.transport.handshake import Accepted, ClientHandshake, Peer, Refused, ServerHandshake
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.errors import ProtocolError
 from dedupnet.codec.messages import Register, Status, Welcome

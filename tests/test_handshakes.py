@@ -11,7 +11,7 @@ import pytest
 import trio
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.store import Store
 from dedupnet.codec import wire
 from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Register, Status, Welcome
 

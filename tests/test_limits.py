@@ -12,10 +12,10 @@ import pytest
 import trio
 
 from dedupnet.codec.messages import Frame, Heartbeat
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.harness.report import SimConfig
 from dedupnet.harness.sim import simulate
-from dedupnet.adapters.transport import Connection, TokenBucket, connect
+from dedupnet.adapters.net.transport import Connection, TokenBucket, connect
 from dedupnet.codec.wire import Decoder, encode
 
 from .helpers import echo, reg, start_server

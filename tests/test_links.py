@@ -1,4 +1,4 @@
-"""Link resolution (local_host/links.py): the resolver's shortcuts give exactly what
+"""Link resolution (local_host/crawler/links.py): the resolver's shortcuts give exactly what
 ``urllib.parse.urljoin`` gives, for the hrefs they take and for those they leave to it."""
 
 import urllib.parse
@@ -6,7 +6,7 @@ import urllib.parse
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from local_host.links import _Joiner, extract_links
+from local_host.crawler.links import _Joiner, extract_links
 
 BASES = [
     "http://site.example/dir/index.html", "https://site.example/", "http://site.example",

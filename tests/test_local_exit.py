@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import trio
 
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.store import Store
 from dedupnet.harness import procdaemons, procplan, simproc
 from dedupnet.harness.report import SimConfig, assign_seeds
 from dedupnet.harness.web import SyntheticWeb, WebSpec

@@ -1,5 +1,5 @@
 """Logs an attacker cannot flood: what a server writes about its connections is under a
-budget per source address (dedupnet/adapters/ratelimit.py); the rest is counted as
+budget per source address (dedupnet/adapters/net/ratelimit.py); the rest is counted as
 ``log_suppressed``, on /metrics with the other counters. Real TCP on loopback; time on
 a MockClock that stands still unless the test moves it."""
 
@@ -12,9 +12,9 @@ from functools import partial
 
 import trio
 
-from dedupnet.adapters.metrics import Counters, render_prometheus
-from dedupnet.adapters.ratelimit import LogLimiter
-from dedupnet.adapters.transport import Connection, serve
+from dedupnet.adapters.monitor.metrics import Counters, render_prometheus
+from dedupnet.adapters.net.ratelimit import LogLimiter
+from dedupnet.adapters.net.transport import Connection, serve
 
 SERVER = "127.0.0.1"
 ATTACKER = "127.0.0.9"

@@ -12,11 +12,11 @@ import redis
 import trio
 from redis.exceptions import ResponseError
 
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.adapters.runtime import ROOM_POLL, check_memory, open_store, until_room, until_stored
-from dedupnet.adapters.aio import AsyncStore
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import TASK_POOL, URL_POOL, MemoryFull, Store, raise_if_refused
+from dedupnet.adapters.storage.aio import AsyncStore
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL, MemoryFull, Store, raise_if_refused
 from dedupnet.codec.errors import SettingsError
 from dedupnet.harness.cluster import open_cluster
 from dedupnet.service.config import Settings

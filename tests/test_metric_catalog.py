@@ -1,7 +1,7 @@
-"""One declaration per metric (dedupnet/adapters/metric_catalog.py): every name the
+"""One declaration per metric (dedupnet/adapters/monitor/metric_catalog.py): every name the
 daemons count is declared there with its type and labels, every declaration is used,
 docs/METRICS.md's reference is the one generated from it, and the levels gauges
-(dedupnet/adapters/levels.py) are read from the daemons' status at each scrape: real
+(dedupnet/adapters/monitor/levels.py) are read from the daemons' status at each scrape: real
 daemons, real Redis, real HTTP on loopback."""
 
 import ast
@@ -13,9 +13,9 @@ import httpx
 import trio
 from trio.testing import MockClock
 
-from dedupnet.adapters.levels import LEVELS, LEVELS_TIMEOUT, Levels, levels_of
-from dedupnet.adapters.metric_catalog import METRICS, reference_markdown
-from dedupnet.adapters.metrics import Counters, render_prometheus
+from dedupnet.adapters.monitor.levels import LEVELS, LEVELS_TIMEOUT, Levels, levels_of
+from dedupnet.adapters.monitor.metric_catalog import METRICS, reference_markdown
+from dedupnet.adapters.monitor.metrics import Counters, render_prometheus
 from dedupnet.harness.cluster import open_cluster
 
 from .helpers import until
@@ -50,7 +50,7 @@ def test_every_counted_metric_is_declared_with_its_type_and_labels():
     assert len(found) > 50  # the scan sees the daemons' counters
     for (name, kind), labels in sorted(found.items()):
         declared = METRICS.get(name)
-        assert declared is not None, f"{name} is counted but not declared in dedupnet/adapters/metric_catalog.py"
+        assert declared is not None, f"{name} is counted but not declared in dedupnet/adapters/monitor/metric_catalog.py"
         assert declared.kind == kind, f"{name} is counted as a {kind}, declared as a {declared.kind}"
         assert labels <= set(declared.labels), f"{name}: labels {sorted(labels)} not all declared {declared.labels}"
 
@@ -77,7 +77,7 @@ def test_metrics_reference_in_docs_is_generated_from_the_catalog():
     m = re.search(r"<!-- reference: generated.*?-->\n(.*?)<!-- end of the reference -->", text, re.S)
     assert m, "docs/METRICS.md lost its reference markers"
     assert m.group(1) == reference_markdown(), (
-        "docs/METRICS.md's reference is out of date: paste `python -m dedupnet.adapters.metric_catalog` between its markers")
+        "docs/METRICS.md's reference is out of date: paste `python -m dedupnet.adapters.monitor.metric_catalog` between its markers")
 
 
 def test_replace_gauges_drops_the_series_that_are_gone():

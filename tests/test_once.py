@@ -4,9 +4,9 @@ twice is exactly what such a retry does, so the tests do that on a real Redis.""
 
 from __future__ import annotations
 
-from dedupnet.adapters.once import APPLIED, KEEP, once
+from dedupnet.adapters.storage.once import APPLIED, KEEP, once
 from local_host import protocol as hp
-from local_host import sites
+from local_host.frontier import sites
 from local_host.pools import TASKS_DONE, HostPools
 
 

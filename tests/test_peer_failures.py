@@ -13,10 +13,10 @@ from __future__ import annotations
 import trio
 
 from center_host.daemon import CenterDaemon, CenterSettings
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.runtime import Reactor
-from dedupnet.adapters.store import Store
-from dedupnet.adapters.transport import ConnectionClosed, connect, serve
+from dedupnet.adapters.storage.store import Store
+from dedupnet.adapters.net.transport import ConnectionClosed, connect, serve
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Ack, Frame, Heartbeat, Register, Task
 from dedupnet.codec.numbers import make_number

@@ -1,5 +1,5 @@
 """Re-crawl by age (issue #13 item 3): fingerprint sets that forget after a URL's age
-(dedupnet/adapters/recrawl.py), the protocol's "seen" answers that follow them, and a simulated
+(dedupnet/adapters/storage/recrawl.py), the protocol's "seen" answers that follow them, and a simulated
 crawl in which every page is fetched exactly once per window (docs/PROTOCOL.md,
 "Re-crawl by age"). Ages run on injected clocks, never on sleeps, except in the
 simulation, where the web's own request log is the judge."""
@@ -15,11 +15,11 @@ from center_host.events import Admit, Host, Joined, Lookup, Peer, Received, Send
 from center_host.config import CenterConfig
 from center_host.protocol import CenterProtocol
 from center_host.pools import ADMITTED, CenterPools
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.recrawl import SLICES, AgedSet
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.recrawl import SLICES, AgedSet
 from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.store import FINISH_URL, URL_POOL
-from local_host.sites import task_count
+from dedupnet.adapters.storage.store import FINISH_URL, URL_POOL
+from local_host.frontier.sites import task_count
 from dedupnet.codec import wire
 from dedupnet.codec.messages import FLAG_LOOKUP, FLAG_NEW_SET, Frame, Task
 from dedupnet.codec.numbers import make_number
@@ -28,8 +28,8 @@ from dedupnet.harness.report import SimConfig, format_report
 from dedupnet.harness.sim import simulate
 from dedupnet.service.config import Settings, load_settings
 from local_host import protocol as hp
-from local_host.crawler import Crawler, CrawlerSettings, Outcome, seed_urls
-from local_host import sites
+from local_host.crawler.crawl import Crawler, CrawlerSettings, Outcome, seed_urls
+from local_host.frontier import sites
 from local_host.pools import TASK_FP, HostPools
 
 from .conformance.memnet import MemNet

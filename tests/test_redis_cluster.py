@@ -22,10 +22,10 @@ import pytest
 import redis
 import trio
 
-from dedupnet.adapters.store_choice import on_trio, store_for
-from dedupnet.adapters.embedded_cluster import EmbeddedCluster
+from dedupnet.adapters.storage.store_choice import on_trio, store_for
+from dedupnet.harness.embedded_cluster import EmbeddedCluster
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.redis_cluster import (
+from dedupnet.adapters.storage.redis_cluster import (
     AsyncClusterStore,
     ClusterStore,
     Wave,
@@ -34,7 +34,7 @@ from dedupnet.adapters.redis_cluster import (
     execute_plan,
     slot_of,
 )
-from dedupnet.adapters.store import FINISH_URL
+from dedupnet.adapters.storage.store import FINISH_URL
 from dedupnet.codec.backoff import Backoff
 
 _prefixes = itertools.count()
@@ -189,7 +189,7 @@ def test_a_transaction_cut_between_its_halves_is_replayed(cstore, cluster):
 
 
 def test_bloom_finish_url_on_the_cluster(cstore):
-    from dedupnet.adapters.bloom import BloomSpec, attach
+    from dedupnet.adapters.storage.bloom import BloomSpec, attach
 
     spec = BloomSpec(3_000_000, 0.01)  # 28.8 M bits: 28 segment keys, spread over the masters
     attach(cstore, spec)
@@ -238,7 +238,7 @@ def test_every_daemon_its_own_process_on_the_cluster(cluster):
     """``dedupnet sim --processes --redis-cluster N``: every daemon process is given the
     cluster URL, and the harness reads counters and memory from every node. The run
     leaves none of its keys behind."""
-    from dedupnet.adapters.redis_cluster import admin_client
+    from dedupnet.adapters.storage.redis_cluster import admin_client
     from dedupnet.harness.faults import Fault
     from dedupnet.harness.report import SimConfig
     from dedupnet.harness.simproc import simulate_processes

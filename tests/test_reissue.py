@@ -124,7 +124,7 @@ async def test_a_power_cut_between_a_page_and_its_report_loses_no_report(redis_u
     import random
 
     from dedupnet.harness.cluster import open_cluster
-    from local_host.tasks import finish_tasks
+    from local_host.frontier.tasks import finish_tasks
 
     async with open_cluster(redis_url, 1, 2, set_size=20, prefix=f"cut{random.random()}", heartbeat_interval=0.1,
                             reissue_after=0) as cluster:

@@ -1,14 +1,14 @@
 """A store that comes back behind what it acknowledged (an older backup restored, an
 AOF cut short) is noticed by the daemons it acknowledged to, and what they handed it is
-offered again (docs/PROTOCOL.md section 7, dedupnet/adapters/watermark.py). Real daemons,
+offered again (docs/PROTOCOL.md section 7, dedupnet/adapters/storage/watermark.py). Real daemons,
 real Redis: a daemon's keys are rewound by restoring a DUMP of them taken earlier."""
 
 import random
 
 import trio
 
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.watermark import Watermarks
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.watermark import Watermarks
 from dedupnet.harness.cluster import open_cluster
 
 H0, H1 = "127.0.1.10", "127.0.1.11"

@@ -1,4 +1,4 @@
-"""The one robots.txt cache (local_host/fetch.py) behind both crawlers: its rules, their
+"""The one robots.txt cache (local_host/crawler/fetch.py) behind both crawlers: its rules, their
 age and bound, and our crawler's single fetch per origin."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import pytest
 import trio
 import trio.testing
 
-from dedupnet.scrapy_robots import RobotsGate
-from local_host.fetch import ROBOTS_TTL, RobotsCache, RobotsCheck, RobotsUnavailable
+from dedupnet.scrapy.robots import RobotsGate
+from local_host.crawler.fetch import ROBOTS_TTL, RobotsCache, RobotsCheck, RobotsUnavailable
 
 ROBOTS = "User-agent: *\nDisallow: /private/\n"
 

@@ -28,10 +28,10 @@ from dedupnet.harness import procdaemons, procplan, simproc  # noqa: E402
 from dedupnet.scrapy import GROUP, TASK_META, TaskBook  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
-from dedupnet.adapters.store import FINISH_URL, Store  # noqa: E402
-from local_host.sites import task_count  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Store  # noqa: E402
+from local_host.frontier.sites import task_count  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
-from local_host.sites import QUEUED  # noqa: E402
+from local_host.frontier.sites import QUEUED  # noqa: E402
 
 SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
 CRAWLER_HOST = "127.0.1.11"
@@ -474,7 +474,7 @@ def test_the_addon_sets_the_scheduler_and_a_body_limit_that_the_project_can_over
     own crawler cuts it, not at Scrapy's 1 GB; a setting of the project's own wins."""
     from scrapy.utils.test import get_crawler
 
-    from local_host.crawl_settings import CrawlerSettings
+    from local_host.crawler.settings import CrawlerSettings
 
     crawler = get_crawler(_Spider, {"ADDONS": {"dedupnet.scrapy.Addon": 0}})
     crawler._apply_settings()

@@ -21,7 +21,7 @@ pytest.importorskip("scrapy")
 
 from dedupnet.harness import procdaemons, procplan, simproc  # noqa: E402
 from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
-from dedupnet.adapters.store import Store  # noqa: E402
+from dedupnet.adapters.storage.store import Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
 from tests.test_scrapy import SCRAPY_HOSTS  # noqa: E402

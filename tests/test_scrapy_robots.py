@@ -15,8 +15,8 @@ import trio
 
 pytest.importorskip("scrapy")
 
-from dedupnet.adapters.store import Store  # noqa: E402
-from local_host.sites import task_count  # noqa: E402
+from dedupnet.adapters.storage.store import Store  # noqa: E402
+from local_host.frontier.sites import task_count  # noqa: E402
 from dedupnet.harness import procplan  # noqa: E402
 from dedupnet.harness.scrapyhost import EXAMPLE  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
@@ -68,8 +68,8 @@ ROBOTS = b"User-agent: *\nDisallow: /private/\n"
 
 
 def test_the_gate_fetches_once_per_origin_and_checks_every_waiting_task_by_its_rules():
-    from dedupnet.scrapy_robots import ALLOWED, DISALLOWED, FETCH, WAIT, RobotsGate
-    from local_host.fetch import ROBOTS_TTL
+    from dedupnet.scrapy.robots import ALLOWED, DISALLOWED, FETCH, WAIT, RobotsGate
+    from local_host.crawler.fetch import ROBOTS_TTL
 
     now = [0.0]
     gate = RobotsGate("bot", clock=lambda: now[0])
@@ -86,8 +86,8 @@ def test_the_gate_fetches_once_per_origin_and_checks_every_waiting_task_by_its_r
 
 
 def test_an_unavailable_robots_txt_holds_its_tasks_then_gives_them_up():
-    from dedupnet.scrapy_robots import FETCH, RobotsGate
-    from local_host.fetch import RobotsUnavailable
+    from dedupnet.scrapy.robots import FETCH, RobotsGate
+    from local_host.crawler.fetch import RobotsUnavailable
 
     gate = RobotsGate("bot", attempts=2)
     assert gate.check("http://a.example/x", "t1") == FETCH

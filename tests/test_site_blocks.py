@@ -1,4 +1,4 @@
-"""Sites' lists sealed into blocks (local_host/site_blocks.py) on a real Redis: every step
+"""Sites' lists sealed into blocks (local_host/frontier/site_blocks.py) on a real Redis: every step
 keeps each queued URL in exactly one place, in its order, whoever works meanwhile; and a
 queue of realistic URLs costs what docs/BENCHMARKS.md says."""
 
@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import threading
 
-from dedupnet.adapters.store import TASK_POOL
+from dedupnet.adapters.storage.store import TASK_POOL
 from dedupnet.harness.url_shapes import distinct_urls
-from local_host import site_blocks, sites
-from local_host.sites import Pace
-from local_host.tasks import GROUP
+from local_host.frontier import site_blocks, sites
+from local_host.frontier.sites import Pace
+from local_host.frontier.tasks import GROUP
 
 T0 = 1_800_000_000.0
 
@@ -135,7 +135,7 @@ def test_unsort_puts_sealed_urls_back_in_the_stream(store):
 def test_writers_compactors_and_takers_at_once_hand_out_each_url_once(store, redis_url, prefix):
     """Two writers, two compactors and two takers on their own connections, for 12,000
     URLs over 20 sites: each handed out exactly once, none left behind."""
-    from dedupnet.adapters.store import Store
+    from dedupnet.adapters.storage.store import Store
 
     urls = [f"http://s{i % 20}.example/p/{i}" for i in range(12_000)]
     store.ensure_group(TASK_POOL, GROUP)

@@ -1,12 +1,12 @@
 """A host's crawler keeps every site busy as its politeness allows: a big site's queued
-pages do not hold small sites back (the per-site frontier, local_host/sites.py), on a
+pages do not hold small sites back (the per-site frontier, local_host/frontier/sites.py), on a
 real HTTP server on loopback and a real Redis."""
 
 from __future__ import annotations
 
 import trio
 
-from dedupnet.adapters.store import TASK_POOL
+from dedupnet.adapters.storage.store import TASK_POOL
 from tests.test_crawler import crawling, web  # noqa: F401 (the fixture)
 
 
@@ -42,8 +42,8 @@ def test_the_urlfrontier_service_hands_out_small_sites_behind_a_big_one(store):
     """GetURLs takes from the same per-site frontier: 5,000 tasks of one site queued
     before three of each of ten small sites (first in, first out, its window of the
     4,096 oldest would hold only the big site's)."""
-    from dedupnet.adapters.metrics import Counters
-    from local_host.frontier_queues import FrontierQueues, Get
+    from dedupnet.adapters.monitor.metrics import Counters
+    from local_host.frontier.queues import FrontierQueues, Get
 
     frontier = FrontierQueues(store, Counters())
     frontier.setup()

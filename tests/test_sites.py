@@ -1,14 +1,14 @@
-"""The per-site frontier (local_host/sites.py) driven directly on a real Redis, its clock
+"""The per-site frontier (local_host/frontier/sites.py) driven directly on a real Redis, its clock
 given by the test: who is handed out when, and that nothing is handed out twice or lost."""
 
 from __future__ import annotations
 
 import pytest
 
-from dedupnet.adapters.store import TASK_POOL
-from local_host import sites
-from local_host.sites import Pace
-from local_host.tasks import GROUP
+from dedupnet.adapters.storage.store import TASK_POOL
+from local_host.frontier import sites
+from local_host.frontier.sites import Pace
+from local_host.frontier.tasks import GROUP
 
 T0 = 1_800_000_000.0
 
@@ -128,8 +128,8 @@ def test_queued_tasks_and_the_schedule_survive_a_redis_restart(tmp_path):
     """The per-site lists, the schedule and the leases are Redis data like task_pool:
     after a restart on the append-only file, every task is handed out once, the one
     leased before the restart is not handed out again, and a site's time holds."""
-    from dedupnet.adapters.embedded import EmbeddedRedis
-    from dedupnet.adapters.store import Store
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.store import Store
 
     urls = [f"http://s{i % 7}.example/{i}" for i in range(200)]
     with EmbeddedRedis(persistent=True, data_dir=tmp_path) as url:
@@ -193,7 +193,7 @@ def test_an_idle_taker_wakes_at_once_when_tasks_are_queued(store):
 
 
 def test_the_frontier_in_metrics():
-    from dedupnet.adapters.levels import levels_of
+    from dedupnet.adapters.monitor.levels import levels_of
 
     body = {"role": "host", "network": 1, "pools": {}, "connected": True,
             "crawler": {"in_progress": 40, "on_the_wire": 31},

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 from dedupnet.harness.cluster import open_cluster
-from dedupnet.adapters.status_page import by_label, key_family
+from dedupnet.adapters.monitor.status_page import by_label, key_family
 from dedupnet.harness.simpage import SimStatus, serve_sim_status
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 

@@ -1,4 +1,4 @@
-"""The status page's own script (dedupnet/adapters/status.html) run in Node against a
+"""The status page's own script (dedupnet/adapters/monitor/status.html) run in Node against a
 small stand-in for the DOM: what it draws from a ``status.json`` body, where no browser
 is at hand (tests/test_status_page.py drives a real one when there is). Skipped, with
 the reason, without Node."""
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-PAGE = Path(__file__).resolve().parent.parent / "dedupnet" / "adapters" / "status.html"
+PAGE = Path(__file__).resolve().parent.parent / "dedupnet" / "adapters" / "monitor" / "status.html"
 NODE = shutil.which("node") or shutil.which("nodejs")
 
 #: Just what the page's script uses of the DOM; the drawn tree is printed as markup.
@@ -119,8 +119,8 @@ def test_no_history_yet_is_said_not_drawn():
 def test_the_history_is_one_rate_per_step_over_the_last_minutes(monkeypatch):
     """What the charts draw, from the daemon: a point every HISTORY_STEP seconds, a rate
     per step, the latest one since the last step; no more than HISTORY_SPAN of them."""
-    from dedupnet.adapters import status_page
-    from dedupnet.adapters.metrics import Counters
+    from dedupnet.adapters.monitor import status_page
+    from dedupnet.adapters.monitor.metrics import Counters
 
     clock = [1000.0]
     monkeypatch.setattr(status_page.time, "monotonic", lambda: clock[0])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import trio
 
-from dedupnet.adapters.aio import AsyncStore
+from dedupnet.adapters.storage.aio import AsyncStore
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.store import FINISH_URL, URL_POOL, Store, pack_command
+from dedupnet.adapters.storage.store import FINISH_URL, URL_POOL, Store, pack_command
 from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.urls import fingerprint_many
 
@@ -108,7 +108,7 @@ def test_unreachable_redis_gives_clear_error_after_backoff():
 
 
 def test_store_survives_a_server_restart(tmp_path):
-    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
 
     server = EmbeddedRedis(persistent=True, data_dir=tmp_path)
     url = server.start()
@@ -164,7 +164,7 @@ def test_a_store_records_its_buckets_and_every_process_reads_them_from_it(redis_
     """A new store starts with few buckets (each key costs its bytes however little it
     holds); a store written before the record keeps its old 1,024; a second process on a
     store reads the layout the first recorded, whatever it was configured with."""
-    from dedupnet.adapters.store import LEGACY_BUCKET_BITS, NEW_STORE_BUCKET_BITS
+    from dedupnet.adapters.storage.store import LEGACY_BUCKET_BITS, NEW_STORE_BUCKET_BITS
 
     fps = random_fps(300)
     new = Store(redis_url, f"{prefix}:new")

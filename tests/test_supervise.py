@@ -13,8 +13,8 @@ import pytest
 import redis
 import trio
 
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.runtime import RedisDied, supervise_redis
 
 from .helpers import DEDUPNET

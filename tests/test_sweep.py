@@ -15,7 +15,7 @@ from dedupnet.harness import procplan, simproc
 from dedupnet.harness import sweep
 from dedupnet.harness.cluster import host_ip
 from dedupnet.harness.report import SimConfig, assign_seeds, seed_count, seeds_per_network
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.store import Store
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 from local_host.pools import HostPools
 

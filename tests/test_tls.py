@@ -1,5 +1,5 @@
 """TLS between centers (issue #10 part B): real daemons, real TCP on loopback, real
-Redis, certificates made by ``dedupnet certs``' own code (dedupnet/adapters/tls.py)."""
+Redis, certificates made by ``dedupnet certs``' own code (dedupnet/adapters/net/tls.py)."""
 
 import contextlib
 import functools
@@ -14,14 +14,14 @@ from dedupnet import cli
 from dedupnet.codec.auth import keyring_from
 from dedupnet.harness.cluster import center_ip, lan, open_cluster
 from dedupnet.codec.messages import Error, Register
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.harness.report import SimConfig, format_report
 from dedupnet.harness.sim import simulate
-from dedupnet.adapters.store import Store
-from dedupnet.adapters.tls import (
+from dedupnet.adapters.storage.store import Store
+from dedupnet.adapters.net.tls import (
     ServerTLS, TLSConfig, TLSRefused, center_uri, client_context, host_uri, make_certs, server_context,
 )
-from dedupnet.adapters.transport import ConnectionClosed, connect, serve
+from dedupnet.adapters.net.transport import ConnectionClosed, connect, serve
 
 from .helpers import until
 

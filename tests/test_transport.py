@@ -23,9 +23,9 @@ import trio.testing
 from dedupnet.codec import wire
 from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.messages import COMPRESSIONS, Error, Frame, Heartbeat, Kind, Status, Task
-from dedupnet.adapters.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
-from dedupnet.adapters.metric_catalog import METRICS
-from dedupnet.adapters.transport import Connection, ConnectionClosed, connect, connect_forever
+from dedupnet.adapters.monitor.metrics import CONTENT_TYPE, Counters, render_prometheus, serve_metrics
+from dedupnet.adapters.monitor.metric_catalog import METRICS
+from dedupnet.adapters.net.transport import Connection, ConnectionClosed, connect, connect_forever
 from dedupnet.harness.prometheus_text import REFERENCE, parse_prometheus, reference_counters
 from dedupnet.codec.wire import Decoder, encode
 
@@ -34,7 +34,7 @@ from .helpers import echo, free_port, raw_exchange, reg, start_server
 SERVER = "127.0.0.1"
 GOOD_IP = "127.0.0.5"  # the well-behaved client
 BAD_IP = "127.0.0.9"  # the misbehaving one
-T = "dedupnet.adapters.transport"
+T = "dedupnet.adapters.net.transport"
 
 
 async def round_trip(conn: Connection, msg) -> None:
@@ -617,7 +617,7 @@ def test_counters_snapshot_and_prometheus_text():
     assert "x_frames_received_total" in parse_prometheus(render_prometheus(c, prefix="x_"))
     text = render_prometheus(c)
     assert f"# HELP dedupnet_sent_bytes_total {METRICS['sent_bytes'].help}\n# TYPE dedupnet_sent_bytes_total counter\n" in text
-    assert "# HELP dedupnet_load not declared in dedupnet/adapters/metric_catalog.py\n" in text
+    assert "# HELP dedupnet_load not declared in dedupnet/adapters/monitor/metric_catalog.py\n" in text
     assert render_prometheus(Counters()) == ""
     with pytest.raises(ValueError):
         c.inc("bad name")

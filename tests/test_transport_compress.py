@@ -19,9 +19,9 @@ import zstandard
 
 from dedupnet.codec import wire
 from dedupnet.codec.messages import COMPRESSIONS, Frame, Heartbeat, Register, Status, Task, Welcome
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.transport import Connection, ConnectionClosed, connect
-from dedupnet.adapters.transport.forms import _recode
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.transport import Connection, ConnectionClosed, connect
+from dedupnet.adapters.net.transport.forms import _recode
 from dedupnet.codec.wire import FLAG_ZSTD, Decoder, encode, is_compressed
 
 from .helpers import echo, reg, start_server

@@ -1,5 +1,5 @@
 """Is the crawl complete, and a dead host's work moves: real daemons on loopback, real
-Redis (dedupnet/adapters/census.py, dedupnet/service/reassign.py)."""
+Redis (dedupnet/adapters/monitor/census.py, dedupnet/service/reassign.py)."""
 
 import random
 import sys
@@ -9,8 +9,8 @@ import httpx
 import pytest
 import trio
 
-from dedupnet.adapters.census import survey
-from dedupnet.adapters.store import TASK_POOL
+from dedupnet.adapters.monitor.census import survey
+from dedupnet.adapters.storage.store import TASK_POOL
 from dedupnet.harness.cluster import open_cluster
 from dedupnet.service.reassign import SET_ASIDE, Refused, reassign
 
@@ -25,9 +25,9 @@ async def tasks_of(host):
 
 async def crawl(cluster):
     """What the crawlers do with their tasks: fetch each (recorded), then finish it as
-    every crawler front end does (local_host/tasks.py): finish_URL, task_pool and the
+    every crawler front end does (local_host/frontier/tasks.py): finish_URL, task_pool and the
     report to the center in one transaction."""
-    from local_host.tasks import finish_tasks
+    from local_host.frontier.tasks import finish_tasks
 
     fetched = []
     for h in cluster.hosts.values():
@@ -128,7 +128,7 @@ async def test_a_host_down_holding_tasks_is_stuck_until_reassigned(redis_url):
 
 
 def test_a_center_that_does_not_answer_is_never_complete():
-    from dedupnet.adapters.census import build_report
+    from dedupnet.adapters.monitor.census import build_report
 
     report = build_report({"centers": {}, "hosts": {}, "unreachable": [
         {"what": "center", "network": 2, "address": "10.2.0.1:7700", "why": "Connection refused"}]})
@@ -184,7 +184,7 @@ async def test_a_host_gone_with_its_disk_loses_no_url_its_center_gave_it(redis_u
     center's ledger, whole sites at a time, to the live host; every URL is fetched, at
     most the unreported ones twice. Before the ledger, the center forgot acknowledged
     tasks: the verdict said complete with them never fetched."""
-    from local_host.tasks import finish_tasks
+    from local_host.frontier.tasks import finish_tasks
 
     prefix = f"disklost{random.random()}"
     async with open_cluster(redis_url, 1, 2, set_size=20, prefix=prefix, heartbeat_interval=0.1) as cluster:

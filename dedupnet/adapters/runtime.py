@@ -21,13 +21,13 @@ from redis.exceptions import OutOfMemoryError, RedisError, ResponseError
 from dedupnet.codec import wire
 from dedupnet.codec.backoff import Backoff
 from dedupnet.adapters import datadir
-from dedupnet.adapters.embedded import EmbeddedRedis, EmbeddedRedisError
+from dedupnet.adapters.storage.embedded import EmbeddedRedis, EmbeddedRedisError
 from dedupnet.codec.errors import DedupnetError, SettingsError
 from dedupnet.codec.messages import Heartbeat, Status
-from dedupnet.adapters.watermark import Watermarks, heard_steps, own_steps, save_heard_steps
-from dedupnet.adapters.store import Store
-from dedupnet.adapters.store_choice import store_for
-from dedupnet.adapters.transport import Connection
+from dedupnet.adapters.storage.watermark import Watermarks, heard_steps, own_steps, save_heard_steps
+from dedupnet.adapters.storage.store import Store
+from dedupnet.adapters.storage.store_choice import store_for
+from dedupnet.adapters.net.transport import Connection
 
 log = logging.getLogger("dedupnet.adapters.runtime")
 
@@ -529,7 +529,7 @@ async def open_watermarks(astore, counters, store: Store) -> Watermarks:
     """Read this store's watermark (writing its incarnation into an empty store) and what
     was heard from the members' stores before a restart. The store's bucket layout is
     read (or recorded) first, in a worker thread: its first use would otherwise block
-    the event loop on a Redis that does not answer (dedupnet/adapters/buckets.py)."""
+    the event loop on a Redis that does not answer (dedupnet/adapters/storage/buckets.py)."""
     await until_stored(astore, counters, _bucket_layout, store)
     store.watermark = await until_stored(astore, counters, own_steps, store)
     heard = await until_stored(astore, counters, heard_steps, store)

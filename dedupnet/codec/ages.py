@@ -1,6 +1,6 @@
 """How long a URL counts as seen, under re-crawl by age: the operator's
 ``recrawl_after`` and ``recrawl_sites`` as a pure rule both roles apply (the centers'
-admitted record, the hosts' finish_URL). Storage by age is dedupnet/adapters/recrawl.py;
+admitted record, the hosts' finish_URL). Storage by age is dedupnet/adapters/storage/recrawl.py;
 the argument is docs/PROTOCOL.md, "Re-crawl by age"."""
 
 from __future__ import annotations

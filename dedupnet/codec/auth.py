@@ -4,7 +4,7 @@ Sans-I/O (no sockets, no trio): a :class:`Keyring` holds keys read from a key fi
 does two things, :meth:`Keyring.sign` (encoded messages in, the same messages with a
 tag out) and :meth:`Keyring.verify` (the :class:`~dedupnet.codec.wire.Decoder`'s hook, called
 with a message's header and body *before* the body is decompressed or parsed). The trio
-transport (:mod:`dedupnet.adapters.transport`) calls them; a daemon re-reads its key file
+transport (:mod:`dedupnet.adapters.net.transport`) calls them; a daemon re-reads its key file
 (:meth:`Keyring.reload`) so keys can be rotated without stopping anything.
 
 Why: a center trusted a connection by its TCP source address alone (PROTOCOL.md gap 2),

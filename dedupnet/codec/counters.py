@@ -1,7 +1,7 @@
 """Counters and gauges the roles keep, as a plain registry: named series with string
 labels, read as a snapshot (the simulation harness puts it in its JSON report). Pure, so
 the sans-I/O cores count what they do; the Prometheus exposition and the HTTP endpoint
-are dedupnet/adapters/metrics.py.
+are dedupnet/adapters/monitor/metrics.py.
 
 Naming: a series is ``name`` plus labels, e.g. ``inc("frames_received", kind="frame",
 flag="1")``. :meth:`Counters.snapshot` keys it as ``frames_received{kind="frame",flag="1"}``

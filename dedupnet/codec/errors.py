@@ -36,7 +36,7 @@ class StoreUnavailable(DedupnetError):
 
 class DiscoveryError(DedupnetError):
     """``--center auto`` chose no center: nobody answered in time, or several did
-    (dedupnet/adapters/discovery.py)."""
+    (dedupnet/adapters/net/discovery.py)."""
 
     reason = "no-center"
 

@@ -1,6 +1,6 @@
 """The paper's pools (§1.1) by the names their store keys carry, so the sans-I/O cores
 can name the pool an action writes without knowing how a store holds it
-(dedupnet/adapters/store.py does, and re-exports these names)."""
+(dedupnet/adapters/storage/store.py does, and re-exports these names)."""
 
 # Local host pools.
 FINISH_URL = "finish_URL"

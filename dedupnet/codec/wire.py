@@ -231,7 +231,7 @@ def encode(msg: Message, *, tag: bytes = b"", compress: bool = False) -> bytes:
 
     ``compress=True`` zstd-compresses a body of at least :data:`COMPRESS_MIN_BODY` bytes
     (if that makes it smaller; never with a ``tag``). Only a peer that negotiated
-    compression may receive it; :class:`~dedupnet.adapters.transport.Connection` converts it back
+    compression may receive it; :class:`~dedupnet.adapters.net.transport.Connection` converts it back
     (once per broadcast) for a peer that did not, and compresses plain bytes for a peer
     that did, so callers need not choose.
     """

@@ -38,7 +38,7 @@ def line(i: int, r: Report) -> str:
 
 
 def run_chaos(base: SimConfig, args) -> int:
-    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
 
     seed = args.chaos_seed if args.chaos_seed is not None else base.seed
     if args.processes:

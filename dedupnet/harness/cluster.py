@@ -17,13 +17,13 @@ from dataclasses import dataclass, field, replace
 
 import trio
 
-from dedupnet.adapters.store_choice import store_for
+from dedupnet.adapters.storage.store_choice import store_for
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from local_host.daemon import LocalDaemon, LocalSettings
 
 from dedupnet.harness.relay import Relay, host_name, start_link_relays, wan_name
-from dedupnet.adapters.store import URL_POOL, Store
-from dedupnet.adapters.tls import TLSConfig
+from dedupnet.adapters.storage.store import URL_POOL, Store
+from dedupnet.adapters.net.tls import TLSConfig
 
 
 def lan(network: int) -> str:
@@ -64,7 +64,7 @@ class Cluster:
     links: frozenset[str] = frozenset()
     link_seed: int = 0
     relays: dict[str, Relay] = field(default_factory=dict)
-    #: TLS (dedupnet/adapters/tls.py): a directory made by ``dedupnet certs`` (ca.pem,
+    #: TLS (dedupnet/adapters/net/tls.py): a directory made by ``dedupnet certs`` (ca.pem,
     #: center-<N>.pem, ...): centers peer over TLS; with ``lan_tls`` hosts use it too.
     tls_dir: str | None = None
     lan_tls: bool = False
@@ -210,7 +210,7 @@ async def open_cluster(redis_url: str, networks: int, hosts: int, *, mode: str =
     then hosts; yields once all are connected; on exit stops every daemon, waits for
     them, and removes the cluster's keys. ``links`` ("wan:A-B", "host:N.I") go through
     a fault-injecting relay each (:mod:`dedupnet.harness.relay`), clean until told otherwise.
-    ``tls_dir`` (certificates from :func:`dedupnet.adapters.tls.make_certs` for every network):
+    ``tls_dir`` (certificates from :func:`dedupnet.adapters.net.tls.make_certs` for every network):
     the centers peer over TLS; ``lan_tls``: hosts to their center too."""
     timing.setdefault("durable_acks", False)  # a test's or simulation's server keeps nothing on disk
     cluster = Cluster(redis_url, prefix, mode, set_size, timing, links=frozenset(links), link_seed=link_seed,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dedupnet.adapters.store import FINISH_URL
+from dedupnet.adapters.storage.store import FINISH_URL
 from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.harness.web import SyntheticWeb
@@ -42,7 +42,7 @@ def check_extracted(web: SyntheticWeb, seeds: list[str], depth: dict[str, int],
     what went wrong, the fetched pages that carried it, when and by whom it was
     requested) and the number of re-fetches excused: requests for a URL that one host
     in ``killed`` (SIGKILLed during the run) made again, all by itself. A crawler records
-    a page in the same transaction that takes its task (local_host/crawler.py), so a
+    a page in the same transaction that takes its task (local_host/crawler/crawl.py), so a
     crawler killed between the web's answer and that transaction fetches the page again
     when it restarts: at least once, never by another host. No crawler can do better:
     the request is a side effect outside its store. A host in ``gone`` (taken away for

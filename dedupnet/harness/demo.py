@@ -12,17 +12,17 @@ import random
 import time
 from contextlib import nullcontext
 
-from dedupnet.adapters.store_choice import store_for
+from dedupnet.adapters.storage.store_choice import store_for
 from local_host.local_dedup import local_reduce
 from local_host.pools import HostPools
 from local_host.protocol import Forget
 
 from dedupnet.codec import wire
 from dedupnet.service.config import Settings
-from dedupnet.adapters.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.codec.messages import FLAG_NEW_SET, Frame
 from dedupnet.codec.numbers import host_id_from_ip, make_number, split_number
-from dedupnet.adapters.store import FINISH_URL, URL_POOL, Store
+from dedupnet.adapters.storage.store import FINISH_URL, URL_POOL, Store
 from dedupnet.codec.urls import URLGate, fingerprint_many
 
 HOST_IP = "127.0.1.10"

@@ -24,7 +24,7 @@ from pathlib import Path
 import trio
 
 from dedupnet.adapters.children import free_port, spawn
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.store import Store
 from dedupnet.harness import procdaemons, procplan, simproc
 from dedupnet.harness.procdaemons import Daemon
 from dedupnet.harness.report import SimConfig, assign_seeds

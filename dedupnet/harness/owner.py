@@ -40,17 +40,17 @@ from dataclasses import dataclass, field
 import trio
 import xxhash
 
-from dedupnet.adapters.store_choice import on_trio, store_for
+from dedupnet.adapters.storage.store_choice import on_trio, store_for
 from local_host import protocol as hp
 from local_host.pools import GROUP, WALKER, HostPools
 
 from dedupnet.codec import wire
 from dedupnet.harness.cluster import host_ip
 from dedupnet.codec.messages import Ack, Register, Task
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.runtime import control_session, heartbeat, until_stored
-from dedupnet.adapters.store import URL_POOL, Store
-from dedupnet.adapters.transport import Connection, connect_forever, serve
+from dedupnet.adapters.storage.store import URL_POOL, Store
+from dedupnet.adapters.net.transport import Connection, connect_forever, serve
 from dedupnet.codec.urls import fingerprint
 
 log = logging.getLogger("dedupnet.harness.owner")

@@ -16,9 +16,9 @@ from pathlib import Path
 import trio
 
 from dedupnet.adapters.children import spawn
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.netinfo import source_ip_towards
-from dedupnet.adapters.transport import ConnectionClosed, connect
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.netinfo import source_ip_towards
+from dedupnet.adapters.net.transport import ConnectionClosed, connect
 from dedupnet.codec import wire
 from dedupnet.codec.auth import Keyring
 from dedupnet.codec.errors import DedupnetError
@@ -168,7 +168,7 @@ class Daemon:
 
 
 class SnapshotCounters:
-    """The read side of :class:`dedupnet.adapters.metrics.Counters` over a status snapshot
+    """The read side of :class:`dedupnet.adapters.monitor.metrics.Counters` over a status snapshot
     (``{'name{label="v",...}': n}``), for :func:`dedupnet.harness.report.build_report`."""
 
     _SERIES = re.compile(r'^([^{]+)(?:\{(.*)\})?$')

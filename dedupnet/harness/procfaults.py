@@ -48,8 +48,8 @@ from typing import Awaitable, Callable
 import trio
 
 from dedupnet.adapters.children import free_port
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.store import Store
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.storage.store import Store
 from local_host.pools import HostPools
 from dedupnet.harness.faults import PROCESS_FAULTS, Fault, format_fault
 

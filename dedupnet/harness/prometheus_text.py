@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 
 __all__ = ["REFERENCE", "parse_prometheus", "reference_counters"]
 

@@ -35,7 +35,7 @@ hits a frame, an ack or a task, never half of one:
 The probabilistic faults apply only to the message kinds in ``LinkConfig.kinds``
 (frames, acks and tasks by default): the handshake (Register, Welcome) and heartbeats
 are left alone, since a repeated Register or Welcome is a protocol error by design
-(:mod:`dedupnet.adapters.transport`), not a fault of the link. Delay and partitions apply to
+(:mod:`dedupnet.adapters.net.transport`), not a fault of the link. Delay and partitions apply to
 everything. Bytes that do not start with the wire's magic are forwarded as they come.
 
 **Compression.** A connection that negotiated ``deflate-stream`` is, in each direction

@@ -21,8 +21,8 @@ from dedupnet.harness.faults import LINK_FAULTS, Fault
 from dedupnet.harness.pacing import pacing, pacing_lines
 from dedupnet.harness.simcpu import cpu_figures, cpu_lines
 from dedupnet.harness.verdict import runs_with, verdict
-from dedupnet.adapters.redis_cluster import merged_info
-from dedupnet.adapters.status_page import key_family, key_memory
+from dedupnet.adapters.storage.redis_cluster import merged_info
+from dedupnet.adapters.monitor.status_page import key_family, key_memory
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 from dedupnet.harness.weblog import load_spread
 
@@ -65,7 +65,7 @@ class SimConfig:
     #: The synthetic web's shape: a name of dedupnet/harness/webgraph.py ``SHAPES``.
     web_shape: str = "classic"
     progress_every: float = 1.0
-    #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/adapters/bloom.py): every false
+    #: The hosts' finish_URL: "exact" or "bloom" (dedupnet/adapters/storage/bloom.py): every false
     #: positive of the filter is a URL never crawled, counted in ``lost URLs``.
     finish_url_filter: str = "exact"
     bloom_capacity: int = 10_000_000
@@ -77,7 +77,7 @@ class SimConfig:
     #: Seconds between two reads of the key file by each daemon (a rotation's pace).
     key_poll_interval: float = 1.0
     #: ``--secure``: TLS with client certificates between the centers,
-    #: certificates made for the run in a temporary directory (dedupnet/adapters/tls.py).
+    #: certificates made for the run in a temporary directory (dedupnet/adapters/net/tls.py).
     #: Also HMAC tags on the LANs, as ``lan_key`` (a random LAN key made for the run).
     secure: bool = False
     #: ``--lan-tls``: with ``secure``, TLS between hosts and their center too.
@@ -291,7 +291,7 @@ def check_secure(cfg: SimConfig) -> None:
 
 def secure_certs(cfg: SimConfig):
     """A context manager: a temporary directory with a CA and a certificate per center
-    (dedupnet/adapters/tls.py make_certs) for a ``--secure`` run, removed afterwards; None
+    (dedupnet/adapters/net/tls.py make_certs) for a ``--secure`` run, removed afterwards; None
     (nothing made) otherwise."""
     import contextlib
     import tempfile
@@ -301,7 +301,7 @@ def secure_certs(cfg: SimConfig):
 
     @contextlib.contextmanager
     def made():
-        from dedupnet.adapters.tls import make_certs
+        from dedupnet.adapters.net.tls import make_certs
 
         with tempfile.TemporaryDirectory(prefix="dedupnet-sim-certs-") as d:
             make_certs(d, range(1, cfg.networks + 1), days=2)
@@ -512,7 +512,7 @@ def _kind_text(r: Report) -> str:
 def wire_bytes(counters) -> int:
     """Bytes a daemon put on the wire: its messages' bytes (``sent_bytes``), except that
     those sent inside TLS count as the TLS records that carried them (``tls_sent_bytes``:
-    TCP bytes under the SSLStream, handshakes included; dedupnet/adapters/tls.py CountingStream)."""
+    TCP bytes under the SSLStream, handshakes included; dedupnet/adapters/net/tls.py CountingStream)."""
     return counters.get("sent_bytes") - counters.get("tls_payload_sent_bytes") + counters.get("tls_sent_bytes")
 
 

@@ -33,14 +33,14 @@ from typing import Any
 import redis
 import trio
 
-from local_host.crawler import Crawler, CrawlerSettings
+from local_host.crawler.crawl import Crawler, CrawlerSettings
 
 from dedupnet.harness.cluster import host_ip, open_cluster
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.homes import parse_weights
 from dedupnet.harness.faults import LINK_FAULTS
-from dedupnet.adapters.redis_cluster import admin_client
-from dedupnet.adapters.store import TASK_POOL, URL_POOL
+from dedupnet.adapters.storage.redis_cluster import admin_client
+from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL
 from dedupnet.harness.simcpu import CpuMeter, Timed, redis_cpu
 from dedupnet.harness.web import SyntheticWeb
 from dedupnet.harness.report import (
@@ -183,7 +183,7 @@ def _link_faults(cfg: SimConfig, system, web: SyntheticWeb, seeds: list[str]):
 def _attach_bloom(cfg: SimConfig, system) -> None:
     """``finish_url_filter = "bloom"``: every host's finish_URL becomes a Bloom filter,
     before anything is seeded (nothing has been looked up or finished yet)."""
-    from dedupnet.adapters.bloom import attach, spec_from
+    from dedupnet.adapters.storage.bloom import attach, spec_from
 
     spec = spec_from(cfg)
     if spec is not None:
@@ -251,7 +251,7 @@ async def _pool_sizes(system, meter: CpuMeter | None = None) -> dict[str, int]:
 
 
 def recrawl_policy(cfg: SimConfig):
-    """The daemons' :class:`~dedupnet.adapters.recrawl.RecrawlPolicy` (None without ``recrawl_after``)."""
+    """The daemons' :class:`~dedupnet.adapters.storage.recrawl.RecrawlPolicy` (None without ``recrawl_after``)."""
     from dedupnet.codec.ages import RecrawlPolicy
 
     return RecrawlPolicy.from_settings(cfg.recrawl_after)
@@ -261,14 +261,14 @@ async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, time
                        seeds: list[str], observer: Observer,
                        harness_meter: CpuMeter | None = None) -> tuple[bool, list[dict]]:
     """Window 1 is the crawl from the seeds, to quiescence. With ``recrawl_after`` A each
-    further window waits until A and one slice (dedupnet/adapters/recrawl.py: how much longer a URL
+    further window waits until A and one slice (dedupnet/adapters/storage/recrawl.py: how much longer a URL
     may still count as seen) have passed since the previous one was quiescent, so that
     every URL admitted or crawled in it is due again, then offers the same seeds again
     through the hosts' URL_pool (what a host's crawler does every ``recrawl_interval``
     under a re-crawl policy) and runs to quiescence: every page must be found again and
     fetched once more, in the whole system. Returns whether a window timed out, and the
     windows (start and end in seconds since ``t0``, requests answered in each)."""
-    from dedupnet.adapters.recrawl import SLICES
+    from dedupnet.adapters.storage.recrawl import SLICES
 
     windows: list[dict] = []
     timed_out = False

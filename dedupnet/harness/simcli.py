@@ -152,7 +152,7 @@ def _run_modes(args, base: SimConfig) -> list[Report] | None:
     modes = MODES if args.compare else (args.mode,)
     reports = []
     if args.redis_cluster:
-        from dedupnet.adapters.embedded_cluster import EmbeddedCluster
+        from dedupnet.harness.embedded_cluster import EmbeddedCluster
 
         server_cm = EmbeddedCluster(args.redis_cluster)
     else:
@@ -180,7 +180,7 @@ def _run_one(args, cfg: SimConfig, url: str) -> Report | None:
             print(f"dedupnet sim: {e}", file=sys.stderr)
             return None
     during = None
-    if args.http:  # the live status page of the whole system (dedupnet/adapters/status_page.py)
+    if args.http:  # the live status page of the whole system (dedupnet/adapters/monitor/status_page.py)
         from dedupnet.harness.simpage import serve_sim_status
 
         during = serve_sim_status(args.http, {k: getattr(cfg, k) for k in (
@@ -207,7 +207,7 @@ def _embedded(cfg: SimConfig):
     """The simulation's own server: in memory only, or with ``--durable-acks`` keeping
     its AOF in a temporary directory, fsynced as a daemon's server does then, so that
     the daemons' waits for the disk are real."""
-    from dedupnet.adapters.embedded import EmbeddedRedis
+    from dedupnet.adapters.storage.embedded import EmbeddedRedis
 
     if not cfg.durable_acks:
         with EmbeddedRedis() as url:
@@ -437,7 +437,7 @@ def _add_store_arguments(p) -> None:
     p.add_argument("--redis", metavar="URL", help="use this Redis server instead of an embedded one "
                                                    "(redis+cluster://HOST:PORT: a Redis Cluster)")
     p.add_argument("--redis-cluster", type=int, metavar="N",
-                   help="run on an embedded Redis Cluster of N masters (dedupnet/adapters/embedded_cluster.py)")
+                   help="run on an embedded Redis Cluster of N masters (dedupnet/harness/embedded_cluster.py)")
     p.add_argument("--finish-url-filter", choices=("exact", "bloom"), default="exact",
                    help="the hosts' finish_URL: exact (default) or bloom; each false positive is a URL never crawled")
     p.add_argument("--bloom-capacity", type=int, default=SimConfig.bloom_capacity, metavar="N",

@@ -21,7 +21,7 @@ from __future__ import annotations
 import threading
 import time
 
-from dedupnet.adapters.redis_cluster import merged_info
+from dedupnet.adapters.storage.redis_cluster import merged_info
 
 __all__ = ["CpuMeter", "Timed", "cpu_figures", "cpu_lines", "redis_cpu"]
 

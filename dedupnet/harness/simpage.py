@@ -1,6 +1,6 @@
 """``dedupnet sim --http``: the live status page of a whole one-process simulation (every
 network's center and every host on one page, plus the crawl's progress from the synthetic
-web's own counts), served with the daemons' own page and JSON (dedupnet/adapters/status_page.py)."""
+web's own counts), served with the daemons' own page and JSON (dedupnet/adapters/monitor/status_page.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 import trio
 
-from dedupnet.adapters.metrics import Counters, serve_http
-from dedupnet.adapters.status_page import POLL_INTERVAL, StatusView, by_label, member_order, recent_errors, routes
+from dedupnet.adapters.monitor.metrics import Counters, serve_http
+from dedupnet.adapters.monitor.status_page import POLL_INTERVAL, StatusView, by_label, member_order, recent_errors, routes
 
 
 class SimStatus:

@@ -47,9 +47,9 @@ from types import SimpleNamespace
 import redis
 import trio
 
-from dedupnet.adapters.redis_cluster import admin_client
-from dedupnet.adapters.store import is_cluster_url
-from dedupnet.adapters.store_choice import store_for
+from dedupnet.adapters.storage.redis_cluster import admin_client
+from dedupnet.adapters.storage.store import is_cluster_url
+from dedupnet.adapters.storage.store_choice import store_for
 from dedupnet.codec.auth import new_key_line, write_key_file
 from dedupnet.harness.cluster import center_ip
 from dedupnet.harness.faults import LINK_FAULTS, PROCESS_FAULTS, Fault, format_fault, resolve, target_parts
@@ -371,7 +371,7 @@ async def _credentials(cfg: SimConfig, logdir: Path) -> tuple[Path | None, Path 
     the one given, or a random key); what is made here is removed with the logs."""
     tls_dir = None
     if cfg.secure:
-        from dedupnet.adapters.tls import make_certs
+        from dedupnet.adapters.net.tls import make_certs
 
         tls_dir = logdir / "certs"
         await trio.to_thread.run_sync(lambda: make_certs(tls_dir, range(1, cfg.networks + 1), days=2))

@@ -74,7 +74,7 @@ class _Checked:
             raise ValueError("bucket_bits must be 0 (the store's) or within 8..24")
         if self.set_size > self.max_urls_per_set:
             raise ValueError("set_size cannot exceed max_urls_per_set")
-        from dedupnet.adapters.bloom import spec_from
+        from dedupnet.adapters.storage.bloom import spec_from
 
         spec_from(self)  # finish_url_filter, bloom_capacity, bloom_error_rate are valid
         if self.recrawl() is not None and self.finish_url_filter == "bloom":
@@ -82,7 +82,7 @@ class _Checked:
                              "(a Bloom filter cannot forget a URL)")
 
     def recrawl(self):
-        """The :class:`~dedupnet.adapters.recrawl.RecrawlPolicy` of ``recrawl_after`` and
+        """The :class:`~dedupnet.adapters.storage.recrawl.RecrawlPolicy` of ``recrawl_after`` and
         ``recrawl_sites``, or None (no URL ever ages). ValueError names a bad value."""
         from dedupnet.codec.ages import RecrawlPolicy
 

@@ -18,28 +18,28 @@ import redis
 import trio
 
 from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
-from local_host.crawler import CrawlerSettings
+from local_host.crawler.crawl import CrawlerSettings
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import HostPools
 
-from dedupnet.adapters import bloom
+from dedupnet.adapters.storage import bloom
 
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.homes import parse_weights
 from dedupnet.service.config import Settings, endpoint, frontier_endpoint, load_settings, values_for
 from dedupnet.service.exposure import check_exposure, check_frontier_exposure, warn_open_secrets, warn_while_running
-from dedupnet.adapters.census import StatusRefused, fetch_status, format_report, survey
-from dedupnet.adapters.discovery import Answer, Search, Target, find_center
+from dedupnet.adapters.monitor.census import StatusRefused, fetch_status, format_report, survey
+from dedupnet.adapters.net.discovery import Answer, Search, Target, find_center
 from dedupnet.codec.errors import BadURL, DiscoveryError, SettingsError
 from dedupnet.codec.urls import normalize
 from dedupnet.codec.numbers import check_network
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
-from dedupnet.adapters.embedded import EmbeddedRedis
-from dedupnet.adapters.listen import check_free
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.net.netinfo import address_in, broadcast_targets, center_lan, lan_of, sole_address, source_ip_towards
+from dedupnet.adapters.storage.embedded import EmbeddedRedis
+from dedupnet.adapters.net.listen import check_free
 from dedupnet.adapters.runtime import RedisDied, open_store, stop_on_signals, supervise_redis
-from dedupnet.adapters.store_choice import store_for
-from dedupnet.adapters.tls import TLSConfig
+from dedupnet.adapters.storage.store_choice import store_for
+from dedupnet.adapters.net.tls import TLSConfig
 
 log = logging.getLogger("dedupnet.service.daemons")
 
@@ -124,7 +124,7 @@ def run_center(settings: Settings) -> int:
 
 def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddress]) -> tuple[str, str]:
     """A center's ``(ip, lan)``: as given, else from ``--listen``, else detected
-    (:mod:`dedupnet.adapters.netinfo`): the address towards the first peer and the interface
+    (:mod:`dedupnet.adapters.net.netinfo`): the address towards the first peer and the interface
     that is not the way to the peers; the sole address without peers."""
     if settings.ip:
         return settings.ip, settings.lan or lan_of(settings.ip)
@@ -170,7 +170,7 @@ def run_local(settings: Settings) -> int:
     with open_store(settings.redis_url, settings.prefix or f"dedupnet:host:{ip}", data_dir=data_dir,
                     bucket_bits=settings.bucket_bits, durable_acks=settings.durable_acks,
                     maxmemory=settings.redis_maxmemory) as (store, server):
-        bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/bloom.py
+        bloom.attach(store, bloom.spec_from(settings))  # finish_url_filter = "bloom": dedupnet/adapters/storage/bloom.py
         return _run(_until_signalled_leaving, LocalDaemon(local, store, counters), server, warning)
 
 
@@ -212,7 +212,7 @@ def _run(main, daemon, server: EmbeddedRedis | None, warning: str | None = None)
 
 def discover_center(settings: Settings, counters: Counters) -> Answer | None:
     """``--center auto``: the center that answers this host's LAN discovery query
-    (dedupnet/adapters/discovery.py), sent to ``discovery_address`` or to the broadcast address
+    (dedupnet/adapters/net/discovery.py), sent to ``discovery_address`` or to the broadcast address
     of each of its IPv4 interfaces; None if SIGINT/SIGTERM stopped the search.
     DiscoveryError if no center (or more than one) answers within ``discovery_timeout``."""
     if settings.discovery_address:
@@ -409,7 +409,7 @@ def print_status(address: tuple[str, int], *, as_json: bool = False, key_file: s
 
 def print_cluster_status(address: tuple[str, int], *, as_json: bool = False, key_files: list[str] = ()) -> int:
     """``dedupnet status --cluster``: every reachable center and its hosts, and one
-    verdict (dedupnet/adapters/census.py); exit status 0 complete, 3 in progress, 4 stuck,
+    verdict (dedupnet/adapters/monitor/census.py); exit status 0 complete, 3 in progress, 4 stuck,
     5 not started."""
     keyrings = [keyring_from(f) for f in key_files] or [None]
     report = trio.run(survey, address, keyrings)

@@ -23,16 +23,16 @@ from pathlib import Path
 import redis
 import trio
 
-from dedupnet.adapters.census import StatusRefused, control_register, fetch_status
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.census import StatusRefused, control_register, fetch_status
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.runtime import open_store
-from dedupnet.adapters.store import TASK_POOL
-from dedupnet.adapters.transport import connect
+from dedupnet.adapters.storage.store import TASK_POOL
+from dedupnet.adapters.net.transport import connect
 from dedupnet.codec import wire
 from dedupnet.codec.auth import keyring_from
 from dedupnet.codec.messages import Ack, Error, Task
 from dedupnet.codec.numbers import host_id_from_ip, make_number
-from local_host import sites
+from local_host.frontier import sites
 
 log = logging.getLogger("dedupnet.service.reassign")
 

@@ -31,7 +31,7 @@ import grpc
 import httpx
 from grpc_tools import protoc
 
-PROTO = Path(__file__).resolve().parents[2] / "local_host" / "urlfrontier" / "urlfrontier.proto"
+PROTO = Path(__file__).resolve().parents[2] / "local_host" / "frontier" / "urlfrontier" / "urlfrontier.proto"
 FAIL = 2  # AckMessage.Status
 TRIES = 5  # of a URL that answers 503
 

@@ -16,7 +16,7 @@ from center_host.events import (Admit, CancelTimer, Conclude, Drop, DropTask, Fo
 from center_host.config import CenterConfig
 from center_host.protocol import CenterProtocol
 from dedupnet.codec import wire
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from local_host import protocol as hp
 
 

@@ -1,7 +1,7 @@
 """Runner 2: the same vectors against the REAL daemons, over TCP on loopback and Redis.
 
 The party under test is a CenterDaemon or a LocalDaemon with a real Store (its own key
-prefix). Every other party of a vector is played here with dedupnet.adapters.transport: LAN hosts
+prefix). Every other party of a vector is played here with dedupnet.adapters.net.transport: LAN hosts
 connect to the center with a "host" Register bound to their IP; a peer network connects
 with a "center" Register (the peers in these vectors have lower network ids, and of two
 centers the lower id dials); a host under test connects to a fake center listening with
@@ -33,12 +33,12 @@ from center_host.daemon import CenterDaemon, CenterSettings, PeerAddress
 from center_host.pools import ADMITTED, CONCLUDED, CenterPools
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Error, Heartbeat, Register
-from dedupnet.adapters.metrics import Counters
-from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL
-from dedupnet.adapters.transport import ConnectionClosed, connect, serve
+from dedupnet.adapters.monitor.metrics import Counters
+from dedupnet.adapters.storage.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL, TASK_POOL, TASK_URL, URL_POOL
+from dedupnet.adapters.net.transport import ConnectionClosed, connect, serve
 from dedupnet.codec.urls import fingerprint_many
 from local_host import protocol as hp
-from local_host import sites
+from local_host.frontier import sites
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import UNACKED, HostPools
 

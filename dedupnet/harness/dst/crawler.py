@@ -1,4 +1,4 @@
-"""A host's crawler as local_host/crawler.py behaves toward the protocol, with the
+"""A host's crawler as local_host/crawler/crawl.py behaves toward the protocol, with the
 synthetic web's link graph instead of HTTP.
 
 Kept from the real crawler: tasks are taken from ``task_pool`` by its consumer group
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from dedupnet.codec.backoff import Backoff
 from dedupnet.harness.web import SyntheticWeb
-from local_host.crawl_settings import CrawlerSettings
+from local_host.crawler.settings import CrawlerSettings
 
 from .clock import Scheduler
 from .store import HostStore

@@ -27,7 +27,7 @@ from local_host import protocol as hp
 from local_host.daemon import LocalSettings, core_config as host_core_config
 from local_host.pools import WRITES as HOST_WRITES
 
-from dedupnet.adapters.metrics import Counters
+from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Frame, Heartbeat, Register
 

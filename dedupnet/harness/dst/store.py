@@ -1,6 +1,6 @@
 """Redis as the protocol relies on it, in memory: the pools of one center or one host.
 
-Semantics kept from the real server (dedupnet/adapters/store.py, center_host/pools.py,
+Semantics kept from the real server (dedupnet/adapters/storage/store.py, center_host/pools.py,
 local_host/pools.py):
 
 * the writes of one event are one transaction: all applied, in order, or none;
@@ -200,7 +200,7 @@ class HostStore(_Records):
         orphans = [(i, u) for i, u in self.url_pool.pending.items() if i not in carried]
         return hp.Resume(unacked), orphans
 
-    # -- the crawler's transaction (local_host/crawler.py Crawler._fill_done) ----------
+    # -- the crawler's transaction (local_host/crawler/crawl.py Crawler._fill_done) ----------
     def finish_task(self, eid: bytes, chain: list[str], links: list[str]) -> None:
         _set_add(self.finished, chain, self.journal)
         for link in links:
@@ -276,7 +276,7 @@ class CenterStore(_Records):
                              self.digests.get(action.number, 0))
 
     def load(self) -> Resume:
-        from dedupnet.adapters.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
+        from dedupnet.adapters.storage.store import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
         return Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from center_host.daemon import CenterSettings, PeerAddress
 from local_host.daemon import LocalSettings
 
-from dedupnet.adapters.transport.client import RECONNECT
+from dedupnet.adapters.net.transport.client import RECONNECT
 from dedupnet.codec import wire
 from dedupnet.codec.messages import Ack, Frame, Register, Task
 from dedupnet.harness.cluster import center_ip, host_ip, lan
@@ -145,7 +145,7 @@ class World:
         self.discovered.update(urls)
         host.wake()
 
-    # -- connections (dedupnet/adapters/transport/client.py connect_forever) ---------------------
+    # -- connections (dedupnet/adapters/net/transport/client.py connect_forever) ---------------------
     def pair_of(self, a: str, b: str):
         return self.net.pair(a, b, wan=a.startswith("c") and b.startswith("c"))
 
