@@ -140,6 +140,18 @@ def test_the_sans_io_cores_import_no_io():
         assert {t for t in g[core] if layer_of(t) >= 1} <= set(cores), core  # the codec, and each other
 
 
+def test_every_package_is_listed_for_the_wheel():
+    """pyproject.toml lists the packages a wheel holds (packages.find cannot name
+    dedupnet.schemas, mapped from the top-level schemas/): a room missing there would be
+    missing from an installed dedupnet, while an editable install hides it."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for package in PACKAGES
+             for p in (ROOT / package).rglob("__init__.py")}
+    assert sorted(found - listed) == []
+
+
 def test_the_checks_fail_on_an_upward_import_and_on_a_cycle():
     g = graph()
     g["dedupnet.codec.wire"] = g["dedupnet.codec.wire"] | {"dedupnet.harness.sim"}

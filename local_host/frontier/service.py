@@ -2,7 +2,7 @@
 any crawler with a URLFrontier client crawls the host's tasks and feeds what it finds
 into the protocol. docs/FRONTIER.md says what each call does here.
 
-The messages and the service come from ``frontier/urlfrontier/urlfrontier.proto``, compiled when
+The messages and the service come from ``urlfrontier/urlfrontier.proto`` (beside this module), compiled when
 this module is imported (grpcio-tools, in the ``frontier`` extra): the .proto is the only
 copy, and no generated code ties the install to one protobuf release. gRPC's own server
 runs the calls in its worker threads; they use the host's Redis through a synchronous
