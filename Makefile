@@ -4,6 +4,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+# Two pytest workers; a test file stays on one (its module fixtures are set up once).
+# `make test PARALLEL=` runs the suite serially.
+PARALLEL ?= -n 2 --dist loadfile
 
 .PHONY: sim demo test test-fast bench clean browser promtool
 
@@ -23,11 +26,11 @@ demo: $(STAMP)
 test: $(STAMP) browser promtool
 	$(BIN)/ruff check dedupnet local_host center_host tests bench
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(PARALLEL)
 
 # The inner loop: everything but the slow tier (tests/conftest.py SLOW_FILES).
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" $(PARALLEL)
 
 # tests/test_status_page.py drives the status page in headless Chromium. On a fresh
 # machine (CI) running as root, Debian's chromium is installed if missing: best-effort
