@@ -1,6 +1,6 @@
 """Redis bytes per URL and URLs/s of a host's finish_URL: the exact intset buckets
 against the optional Bloom filter (dedupnet/adapters/storage/bloom.py), on the same embedded server, in
-one process, one after the other (issue #11 part 4).
+one process, one after the other.
 
 For each: N URLs' fingerprints stored in batches of B (``SADD`` per bucket, or
 ``BITFIELD SET`` per segment), then N look-ups of which half are stored; the server's

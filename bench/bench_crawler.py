@@ -1,4 +1,4 @@
-"""Benchmark: one host's crawler on the synthetic web, politeness off (issue #4).
+"""Benchmark: one host's crawler on the synthetic web, politeness off.
 
 For each concurrency level (default 1, 8, 32, 64) the crawler of one host crawls the
 same ``--tasks`` URLs (default 2,000) of a synthetic web (default 5,000 pages over 50
@@ -70,7 +70,7 @@ from dedupnet.codec.urls import fingerprint_many
 from dedupnet.harness.web import SyntheticWeb, WebSpec
 from local_host.crawler.crawl import FAILED, Crawler, CrawlerSettings
 
-TARGET = 200.0  # pages/s, one host (issue #4)
+TARGET = 200.0  # pages/s, one host
 
 
 @dataclass

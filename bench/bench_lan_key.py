@@ -1,4 +1,4 @@
-"""Benchmark: what HMAC tags on the LANs cost (issue #10, dedupnet/codec/auth.py).
+"""Benchmark: what HMAC tags on the LANs cost (dedupnet/codec/auth.py).
 
 Two parts, each against a baseline measured in the same process:
 

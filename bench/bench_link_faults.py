@@ -1,4 +1,4 @@
-"""Link-fault scenarios (issue #9): each one, exact mode, on the same web, seeds 1-3, one table.
+"""Link-fault scenarios: each one, exact mode, on the same web, seeds 1-3, one table.
 
     .venv/bin/python bench/bench_link_faults.py                      # 3x3, 3,000 pages, seeds 1-3
     .venv/bin/python bench/bench_link_faults.py --scenarios partition --seeds 1 --json out.json

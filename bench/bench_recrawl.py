@@ -1,6 +1,6 @@
 """Redis bytes per URL and URLs/s of a fingerprint set with ages (re-crawl by age,
 dedupnet/adapters/storage/recrawl.py) against the plain set, on the same embedded server, one after the
-other (issue #13 item 3).
+other.
 
 For each: N fingerprints stored in batches of B, then N look-ups of which half are
 stored. ``plain``: today's ``finish_URL`` (one SADD / SMISMEMBER per bucket). ``aged, 1

@@ -1,4 +1,4 @@
-"""The store's batched path on a Redis Cluster against one server (issue #11 part 3).
+"""The store's batched path on a Redis Cluster against one server.
 
 On the same machine, in one process, one after the other: one embedded server, then an
 embedded 3-master cluster (``EmbeddedCluster``). For each: N fingerprints stored in

@@ -1,6 +1,6 @@
 """What ``--secure`` costs: ``dedupnet sim`` plain against ``--secure`` (TLS between the
 centers and HMAC tags on the LANs) and ``--secure --lan-tls``, side by side,
-alternating, in one process on one embedded Redis (issue #10).
+alternating, in one process on one embedded Redis.
 
 Each round runs every variant once, in the order given, on the same web and seed, so a
 change in the machine's load hits all variants alike. Bytes on the wire: what the

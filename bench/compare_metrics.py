@@ -1,4 +1,4 @@
-"""Compare: dedupnet.adapters.monitor.metrics.Counters vs prometheus-client, for issue #12 (hand-written vs library).
+"""Compare: dedupnet.adapters.monitor.metrics.Counters vs prometheus-client (hand-written vs library).
 
 Prints, for the same series:
 

@@ -1,4 +1,4 @@
-"""Compare: the simulation's progress line vs tqdm and rich, for issue #12.
+"""Compare: the simulation's progress line vs tqdm and rich.
 
 ``dedupnet sim`` prints one plain line a second (``dedupnet.harness.report.progress_line``):
 time, pages fetched and their rate, ``URL_pool``, ``task_pool``, sets in flight,

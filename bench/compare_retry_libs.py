@@ -1,4 +1,4 @@
-"""Compare: dedupnet's hand-written retries vs tenacity, stamina, backoff, for issue #12.
+"""Compare: dedupnet's hand-written retries vs tenacity, stamina, backoff.
 
 Where dedupnet retries (each with its own loop, for reasons in docs/DECISIONS.md):
 

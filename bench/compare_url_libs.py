@@ -1,4 +1,4 @@
-"""Compare: dedupnet.codec.urls.normalize vs URL libraries, for issue #12 (hand-written vs library).
+"""Compare: dedupnet.codec.urls.normalize vs URL libraries (hand-written vs library).
 
 Candidates (each is called as it is, with the least glue a switch would need: a
 result whose scheme is not http/https counts as a rejection, and the fragment is cut

@@ -1,4 +1,4 @@
-"""Authenticated frames (issue #10 part A): HMAC tags, key files, rotation, and the
+"""Authenticated frames: HMAC tags, key files, rotation, and the
 transport's use of them over real TCP on loopback. The whole-system tests (an outsider
 on a permitted address, a key rotation during a crawl) are at the end."""
 
@@ -363,7 +363,7 @@ def outsider(keys: tuple[bytes | None, ...], log: dict):
 
 
 async def test_without_keys_an_outsider_on_a_permitted_address_loses_urls(redis_url):
-    """The attack of issue #10 works without keys (the test below can fail): the source
+    """The attack works without keys (the test below can fail): the source
     check lets an address inside the LAN register as a host, and the tasks it is given
     and acknowledges are never crawled. (Exact mode no longer asks LAN hosts about each
     other's sets, local_lookup "center"; under "lan" its "seen" answers drop URLs too.)"""

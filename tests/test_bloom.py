@@ -1,4 +1,4 @@
-"""The optional Bloom-filter finish_URL (issue #11 part 4, dedupnet/adapters/storage/bloom.py): sized as
+"""The optional Bloom-filter finish_URL (dedupnet/adapters/storage/bloom.py): sized as
 specified, no false negatives, a measured false-positive rate near the configured one,
 and in a crawl every false positive is a URL never crawled: a deliberately small filter
 loses URLs (about as many as its rate predicts), a default-sized one loses none."""

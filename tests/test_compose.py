@@ -283,7 +283,7 @@ def test_depends_on_names_existing_services(dep):
             assert other in dep.services, f"{name} depends on unknown service {other}"
 
 
-# -- TLS (issue #10) ---------------------------------------------------------------------
+# -- TLS ---------------------------------------------------------------------
 
 
 def test_a_certs_service_makes_a_certificate_for_every_center_first(dep):

@@ -1,4 +1,4 @@
-"""LAN discovery (issue #13 item 2, dedupnet/adapters/net/discovery.py): a host started with
+"""LAN discovery (dedupnet/adapters/net/discovery.py): a host started with
 ``--center auto`` finds its center by a UDP broadcast, authenticated under a LAN key.
 
 The codec and the two decision makers are tested without sockets; the trio adapters

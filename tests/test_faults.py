@@ -1,4 +1,4 @@
-"""Faults as scenarios (issue #9): the vocabulary (dedupnet/harness/faults.py), the harness's own
+"""Faults as scenarios: the vocabulary (dedupnet/harness/faults.py), the harness's own
 invariant check (dedupnet.harness.crawlchecks.check_extracted), and every process fault on real daemon
 processes (dedupnet/harness/simproc.py, dedupnet/harness/procfaults.py): 0 duplicates, 0 lost, quiescent."""
 

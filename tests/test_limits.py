@@ -1,4 +1,4 @@
-"""Limits against abuse (issue #10 part A): a slowloris is cut at the handshake deadline,
+"""Limits against abuse: a slowloris is cut at the handshake deadline,
 one source cannot hold more than ``max_connections_per_source`` connections, a
 connection over its byte or message rate is throttled (nothing lost), and under a flood
 from one source a legitimate crawl still completes. Real TCP on loopback; timing on

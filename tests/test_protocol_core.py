@@ -386,7 +386,7 @@ def test_tasks_go_by_site_and_wait_for_a_host_that_leaves_until_it_hands_them_ba
     assert sum(len(t.URLs) for t in tasks.values()) == 30 and len(tasks) == 3
     c.feed(Received(Host("127.0.1.11"), Ack(num("127.0.1.10", 5), "stored")))
     # .12 leaves (missed heartbeats, a closed connection): its task may be in its socket
-    # or its task_pool already, so nobody else gets it (issue #9: a frozen host crawled
+    # or its task_pool already, so nobody else gets it (a frozen host crawled
     # what had been given to another meanwhile); it is sent again when .12 is back.
     c.feed(Left(Host("127.0.1.12")))
     assert not [m for _, m in sent(c) if isinstance(m, Task)]

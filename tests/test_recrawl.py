@@ -1,4 +1,4 @@
-"""Re-crawl by age (issue #13 item 3): fingerprint sets that forget after a URL's age
+"""Re-crawl by age: fingerprint sets that forget after a URL's age
 (dedupnet/adapters/storage/recrawl.py), the protocol's "seen" answers that follow them, and a simulated
 crawl in which every page is fetched exactly once per window (docs/PROTOCOL.md,
 "Re-crawl by age"). Ages run on injected clocks, never on sleeps, except in the

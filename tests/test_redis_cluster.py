@@ -1,4 +1,4 @@
-"""The store on a real Redis Cluster (issue #11 part 3): three masters started from the
+"""The store on a real Redis Cluster: three masters started from the
 embedded ``valkey-server`` in cluster mode on loopback ports (``EmbeddedCluster``).
 
 What is checked: the key layout (a daemon's own keys share a slot, fingerprint buckets

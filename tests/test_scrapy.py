@@ -1,4 +1,4 @@
-"""Scrapy spiders as dedupnet local hosts (issue #11): a real Scrapy crawl, in
+"""Scrapy spiders as dedupnet local hosts: a real Scrapy crawl, in
 subprocesses, of the synthetic web, next to real ``dedupnet center`` / ``dedupnet
 local`` daemons, checked against the web's own fetch log.
 

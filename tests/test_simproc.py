@@ -1,4 +1,4 @@
-"""``dedupnet sim --processes`` (issue #5): every center and host as its own OS process,
+"""``dedupnet sim --processes``: every center and host as its own OS process,
 started with the same ``dedupnet center`` / ``dedupnet local`` commands a user runs."""
 
 import io

@@ -1,4 +1,4 @@
-"""The live status page (issue #13): ``/status.json`` of a real running center (real
+"""The live status page: ``/status.json`` of a real running center (real
 Redis, real TCP, real HTTP on loopback) checked against what the center did, and the
 page itself in a real headless browser (Debian's Chromium, ``--dump-dom`` after its
 JavaScript has polled and drawn), skipped with the reason where no browser is found."""

@@ -1,4 +1,4 @@
-"""TLS between centers (issue #10 part B): real daemons, real TCP on loopback, real
+"""TLS between centers: real daemons, real TCP on loopback, real
 Redis, certificates made by ``dedupnet certs``' own code (dedupnet/adapters/net/tls.py)."""
 
 import contextlib
@@ -223,7 +223,7 @@ async def test_lan_tls_refuses_a_plain_host_and_serves_tls_hosts(redis_url, cert
 
 @pytest.mark.parametrize("case", ["tls-and-key", "tls-no-key", "tls-wrong-key", "key-no-tls"])
 async def test_one_connection_with_tls_and_hmac_keys(certs, case):
-    """Both halves of issue #10 on one connection (the merge): a center serving with
+    """Both halves of securing a link on one connection (the merge): a center serving with
     TLS and a keyring takes a peer that has both, and refuses one that lacks either,
     counted by the half that caught it."""
     from dedupnet.codec.auth import Keyring
