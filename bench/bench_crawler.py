@@ -193,9 +193,10 @@ FIGURES = [
 ]
 
 
-def side_argv(python: str, level: int, args) -> list[str]:
-    """This script, one level one time, its row printed as JSON (``--row``)."""
-    return [python, __file__, "--row", "--levels", str(level), "--tasks", str(args.tasks), "--pages", str(args.pages),
+def side_argv(python: str, checkout: str, level: int, args) -> list[str]:
+    """The checkout's own copy of this script (its modules may live elsewhere), one
+    level one time, its row printed as JSON (``--row``)."""
+    return [python, str(Path(checkout) / "bench" / "bench_crawler.py"), "--row", "--levels", str(level), "--tasks", str(args.tasks), "--pages", str(args.pages),
             "--sites", str(args.sites), "--seed", str(args.seed)]
 
 
@@ -203,7 +204,7 @@ def run_side(python: str, checkout: str, level: int, args) -> dict:
     """One run of a level with ``checkout``'s dedupnet and local_host (PYTHONPATH; the
     synthetic web's child inherits it), in its own process and embedded Redis."""
     env = {**os.environ, "PYTHONPATH": checkout}
-    proc = subprocess.run(side_argv(python, level, args), env=env, cwd=checkout, capture_output=True, text=True)
+    proc = subprocess.run(side_argv(python, checkout, level, args), env=env, cwd=checkout, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the run of {checkout} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
