@@ -62,6 +62,7 @@ def child(sites: int, urls: int, order: str, networks: int) -> None:
 
 
 def bytes_per_site(sites: int) -> float:
+    sys.path.insert(0, str(ROOT))  # this checkout's map, whatever is installed
     from dedupnet.codec.homes import HomeMap
 
     m = HomeMap({1: 1.0, 2: 1.0})
