@@ -19,6 +19,7 @@ from dedupnet.codec.numbers import split_number
 from dedupnet.codec.pools import DIST_REDUCE_POOL, LOCAL_REDUCE_POOL
 from dedupnet.codec.urls import set_digest
 
+from .backlog import Backlog
 from .claims import Claims
 from .config import CenterConfig
 from .events import (Action, Admit, CancelTimer, Conclude, Drop, Host, Lookup, LookupDone, Member, Peer,
@@ -52,15 +53,18 @@ class Stages:
         #: for one is late (a re-sent question answered twice, an ``admit`` time limit),
         #: logged at debug; an answer for a number never held here stays a warning.
         self.recently_concluded: dict[int, None] = {}
+        #: Running counts of ``sets`` and ``waiting`` (what ``_room`` reads on every frame).
+        self.backlog = Backlog()
 
     # -- what the status reads ---------------------------------------------------------
     def own_in_flight(self) -> int:
         """Own sets in a stage that asks others (a set with its home networks does not
         count: back-pressure for those is ``max_routed_waiting``)."""
-        return sum(1 for r in self.sets.values() if r.stage in (Stage.LAN, Stage.DIST))
+        return self.backlog.own_in_flight()
 
     def routed_waiting(self) -> dict[int, int]:
-        """§11: per home network, the URLs this center holds for it that it has not taken."""
+        """§11: per home network, the URLs this center holds for it that it has not taken
+        (by scan, for the status; ``_room`` reads the running total)."""
         out: dict[int, int] = {}
         for rec in self.sets.values():
             for network, urls in rec.routes.items():
@@ -74,6 +78,10 @@ class Stages:
             for m in rec.awaiting:
                 counts[m] = counts.get(m, 0) + 1
         return counts
+
+    def check_backlog(self) -> None:
+        """The running counts agree with a scan (AssertionError if not): tests call it."""
+        self.backlog.check(self.sets, self.waiting.values())
 
     def _homes(self) -> Homes:
         """The homes part, for what runs only under home routing."""
@@ -104,10 +112,11 @@ class Stages:
                     return self.members.reused(sender, frame.number)
                 return []
             if self._room() <= 0:
-                if sum(1 for s, _ in self.waiting.values() if s == sender) >= MAX_HELD_PER_HOST:
+                if self.backlog.held.get(sender, 0) >= MAX_HELD_PER_HOST:
                     raise Rejected("too-many-held", f"set {frame.number} from {sender}: {MAX_HELD_PER_HOST} of its "
                                                     f"sets are held already (not acknowledged: it keeps them)")
                 self.waiting[frame.number] = (sender, frame)
+                self.backlog.hold(sender)
                 self.counters.inc("frames_held")
                 return []
             return self._start_own(sender, frame)
@@ -117,9 +126,9 @@ class Stages:
 
     def _room(self) -> int:
         """How many more own sets may start now."""
-        if self.homes is not None and sum(self.routed_waiting().values()) >= self.config.max_routed_waiting:
+        if self.homes is not None and self.backlog.routed >= self.config.max_routed_waiting:
             return 0
-        return self.config.max_in_flight - self.own_in_flight()
+        return self.config.max_in_flight - self.backlog.own_in_flight()
 
     def _start_own(self, sender: Member, frame: Frame) -> list[Action]:
         self.lookups[frame.number] = OwnSetLookup(sender, frame)
@@ -134,6 +143,7 @@ class Stages:
         while self.waiting and room > 0:
             number = next(iter(self.waiting))
             sender, frame = self.waiting.pop(number)
+            self.backlog.release(sender)
             if sender.ip in self.members.hosts:
                 actions += self._start_own(sender, frame)
                 room -= 1
@@ -172,7 +182,7 @@ class Stages:
         self.counters.inc("urls_in", stage="lan" if isinstance(sender, Host) else "routed", amount=len(frame.URL_set))
         ask = {h for h in self.members.hosts if str(sender) != h} if self.config.local_lookup == "lan" else set()
         rec = SetRecord(Frame(urls, frame.IP, frame.number, FLAG_LOOKUP), Stage.LAN, str(sender), ask, digest=digest)
-        self.sets[frame.number] = rec
+        self.backlog.enter(self.sets, rec)
         log.debug("set %d from %s: %d URLs, %d after the center's record; asking %d hosts",
                  frame.number, sender, len(frame.URL_set), len(urls), len(rec.awaiting))
         # Durable first (§ gap 7: the host lets the URLs go on this ack), then ask.
@@ -236,7 +246,7 @@ class Stages:
         rec.awaiting.discard(who)
         rec.answered.add(who)
         if rec.stage is Stage.CHECK and isinstance(sender, Peer):  # only peers are asked in CHECK
-            rec.routes.pop(sender.network, None)
+            self.backlog.pop_route(rec, sender.network)
         if rec.awaiting:
             # Not saved: answers are idempotent, and a restarted center asks again
             # everyone its stored record awaits. Only stage changes are written.
@@ -271,7 +281,7 @@ class Stages:
         ask = set(self.members.hosts) if self.config.foreign_lookup == "lan" else set()
         rec = SetRecord(Frame(dict.fromkeys(frame.URL_set, 0), frame.IP, frame.number, FLAG_LOOKUP),
                         Stage.FOREIGN, str(sender), ask)
-        self.sets[frame.number] = rec
+        self.backlog.enter(self.sets, rec)
         self.counters.inc("urls_in", stage="foreign", amount=len(frame.URL_set))
         if not ask:
             # foreign_lookup = "center": this center's records speak for its LAN and the
@@ -337,9 +347,9 @@ class Stages:
             if moved:
                 return self._advance(rec, Step.TO_PREVIOUS_HOMES, moved)
         if rec.stage is Stage.CHECK:  # every previous home has answered: what is left is new
-            rec.routes = {}
+            self.backlog.set_routes(rec, {})
         for network in [n for n in rec.routes if str(Peer(n)) not in rec.awaiting]:
-            del rec.routes[network]
+            self.backlog.pop_route(rec, network)
         here, away = homes.split(rec)
         if not rec.routes and not away:
             return self._advance(rec, Step.ADMIT)
@@ -359,7 +369,7 @@ class Stages:
             actions.append(Drop(LOCAL_REDUCE_POOL, rec.number))
         if before is not Stage.HOME:
             rec.attempts = 1
-        rec.routes.update(away)
+        self.backlog.add_routes(rec, away)
         rec.awaiting = {str(Peer(n)) for n in rec.routes}
         self.counters.inc("urls_routed", amount=sum(map(len, away.values())))
         log.debug("set %d: %d URLs admitted here, %d for their home networks %s", rec.number, len(here),
@@ -374,7 +384,8 @@ class Stages:
         changed. It admits none of them now — its map homes them here, and a peer on
         another map is refused — so its answer is final. The set waits in
         ``dist_reduce_pool`` for the answers, as for a home."""
-        rec.routes, rec.attempts = moved, 1
+        self.backlog.set_routes(rec, moved)
+        rec.attempts = 1
         rec.awaiting, rec.answered = {str(Peer(n)) for n in moved}, set()
         self.counters.inc("urls_checked", amount=sum(map(len, moved.values())))
         log.info("set %d: %d URLs of sites that moved here; asking their previous homes %s", rec.number,
@@ -395,7 +406,8 @@ class Stages:
             return homes.queue(rec, rec.routes, self.sets, self.members.peers)
         log.warning("set %d: routed under an earlier map; routed again by the current one", rec.number)
         self.counters.inc("sets_rerouted")
-        rec.routes, rec.awaiting, rec.answered = {}, set(), set()
+        self.backlog.set_routes(rec, {})
+        rec.awaiting, rec.answered = set(), set()
         return self._route(rec)
 
     def home_acked(self, sender: Member, ack: Ack) -> list[Action]:
@@ -416,7 +428,7 @@ class Stages:
         for rec in [self.sets[n] for n in out if n in self.sets]:
             if rec.stage is not Stage.HOME or sender.network not in rec.routes:
                 continue
-            for url in rec.routes.pop(sender.network):
+            for url in self.backlog.pop_route(rec, sender.network):
                 rec.frame.URL_set.pop(url, None)
                 self.claims.release(url, rec.number)
                 # Its home holds it now, for good: found here again, it is dropped at once. Not
@@ -439,7 +451,9 @@ class Stages:
             raise AssertionError(f"set {rec.number}: no step {step.name} from stage {rec.stage.name}")
         after, carry_out = entry
         before = rec.stage
-        if after is not None:
+        if after is not None and after is not before:
+            if self.sets.get(rec.number) is rec:
+                self.backlog.staged(before, after)
             rec.stage = after
         return carry_out(self, rec, before, *context)
 
@@ -474,7 +488,7 @@ class Stages:
         return [Drop(LOCAL_REDUCE_POOL, rec.number), Save(DIST_REDUCE_POOL, rec.number, rec.dump()), *self._ask(rec)]
 
     def _out_with_peers(self) -> bool:
-        return any(r.stage is Stage.DIST for r in self.sets.values())
+        return self.backlog.by_stage[Stage.DIST] > 0
 
     def _gather(self, rec: SetRecord, before: Stage) -> list[Action]:
         """R4, Nagle's rule: a set done with its LAN stage goes on at once while nothing
@@ -510,7 +524,7 @@ class Stages:
             for m in rest:
                 head.frame.URL_set.update(m.frame.URL_set)
                 head.incomplete |= m.incomplete
-                del self.sets[m.number]
+                self.backlog.leave(self.sets, m)
             head.gathered = tuple(sorted({*head.gathered, *(n for m in rest for n in (m.number, *m.gathered))}))
             for url in head.frame.URL_set:
                 self.claims.claim(url, head.number)
@@ -523,7 +537,7 @@ class Stages:
         urls = list(rec.frame.URL_set)
         for url in urls:
             self.claims.drop(url)
-        del self.sets[rec.number]
+        self.backlog.leave(self.sets, rec)
         for n in (rec.number, *rec.gathered):
             remember(self.recently_concluded, n, None, RECENTLY_CONCLUDED)
         self.counters.inc("urls_admitted", amount=len(urls))
@@ -552,7 +566,7 @@ class Stages:
         reply = Send((member_from_str(rec.origin),), wire.encode(rec.frame.with_flag(FLAG_ANSWER)))
         if self.homes is not None:  # a previous home's answer (_checked_here): nothing was kept
             return [*actions, reply]
-        del self.sets[rec.number]
+        self.backlog.leave(self.sets, rec)
         self.counters.inc("sets_concluded", complete=str(not rec.incomplete).lower())
         return [*actions, reply, Drop(DIST_REDUCE_POOL, rec.number), Conclude(rec.number, not rec.incomplete)]
 
@@ -562,9 +576,7 @@ class Stages:
         all it gave up)."""
         rec = self.sets[number]
         del rec.frame.URL_set[url]
-        for urls in rec.routes.values():  # a set of ours with its homes gives it up there too
-            if url in urls:
-                urls.remove(url)
+        self.backlog.unroute(rec, url)  # a set of ours with its homes gives it up there too
         self.counters.inc("urls_dropped", stage="tie-break")
         return number
 
@@ -645,7 +657,7 @@ class Stages:
         that have not come back by then are no longer waited for."""
         actions: list[Action] = []
         for rec in sorted(map(SetRecord.load, event.sets), key=lambda r: r.number):
-            self.sets[rec.number] = rec
+            self.backlog.enter(self.sets, rec)
             if self.exact and rec.stage is not Stage.FOREIGN:
                 for url in rec.frame.URL_set:
                     self.claims.claim(url, rec.number)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from functools import lru_cache
 
 import xxhash
 
@@ -27,6 +26,12 @@ from dedupnet.codec.urls import site_of
 __all__ = ["HomeMap", "parse_weights"]
 
 _SCALE = 1.0 / 2.0**64
+#: Sites whose home a map remembers. A center asks the home of every URL it decides
+#: and of every URL a home takes, so a crawl spread over more sites than it remembers
+#: pays the hashes of every network for most URLs; beyond the bound the memory is
+#: cleared and filled again (the sites a crawl is on now come back first). Room for the
+#: sites of a large crawl, at a bounded cost per site remembered (docs/BENCHMARKS.md).
+CACHED_SITES = 1 << 18
 
 
 class HomeMap:
@@ -43,16 +48,27 @@ class HomeMap:
         if not any(weights.values()):
             raise ValueError("a home map needs a network of positive weight")
         self.weights = dict(sorted(weights.items()))
-        salted = [(n, w, b"#%d" % n) for n, w in self.weights.items() if w > 0]
-        h = xxhash.xxh3_64_intdigest
-        log = math.log
+        self._salted = [(n, w, b"#%d" % n) for n, w in self.weights.items() if w > 0]
+        self._known: dict[str, int] = {}  # site -> its home, up to CACHED_SITES of them
 
-        @lru_cache(maxsize=1 << 16)
-        def home_of_site(site: str) -> int:
-            key = site.encode()
-            return max(salted, key=lambda s: s[1] / -log((h(key + s[2]) + 0.5) * _SCALE))[0]
+    def home_of_site(self, site: str) -> int:
+        home = self._known.get(site)
+        if home is None:
+            if len(self._known) >= CACHED_SITES:
+                self._known.clear()
+            home = self._known[site] = self._score(site)
+        return home
 
-        self.home_of_site = home_of_site
+    def _score(self, site: str) -> int:
+        """The network of the highest ``weight / -ln(u)`` (the first of equal scores)."""
+        key = site.encode()
+        h, log = xxhash.xxh3_64_intdigest, math.log
+        best, home = -1.0, 0
+        for network, weight, salt in self._salted:
+            score = weight / -log((h(key + salt) + 0.5) * _SCALE)
+            if score > best:
+                best, home = score, network
+        return home
 
     def home_of(self, url: str) -> int:
         """The home network of a normalised URL's site."""

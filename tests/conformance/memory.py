@@ -45,7 +45,13 @@ class MemoryCenter:
         return self.local_reduce_pool if name == "local_reduce_pool" else self.dist_reduce_pool
 
     def feed(self, event: object) -> None:
-        self.run(self.core.handle(event))
+        self.run(self.handle(event))
+
+    def handle(self, event: object) -> list:
+        """The core's actions for ``event``, its running counts checked against a scan."""
+        actions = self.core.handle(event)
+        self.core.stages.check_backlog()
+        return actions
 
     def run(self, actions: list) -> None:
         """As the daemons do: every other action first, then each look-up in turn,
@@ -92,7 +98,7 @@ class MemoryCenter:
             else:
                 raise TypeError(a)
         for a in deferred:
-            self.run(self.core.handle(LookupDone(
+            self.run(self.handle(LookupDone(
                 a.number, a.number in self.concluded,
                 [u in self.admitted for u in a.urls], self.digests.get(a.number, 0))))
 

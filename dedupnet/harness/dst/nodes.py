@@ -115,7 +115,11 @@ class Node:
             self.events += 1
             self.sched.record(self.name, _summary(item))
             actions = self.core.handle(item)
+            self.check()
             queue[:0] = self.execute(actions)
+
+    def check(self) -> None:
+        """After each event: what the core keeps as running counts agrees with a scan."""
 
     def lookup(self, action):
         raise NotImplementedError
@@ -132,6 +136,9 @@ class CenterNode(Node):
         self.store = CenterStore(world.journal_for(self.name))
         self.joined: dict[str, int] = {}  # member name -> epoch of its connection
         self.timers: dict[int, Handle] = {}
+
+    def check(self) -> None:
+        self.core.stages.check_backlog()
 
     def start(self) -> None:
         self.state = "up"
