@@ -11,6 +11,7 @@ from pathlib import Path
 
 from center_host.config import FOREIGN_LOOKUPS, LOCAL_LOOKUPS, PARTITION_POLICIES, ROUTINGS
 from dedupnet.codec.settings import SETTINGS
+from dedupnet.service import settings_fields
 from dedupnet.service.config import load_settings, reference_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,17 @@ def test_the_reference_in_docs_is_generated_from_the_declaration():
     assert m.group(1) == reference_markdown(), (
         "docs/DEPLOY.md's settings reference is out of date: paste `python -m dedupnet.service.config` between its "
         "markers")
+
+
+def test_the_written_out_fields_are_the_declared_ones(tmp_path):
+    assert settings_fields.current() == settings_fields.render(), (
+        "dedupnet/service/settings_fields.py is out of date: run `python -m dedupnet.service.settings_fields`")
+    # The check can fail: a copy with one field dropped differs, and writing it mends it.
+    copy = tmp_path / "fields.py"
+    copy.write_text(Path(settings_fields.__file__).read_text().replace("    lan: str | None  # default None\n", ""))
+    assert settings_fields.current(copy) != settings_fields.render()
+    settings_fields.write(copy)
+    assert settings_fields.current(copy) == settings_fields.render()
 
 
 def test_the_declared_choices_are_the_cores_own():

@@ -19,14 +19,16 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from dedupnet.codec.ages import RecrawlPolicy
 from dedupnet.codec.homes import parse_weights
 from dedupnet.codec.numbers import check_network
 from dedupnet.codec.settings import RETIRED, SETTINGS, declared
+from dedupnet.service.settings_fields import SettingsFields
 
 MODES = SETTINGS["mode"].choices
 
 
-class _Checked:
+class _Checked(SettingsFields):
     """What a :class:`Settings` checks beyond each value's type: the choices, the ranges,
     and the settings that only work together."""
 
@@ -81,19 +83,24 @@ class _Checked:
             raise ValueError("recrawl_after cannot be combined with finish_url_filter = 'bloom' "
                              "(a Bloom filter cannot forget a URL)")
 
-    def recrawl(self):
-        """The :class:`~dedupnet.adapters.storage.recrawl.RecrawlPolicy` of ``recrawl_after`` and
+    def recrawl(self) -> RecrawlPolicy | None:
+        """The :class:`~dedupnet.codec.ages.RecrawlPolicy` of ``recrawl_after`` and
         ``recrawl_sites``, or None (no URL ever ages). ValueError names a bad value."""
-        from dedupnet.codec.ages import RecrawlPolicy
-
         return RecrawlPolicy.from_settings(self.recrawl_after, self.recrawl_sites)
 
 
-#: The operator's settings: one field per declared setting (dedupnet/codec/settings.py),
-#: of its type and default, checked when made.
-Settings = dataclasses.make_dataclass(
-    "Settings", [(s.name, s.annotation, declared(s.name)) for s in SETTINGS.values()], bases=(_Checked,),
-    namespace={"__module__": __name__, "__doc__": "Every setting of a daemon: defaults < file < flags."})
+if typing.TYPE_CHECKING:
+    class Settings(_Checked):
+        """What a type checker sees: the written-out fields (kept equal to the declarations
+        by a test) of the class made below."""
+
+        def __init__(self, **values: Any) -> None: ...
+else:
+    #: The operator's settings: one field per declared setting (dedupnet/codec/settings.py),
+    #: of its type and default, checked when made.
+    Settings = dataclasses.make_dataclass(
+        "Settings", [(s.name, s.annotation, declared(s.name)) for s in SETTINGS.values()], bases=(_Checked,),
+        namespace={"__module__": __name__, "__doc__": "Every setting of a daemon: defaults < file < flags."})
 
 
 def values_for(settings: Any, cls: type) -> dict[str, Any]:
