@@ -1,14 +1,20 @@
 """Shared fixtures: one real (embedded) Redis server per test session, a fresh key
-prefix per test so tests never see each other's pools."""
+prefix per test so tests never see each other's pools; the crawler tests' web
+(tests/crawling.py) and a lab of network namespaces (tests/netns.py) for the tests
+that ask for them."""
 
 import itertools
 import os
 
 import pytest
+import trio
 
 from dedupnet.adapters.storage.embedded import EmbeddedRedis
 from dedupnet.adapters.storage.store import Store
 
+from . import netns
+from .crawling import HOSTS, Web
+from .netns import Lab
 from .procs import server_processes
 
 _prefixes = itertools.count()
@@ -64,3 +70,33 @@ def store(redis_url, prefix):
     yield s
     s.delete_prefix()
     s.close()
+
+
+@pytest.fixture
+async def web():
+    """The crawler tests' tiny web (tests/crawling.py): a site on each address of
+    ``HOSTS``, served until the test ends."""
+    w = Web()
+    async with trio.open_nursery() as nursery:
+        for name, host in HOSTS.items():
+            await w.add(nursery, name, host)
+        yield w
+        nursery.cancel_scope.cancel()
+
+
+@pytest.fixture
+def lab():
+    """Network namespaces for the test (tests/netns.py), all removed when it ends; the
+    test is skipped, with the reason, where they cannot be built."""
+    reason = netns.unavailable()
+    if reason:
+        pytest.skip(reason)
+    netns.remove_stale()
+    lab = Lab()
+    try:
+        yield lab
+    finally:
+        problems = lab.close()
+        left = [ns for ns in netns.list_namespaces() if ns.startswith(lab.tag + "-")]
+        assert not left, f"namespaces left behind: {left}"
+        assert not problems, problems

@@ -1,7 +1,7 @@
 """What many test files need, written once: waiting for a condition (on trio's clock, or in
 real time beside daemons in other processes), the ``dedupnet`` command, a free port, and
 a protocol server that echoes, with the Register of its clients, and raw bytes sent to a
-server."""
+server; the Scrapy tests' hosts, and the check of a simulation report's CPU figures."""
 
 from __future__ import annotations
 
@@ -15,15 +15,21 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
+import pytest
 import trio
 
 from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.net.transport import Connection, serve
 from dedupnet.codec.messages import Register
 from dedupnet.codec.wire import Decoder, encode
+from dedupnet.harness.report import format_report
 
 #: The command line of ``dedupnet``, as an operator runs it, in this interpreter.
 DEDUPNET = [sys.executable, "-m", "dedupnet.cli"]
+
+#: The Scrapy hosts of the Scrapy tests (``dedupnet local --no-crawl`` beside a spider):
+#: the first host of networks 1 and 2.
+SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
 
 
 async def until(predicate: Callable[[], Any], timeout: float = 20.0, *, poll: float = 0.01, what: str = "") -> Any:
@@ -104,3 +110,15 @@ async def raw_exchange(port: int, data: bytes, local_ip: str, host: str = "127.0
                 received.extend(decoder)
             decoder.eof()
             return received
+
+
+def check_cpu_figures(report, roles: set[str]) -> None:
+    """Plausible figures: every role has a positive one, the roles add up to the total,
+    per page is the total over the requests the web answered, and the text shows them."""
+    assert set(report.cpu_s) == roles
+    assert all(s > 0 for s in report.cpu_s.values()), report.cpu_s
+    assert report.cpu_total_s == pytest.approx(sum(report.cpu_s.values()), abs=0.005)
+    assert report.cpu_total_ms_per_page == pytest.approx(report.cpu_total_s * 1000 / report.requests, rel=0.01)
+    assert sum(report.cpu_ms_per_page.values()) == pytest.approx(report.cpu_total_ms_per_page, rel=0.01)
+    text = format_report(report)
+    assert "CPU per page" in text and all(f"{role} " in text for role in roles)

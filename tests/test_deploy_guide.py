@@ -2,7 +2,7 @@
 guide marks with ``<!-- deploy-test: MACHINE... [FILE] -->`` are taken from the guide
 itself and run on those machines, so the guide and this test cannot drift apart.
 
-The machines are network namespaces (tests/netns.py, the layout of tests/test_netns.py:
+The machines are network namespaces (tests/netns.py, the layout of tests/netns_lab.py:
 two LANs, a center and two hosts each, a WAN between the centers) plus an admin
 machine with a leg on each LAN and on the WAN. Each machine has a directory of its own
 standing for its file system: ``/etc/dedupnet`` and ``/var/lib/dedupnet`` in a block
@@ -36,7 +36,7 @@ from dedupnet.harness.web import SyntheticWeb, WebSpec
 
 from . import netns
 from .netns import Lab, in_netns
-from .test_netns import WEB_NET, Daemon, build_two_lans, lab, stop  # noqa: F401 - lab is a fixture
+from .netns_lab import WEB_NET, Daemon, build_two_lans, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 GUIDE = ROOT / "docs" / "DEPLOY.md"

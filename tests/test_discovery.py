@@ -40,7 +40,7 @@ from local_host.pools import HostPools
 from . import netns
 from .helpers import DEDUPNET
 from .netns import in_netns
-from .test_netns import Daemon, lab, stop  # noqa: F401 - lab: the fixture that builds (and removes) namespaces
+from .netns_lab import Daemon, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = Keyring.single(b"k" * 32)
@@ -430,7 +430,7 @@ def test_dedupnet_local_center_auto_says_so_when_nobody_answers():
 
 
 # -- across a bridge, between network namespaces ------------------------------------------
-async def test_a_host_finds_its_center_by_broadcast_across_a_bridge(lab, tmp_path):  # noqa: F811 - the fixture
+async def test_a_host_finds_its_center_by_broadcast_across_a_bridge(lab, tmp_path):
     """Center and host in two namespaces on one bridge, 10.9.0.0/24: the host is given
     nothing but ``--center auto`` and broadcasts to its interface's broadcast address
     (netifaces); the center, listening on every address, answers with its LAN address.

@@ -25,7 +25,7 @@ from dedupnet.service.exposure import Unprotected, check_exposure, is_loopback, 
 from . import netns
 from .helpers import DEDUPNET, dedupnet
 from .netns import in_netns
-from .test_netns import Daemon, lab, stop  # noqa: F401 - lab: the fixture that builds (and removes) namespaces
+from .netns_lab import Daemon, stop
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -116,7 +116,7 @@ PEER = "1,10.255.0.1:7700,10.1.0.0/24"
 HOST_IP, FORGER_IP = "10.2.0.10", "10.1.0.66"
 
 
-def build(lab) -> None:  # noqa: F811 - the fixture
+def build(lab) -> None:
     for name in ("c", "h", "x"):
         lab.add(name)
     lab.veth("c", "lan0", "h", "eth0")
@@ -134,7 +134,7 @@ def center_argv(tmp_path: Path, *extra: str) -> list[str]:
             "--ip", "10.255.0.2", "--peer", PEER, "--no-discovery", "--data-dir", str(tmp_path / "c"), *extra]
 
 
-async def start(lab, center: Daemon, tmp_path: Path, key_file: str | None = None) -> None:  # noqa: F811
+async def start(lab, center: Daemon, tmp_path: Path, key_file: str | None = None) -> None:
     center.start(lab, tmp_path)
     with trio.fail_after(60):
         while True:
@@ -147,7 +147,7 @@ async def start(lab, center: Daemon, tmp_path: Path, key_file: str | None = None
                 await trio.sleep(0.1)
 
 
-async def register(lab, ns: str, ip: str, network: int, role: str, keyring=None) -> list:  # noqa: F811
+async def register(lab, ns: str, ip: str, network: int, role: str, keyring=None) -> list:
     """What the center answers a Register from ``ip`` in namespace ``ns``, until it
     closes the connection or 2 s pass (then the connection was accepted)."""
     replies: list = []
@@ -169,7 +169,7 @@ def refused_with(replies: list, reason: str) -> bool:
     return replies[-1:] == ["closed"] and any(isinstance(m, Error) and m.reason == reason for m in replies)
 
 
-async def test_forged_peer_and_keyless_host_are_refused_in_the_default_configuration(lab, tmp_path):  # noqa: F811
+async def test_forged_peer_and_keyless_host_are_refused_in_the_default_configuration(lab, tmp_path):
     """A center listening on its real interfaces, configured as an operator would
     (its network, LAN and peer), with nothing else: it does not start. Started with
     the settings `dedupnet certs` prints, it refuses a process that registers as the
@@ -212,7 +212,7 @@ async def test_forged_peer_and_keyless_host_are_refused_in_the_default_configura
     assert codes == {"c": 0}, center.log_tail()
 
 
-async def test_insecure_center_starts_on_real_interfaces_and_warns(lab, tmp_path):  # noqa: F811
+async def test_insecure_center_starts_on_real_interfaces_and_warns(lab, tmp_path):
     """--insecure: the operator's choice, said in the log; the keyless host it lets in
     is what the operator accepted."""
     trio.socket.set_custom_socket_factory(netns.NetnsSocketFactory())

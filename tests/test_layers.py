@@ -161,3 +161,31 @@ def test_the_checks_fail_on_an_upward_import_and_on_a_cycle():
     assert cycles(g) == [["a.x", "a.y", "a.z"]]
     g = {"local_host.daemon": {"center_host.protocol"}, "center_host.protocol": set()}
     assert upward(g) == ["local_host.daemon imports the other role's center_host.protocol"]
+
+
+def imported_test_files(source: str) -> list[str]:
+    """The test files that ``source`` (a module under tests/) imports, inside functions too."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").split(".")[0] == "tests"):
+            base = "." * node.level + (node.module or "")
+            if any(p.startswith("test_") for p in (node.module or "").split(".")):
+                found.append(base)
+            found += [f"{base}{'' if base.endswith('.') else '.'}{a.name}" for a in node.names if a.name.startswith("test_")]
+        elif isinstance(node, ast.Import):
+            found += [a.name for a in node.names
+                      if a.name.split(".")[0] == "tests" and any(p.startswith("test_") for p in a.name.split("."))]
+    return found
+
+
+def test_no_test_file_imports_another():
+    """What test files share is in helper modules (tests/helpers.py, tests/crawling.py,
+    tests/netns_lab.py, ...) and fixtures in tests/conftest.py: a test file that imported
+    another would run that file's module code when collected, and break if it were renamed."""
+    offenders = {str(p.relative_to(ROOT)): found for p in sorted((ROOT / "tests").rglob("*.py"))
+                 if (found := imported_test_files(p.read_text()))}
+    assert offenders == {}
+    assert imported_test_files("from .test_netns import Daemon") == [".test_netns"]
+    assert imported_test_files("def f():\n    from tests import test_scrapy\n") == ["tests.test_scrapy"]
+    assert imported_test_files("import tests.test_crawler") == ["tests.test_crawler"]
+    assert imported_test_files("from .helpers import until\nfrom dedupnet.x import test_y\nimport test_z") == []

@@ -22,7 +22,7 @@ from dedupnet.harness.cluster import open_cluster
 from dedupnet.service.config import Settings
 
 from .helpers import until
-from .test_crawler import crawling, finished, settle, slow_pages, web  # noqa: F401 - web is a fixture
+from .crawling import crawling, finished, settle, slow_pages
 
 
 @pytest.fixture

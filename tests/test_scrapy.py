@@ -33,7 +33,8 @@ from local_host.frontier.sites import task_count  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 from local_host.frontier.sites import QUEUED  # noqa: E402
 
-SCRAPY_HOSTS = ("127.0.1.10", "127.0.2.10")
+from .helpers import SCRAPY_HOSTS  # noqa: E402
+
 CRAWLER_HOST = "127.0.1.11"
 
 

@@ -24,7 +24,7 @@ from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
 from dedupnet.adapters.storage.store import Store  # noqa: E402
 from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 from dedupnet.harness.scrapyhost import Spider  # noqa: E402
-from tests.test_scrapy import SCRAPY_HOSTS  # noqa: E402
+from tests.helpers import SCRAPY_HOSTS  # noqa: E402
 
 #: Far above what the close on the verdict takes, far below the crawl without it
 #: (which never closes: the spiders run with no idle limit that could end them first).

@@ -12,7 +12,7 @@ from dedupnet.harness.report import SimConfig, format_comparison, format_report
 from dedupnet.harness.sim import simulate
 from dedupnet.harness.weblog import load_spread
 
-from .test_simcpu import check_cpu_figures
+from .helpers import check_cpu_figures
 
 
 def small(**kw):

@@ -15,9 +15,8 @@ from dedupnet.harness.report import SimConfig
 from dedupnet.harness.simproc import simulate_processes
 from dedupnet.harness.web import SyntheticWeb
 
-from .helpers import DEDUPNET, wait_for
+from .helpers import DEDUPNET, check_cpu_figures, wait_for
 from .procs import live_processes, server_processes
-from .test_simcpu import check_cpu_figures
 
 
 def _children(pid: int) -> set[int]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import trio
 
 from dedupnet.adapters.storage.store import TASK_POOL
-from tests.test_crawler import crawling, web  # noqa: F401 (the fixture)
+from tests.crawling import crawling
 
 
 async def test_small_sites_are_fetched_at_once_behind_a_big_one(store, web):
