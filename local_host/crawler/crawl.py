@@ -169,6 +169,9 @@ class Crawler:
         #: Called after each write that pushed links into URL_pool (the host's walker
         #: wakes on it instead of polling).
         self.on_commit: Callable[[], None] | None = None
+        #: Called after each write of done tasks (the host's report loop wakes on it: a
+        #: finished task is a report to make).
+        self.on_done: Callable[[], None] | None = None
         #: Tasks taken and not yet done (fetching, waiting for a slot or a retry).
         self.in_progress = 0
         #: Notified each time a task is done: :attr:`in_progress` went down.
@@ -408,6 +411,8 @@ class Crawler:
                     done.set()
                 if self.on_commit is not None and any(o.links for _, o in items):
                     self.on_commit()
+                if self.on_done is not None:
+                    self.on_done()
 
     def _fill_done(self, items: list[tuple[bytes, Outcome]], batch: Batch) -> None:
         fill_done(batch, self.store, items, max_depth=self.settings.max_depth, depth_key=self.depth_key,
