@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -47,8 +48,10 @@ log = logging.getLogger("dedupnet.local")
 #: The member name a host keeps its center's watermark under.
 CENTER = "center"
 
-#: The walker's longest sleep while URL_pool stays empty (it backs off from idle_poll).
-MAX_IDLE_POLL = 0.5
+#: Longest wait of a loop that is woken by what makes its work (the walker on a host
+#: with a crawler, the report loop, the compactor, the task count): a safety look for
+#: what changed where nothing here rings (another process's ``dedupnet push``).
+RECHECK = 5.0
 #: The walker's sleep while the core has not yet handled what it was given.
 BUSY_POLL = 0.005
 #: Longest wait of a leaving host between two reads of what it still has to send.
@@ -146,9 +149,17 @@ class LocalDaemon:
             crawler = dataclasses.replace(crawler, recrawl=settings.recrawl)
         self.crawler = Crawler(store, crawler, self.counters, consumer=settings.ip) if crawler else None
         self.crawler_scope = trio.CancelScope()
-        self._pushed = trio.Event()  # the crawler put links into URL_pool
+        self._pushed = trio.Event()  # the crawler put links into URL_pool, or the core freed room: walk
+        #: Set when a report may be due (tasks finished, an ack stored, a connection):
+        #: what the report loop waits for instead of reading tasks_done on a timer.
+        self._report_due = trio.Event()
+        #: Set when task_pool may have changed size or taken URLs to seal: what the task
+        #: count and the compactor wait for (one event each).
+        self._tasks_changed_count, self._tasks_changed_compact = trio.Event(), trio.Event()
+        self._moved = True  # tasks_moved may hold tasks to drop (at start: left from before a restart)
         if self.crawler is not None:
             self.crawler.on_commit = lambda: self._pushed.set()
+            self.crawler.on_done = self._tasks_done
         self.handed_back: trio.Event | None = None
         self._handing_back: int | None = None
         #: Called with the entries the walker takes from URL_pool (the simulation times
@@ -171,6 +182,15 @@ class LocalDaemon:
         self.census = CrawlCensus(settings.center, lambda: [self.lan_keyring], logger=log, setting="its center",
                                   without="this host keeps running", with_verdict="this host exits once the crawl "
                                   "is complete")
+
+    def _tasks_done(self) -> None:
+        """Finished tasks were written (with their reports-to-be, in tasks_done)."""
+        self._report_due.set()
+        self._task_pool_changed()
+
+    def _task_pool_changed(self) -> None:
+        self._tasks_changed_count.set()
+        self._tasks_changed_compact.set()
 
     def _say_resumed(self) -> None:
         """One line when the store is not new (its sequence has numbered sets): a host
@@ -223,6 +243,7 @@ class LocalDaemon:
                 await nursery.start(self._run_crawler)
                 if s.seeds:
                     log.info("%d seeds into URL_pool", await self.crawler.seed(s.seeds))
+                    self._pushed.set()
             nursery.start_soon(lambda: connect_forever(
                 *s.center, register, self._session, local_ip=s.ip, counters=self.counters,
                 max_frame_size=s.max_frame_size, max_urls=s.max_urls, compress=s.compress, keyring=self.lan_keyring,
@@ -264,7 +285,14 @@ class LocalDaemon:
             except trio.RunFinishedError:
                 pass
 
+        def tasks_done() -> None:
+            try:
+                trio.from_thread.run_sync(self._tasks_done, trio_token=token)
+            except trio.RunFinishedError:
+                pass
+
         queues.on_push = wake_walker
+        queues.on_finish = tasks_done
         server, port = await trio.to_thread.run_sync(start_server, queues, self.counters, *self.settings.frontier)
         self.frontier = queues
         try:
@@ -281,6 +309,8 @@ class LocalDaemon:
     async def _session(self, conn: Connection) -> None:
         self.conn = conn
         self.conn_changes.notify()
+        self._pushed.set()
+        self._report_due.set()
         log.info("connected to the center")
         try:
             await self.reactor.put(hp.Connected(), conn)
@@ -325,20 +355,38 @@ class LocalDaemon:
 
     async def _count_tasks(self) -> None:
         """Read task_pool's size for the heartbeats, apart from them: a slow Redis must
-        not hold a heartbeat back."""
+        not hold a heartbeat back. Read again once it may have changed (tasks came or
+        finished here), at most once a heartbeat interval, and every ``RECHECK`` seconds
+        all the same; a host whose tasks are taken by another process (no crawler of its
+        own) reads it every interval, as nothing here rings for them."""
+        interval = self.settings.heartbeat_interval
+        wait = interval if self._outside() else RECHECK
         while True:
+            self._tasks_changed_count = trio.Event()
             self.task_pool_size = await until_stored(self.store, self.counters, self.pools.task_pool_size_steps)
-            await trio.sleep(self.settings.heartbeat_interval)
+            await trio.sleep(interval)
+            with trio.move_on_after(wait - interval):
+                await self._tasks_changed_count.wait()
+
+    def _outside(self) -> bool:
+        """Are this host's tasks taken and finished by another process (a Scrapy
+        host's crawler): then nothing in this process says when they change."""
+        return self.crawler is None and self.settings.frontier is None
 
     async def _compact_tasks(self) -> None:
         """Seal the URLs queued lately into blocks (local_host/frontier/site_blocks.py), round
-        after round while there are any, then every ``COMPACT_INTERVAL``: what keeps a
-        long queue small. Sites queued before a restart are looked at once."""
+        after round while there are any, then again once tasks came or were taken here
+        (at most every ``COMPACT_INTERVAL``, and every ``RECHECK`` seconds all the same):
+        what keeps a long queue small. Sites queued before a restart are looked at once."""
         await until_stored(self.store, self.counters, sites.mark_all_dirty, self.pools.store)
+        wait = COMPACT_INTERVAL if self._outside() else RECHECK
         while True:
+            self._tasks_changed_compact = trio.Event()
             while await until_stored(self.store, self.counters, sites.compact_steps, self.pools.store):
                 await trio.sleep(0)
             await trio.sleep(COMPACT_INTERVAL)
+            with trio.move_on_after(wait - COMPACT_INTERVAL):
+                await self._tasks_changed_compact.wait()
 
     async def _walk(self) -> None:
         """§2.2: take what the crawler put in URL_pool, while the center keeps up, and hand
@@ -346,7 +394,6 @@ class LocalDaemon:
         holds it meanwhile (local_host/protocol.py, Nagle's rule). What the core holds
         stays pending in URL_pool; a restart de-dups it again."""
         s = self.settings
-        poll = s.idle_poll
         while True:
             entries = []
             await until_room(self.store, self.counters)  # new URLs would be new sets to write
@@ -366,36 +413,53 @@ class LocalDaemon:
                     await self.reactor.put(hp.Found(entries))
                 if len(entries) == room:
                     continue
-            # Nothing more for now: sleep until the crawler pushes links or a poll (backing
-            # off while idle: URL_pool may be fed from outside). A host without a crawler
-            # of its own is fed only from outside: no back-off.
-            poll = s.idle_poll if entries or self.crawler is None else min(2 * poll, MAX_IDLE_POLL)
+            # Nothing more for now: sleep until the crawler pushes links, the core has room
+            # again (an ack) or the connection comes, or else a look at RECHECK (URL_pool may
+            # be fed by another process: `dedupnet push`). A host without a crawler of its
+            # own is fed only from outside: it polls every idle_poll.
+            poll = s.idle_poll if self.crawler is None else RECHECK
             with trio.move_on_after(poll):
                 await self._pushed.wait()
             self._pushed = trio.Event()
 
     async def _report_done(self) -> None:
         """Finished tasks go to the center in reports (docs/PROTOCOL.md section 12), up to
-        ``set_size`` URLs each, looked for a few times a heartbeat interval: the center's
-        ledger holds them until then, and its verdict waits for it. A report goes, as a
-        set does, when no message of this host's awaits the center's ack, else once it
-        is full (Nagle's rule): what a host gone with its disk leaves unreported, to be
-        fetched again elsewhere, is what finished within about a round trip. One report
-        is made at a time, so the entries it takes are out of ``tasks_done`` before the
-        next read."""
-        interval = min(1.0, self.settings.heartbeat_interval) / 4
+        ``set_size`` URLs each: the center's ledger holds them until then, and its verdict
+        waits for it. A report goes, as a set does, when no message of this host's awaits
+        the center's ack, else once it is full (Nagle's rule): what a host gone with its
+        disk leaves unreported, to be fetched again elsewhere, is what finished within
+        about a round trip. One report is made at a time, so the entries it takes are out
+        of ``tasks_done`` before the next read.
+
+        ``tasks_done`` is read when a report may have become due (:attr:`_report_due`:
+        tasks finished here, the core stored an ack, which frees a finished task's links
+        from URL_pool and the link from Nagle's hold, or the center connected), at most
+        every quarter heartbeat interval (a busy host's finished tasks go together), and
+        every ``RECHECK`` seconds all the same. Reading it four times a second whatever
+        happened was most of an idle host's Redis commands. A host whose tasks another
+        process finishes (a Scrapy host) reads it every quarter interval, as before."""
+        gap = min(1.0, self.settings.heartbeat_interval) / 4
+        wait = gap if self._outside() else RECHECK
+        last = -math.inf
         while True:
-            await trio.sleep(interval)
+            with trio.move_on_after(wait):
+                await self._report_due.wait()
+            await trio.sleep_until(last + gap)
+            self._report_due = trio.Event()  # before the reads: what happens during them wakes the next round
             if self.conn is None:
-                continue
-            if await until_stored(self.store, self.counters, self.pools.drop_moved):
-                log.info("tasks that moved to other hosts while this one was away: out of task_pool")
+                continue  # the connection's coming sets _report_due
+            last = trio.current_time()
+            if self._moved:
+                self._moved = False
+                if await until_stored(self.store, self.counters, self.pools.drop_moved):
+                    log.info("tasks that moved to other hosts while this one was away: out of task_pool")
             urls = await until_stored(self.store, self.counters, self.pools.tasks_done, self.settings.set_size)
             if not urls or (len(urls) < self.settings.set_size and self.core.in_flight):
                 continue
             await self.reactor.put(hp.Finished(tuple(urls), len(urls)))
-            while not self.reactor.idle:
-                await trio.sleep(0.01)
+            await self.reactor.changes.until(lambda: self.reactor.idle)
+            if len(urls) == self.settings.set_size:
+                self._report_due.set()  # a full report: there may be more
 
     async def _watch_completion(self) -> None:
         """While idle here, ask the center for the whole crawl's verdict (this host's
@@ -425,6 +489,7 @@ class LocalDaemon:
         if any(isinstance(a, WRITES) for a in actions):
             sends = any(isinstance(a, hp.Send) for a in actions)
             await until_stored(self.store, self.counters, self.pools.apply_steps, actions, sends)
+            self._wake_after(actions)
         followups = []
         for a in actions:
             if isinstance(a, hp.Send) and self.settings.send_delay:
@@ -434,6 +499,22 @@ class LocalDaemon:
             elif isinstance(a, hp.Lookup):
                 followups.append(functools.partial(until_stored, self.store, self.counters, self.pools.lookup_steps, a))
         return followups
+
+    def _wake_after(self, actions: list) -> None:
+        """Wake the loops that wait for what these stored actions may have made: an ack
+        (Release, Forget, TakeDone) frees room for the walker and may make a report due
+        (a finished task's links left URL_pool; nothing awaits the center's ack); tasks
+        that came or moved change task_pool."""
+        for a in actions:
+            if isinstance(a, (hp.Release, hp.Forget, hp.TakeDone)):
+                self._pushed.set()
+                self._report_due.set()
+            elif isinstance(a, hp.AddTasks):
+                self._task_pool_changed()
+            elif isinstance(a, hp.DropTasks):
+                self._moved = True
+                self._report_due.set()
+                self._task_pool_changed()
 
     def _send(self, data: bytes) -> None:
         if self.conn is None or not self.conn.send_nowait(data):

@@ -178,8 +178,9 @@ def test_an_idle_taker_wakes_at_once_when_tasks_are_queued(store):
     store.ensure_group(TASK_POOL, GROUP)
     idle = _take(store, 10)
     assert idle.entries == [] and idle.next_ready is None
-    woke = threading.Event()
-    waiter = threading.Thread(target=lambda: (sites.wait_for_new(store, idle, 20_000), woke.set()))
+    assert sites.wait_for_new(store, idle, 1) is False  # ran out: a taker may wait again without a take
+    woke, came = threading.Event(), []
+    waiter = threading.Thread(target=lambda: (came.append(sites.wait_for_new(store, idle, 20_000)), woke.set()))
     waiter.start()
     try:
         assert not woke.wait(0.3)  # still waiting: nothing new
@@ -189,6 +190,7 @@ def test_an_idle_taker_wakes_at_once_when_tasks_are_queued(store):
         assert woke.wait(5)
     finally:
         waiter.join(25)
+    assert came == [True]
     assert [u for _, u in _take(store, 10).entries] == ["http://a.example/1"]
 
 

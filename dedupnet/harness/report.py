@@ -156,6 +156,13 @@ class Report:
     #: Bytes of messages written, by the sender's role and the message's kind.
     bytes_by_kind: dict[str, int] = field(default_factory=dict)
     center_redis_bytes_per_url: float | None = None  # per admitted URL
+    #: Every command the run's Redis served (its commandstats: the daemons' polling as well
+    #: as their work, and the harness's own reads), per second of the run and per request
+    #: the web answered, and the busiest commands by name.
+    redis_commands: int | None = None
+    redis_commands_per_s: float | None = None
+    redis_commands_per_page: float | None = None
+    redis_commands_top: dict[str, int] = field(default_factory=dict)
     host_redis_bytes_per_url: float | None = None  # per admitted URL
     #: The harness's own invariant check (:func:`check_extracted`): URLs that some fetched
     #: page links to and that were not crawled exactly once, and what was seen of them.
@@ -418,6 +425,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         bytes_by_kind=dict(kind_bytes), **cpu_figures(cpu_roles or {}, requests),
     )
     extra["bad_input"] = _refused(daemons)
+    extra.update(_commands(server, wall, requests))
     extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
     extra.update(pacing(cfg, web, seeds, reach, wall, web_t0, timeline) if k == 1 else {})
     if windows:
@@ -445,6 +453,17 @@ def _lookups(server) -> int:
     """Redis look-up commands the run sent (SMISMEMBER, HMGET), from the server's stats."""
     stats = merged_info(server, "commandstats")
     return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
+
+
+def _commands(server, wall: float, requests: int) -> dict:
+    """Commands the run's Redis served, in all, per second and per page, and the ten
+    busiest by name (from its commandstats)."""
+    stats = merged_info(server, "commandstats")
+    calls = {k.removeprefix("cmdstat_"): v.get("calls", 0) for k, v in stats.items() if isinstance(v, dict)}
+    total = sum(calls.values())
+    return dict(redis_commands=total, redis_commands_per_s=round(total / wall, 1) if wall else None,
+                redis_commands_per_page=round(total / requests, 2) if requests else None,
+                redis_commands_top=dict(sorted(calls.items(), key=lambda kv: -kv[1])[:10]))
 
 
 def _set_fill(centers) -> float | None:
@@ -559,6 +578,7 @@ def format_report(r: Report) -> str:
   URLs per URL_set (fill)     {_num(r.set_fill, '>10.1f')}   (flag=1 frames at the centers)
   max URL_pool backlog        {r.max_url_pool:>10,}
   Redis look-ups              {r.redis_lookups:>10,}   (SMISMEMBER/HMGET commands)
+  Redis commands              {_num(r.redis_commands, '>10,')}   {_num(r.redis_commands_per_s, ',.0f')}/s, {_num(r.redis_commands_per_page, '.1f')} per page
   discovery -> admission      p50 / p99: {lat}
   sets concluded incomplete   {r.sets_concluded_incomplete:>10,}
   center CPU                  {cpu}{cpu_lines(r)}

@@ -70,6 +70,7 @@ def figures(report: dict | None, tree_cpu: float) -> dict[str, float | None]:
         **{f"  {role}": per_role.get(role) for role in ROLES},
         "whole run CPU ms/page": tree_cpu * 1000 / requests if requests else None,
         "center CPU ms/1k URLs": r.get("center_cpu_ms_per_1k_urls"),
+        "Redis cmds/s": r.get("redis_commands_per_s"), "Redis cmds/page": r.get("redis_commands_per_page"),
         "p50 ms": ms("latency_p50"), "p99 ms": ms("latency_p99"),
         "frames/URL": r.get("frames_per_url"), "bytes/URL": r.get("bytes_per_url"),
         "duplicates": r.get("duplicate_fetches"), "lost": r.get("lost_urls"),

@@ -169,6 +169,9 @@ class Crawler:
         #: Called after each write that pushed links into URL_pool (the host's walker
         #: wakes on it instead of polling).
         self.on_commit: Callable[[], None] | None = None
+        #: Called after each write of done tasks (the host's report loop wakes on it: a
+        #: finished task is a report to make).
+        self.on_done: Callable[[], None] | None = None
         #: Tasks taken and not yet done (fetching, waiting for a slot or a retry).
         self.in_progress = 0
         #: Notified each time a task is done: :attr:`in_progress` went down.
@@ -235,14 +238,23 @@ class Crawler:
             self._site_delays = {**delays, **self._site_delays}
             raise
 
-    async def _wait_for_work(self, taken: sites.Taken) -> None:
+    async def _wait_for_work(self, taken: sites.Taken, until: float) -> None:
         """Nothing could be taken: wait in Redis for a new task, at most until the next
-        site's politeness allows one (or ``block_timeout``)."""
-        wait = self.settings.block_timeout
-        if taken.next_ready is not None:
-            wait = min(wait, taken.next_ready - time.time())
-        if wait >= 0.002:
-            await until_stored(self._reader, self.counters, sites.wait_for_new, self.store, taken, int(wait * 1000))
+        site's politeness allows one (or ``block_timeout``). With no site queued, a wait
+        that ends with nothing new is begun again until ``until`` (trio's clock: the next
+        look for pending entries): a take then would find nothing either, and an idle
+        crawler's take each ``block_timeout`` was most of an idle host's Redis commands.
+        Each wait stays ``block_timeout`` long at most: a stopping crawler waits for it."""
+        while True:
+            wait = self.settings.block_timeout
+            if taken.next_ready is not None:
+                wait = min(wait, taken.next_ready - time.time())
+            if wait < 0.002:
+                return
+            new = await until_stored(self._reader, self.counters, sites.wait_for_new, self.store, taken,
+                                     int(wait * 1000))
+            if new or taken.next_ready is not None or trio.current_time() >= until:
+                return
 
     def stop_taking(self) -> None:
         """Take no new task, and give up at once every task whose request has not gone
@@ -312,7 +324,7 @@ class Crawler:
                 self._taken.add(eid)
                 nursery.start_soon(self._process, eid, url)
             if taken is not None and not entries and cursor is None:
-                await self._wait_for_work(taken)
+                await self._wait_for_work(taken, rescan_at)
 
     # -- one task --------------------------------------------------------------------------
     async def _process(self, eid: bytes, url: str) -> None:
@@ -408,6 +420,8 @@ class Crawler:
                     done.set()
                 if self.on_commit is not None and any(o.links for _, o in items):
                     self.on_commit()
+                if self.on_done is not None:
+                    self.on_done()
 
     def _fill_done(self, items: list[tuple[bytes, Outcome]], batch: Batch) -> None:
         fill_done(batch, self.store, items, max_depth=self.settings.max_depth, depth_key=self.depth_key,

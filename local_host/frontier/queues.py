@@ -133,6 +133,8 @@ class FrontierQueues:
         self.active = True
         #: Called after discovered URLs went into URL_pool (wakes the host's walker).
         self.on_push: Callable[[], None] | None = None
+        #: Called after tasks were finished (wakes the host's report loop).
+        self.on_finish: Callable[[], None] | None = None
         self._served: dict[str, float] = {}
         self._lock = threading.Lock()
 
@@ -282,6 +284,8 @@ class FrontierQueues:
                 batch.add(b"HDEL", self.store.key(LEASES), *done)
 
             self.store.transact(fill)
+            if self.on_finish is not None:
+                self.on_finish()
         self.counters.inc("frontier_known", len(done))
         return [FAIL if u is None else OK for u in urls]
 

@@ -477,11 +477,12 @@ def _unseal_all(store: Store) -> None:
             return
 
 
-def wait_for_new(store: Store, taken: Taken, block_ms: int) -> None:
+def wait_for_new(store: Store, taken: Taken, block_ms: int) -> bool:
     """Wait in Redis, at most ``block_ms``, for tasks newer than ``taken``: queued (the
-    bell rings) or added to the stream directly. How an idle taker wakes at once."""
-    store.command(b"XREAD", b"COUNT", 1, b"BLOCK", max(1, block_ms), b"STREAMS", store.key(TASK_POOL),
-                  store.key(BELL), taken.last, taken.rung)
+    bell rings) or added to the stream directly. How an idle taker wakes at once. True
+    if something came (False: the wait ran out)."""
+    return bool(store.command(b"XREAD", b"COUNT", 1, b"BLOCK", max(1, block_ms), b"STREAMS",
+                              store.key(TASK_POOL), store.key(BELL), taken.last, taken.rung))
 
 
 def back_off(store: Store, site: str, until: float) -> None:
