@@ -48,10 +48,12 @@ log = logging.getLogger("dedupnet.local")
 #: The member name a host keeps its center's watermark under.
 CENTER = "center"
 
-#: Longest wait of a loop that is woken by what makes its work (the walker on a host
-#: with a crawler, the report loop, the compactor, the task count): a safety look for
-#: what changed where nothing here rings (another process's ``dedupnet push``).
+#: Longest wait of a loop that is woken by what makes its work (the report loop, the
+#: compactor, the task count): a safety look for what changed where nothing here rings.
 RECHECK = 5.0
+#: The walker's longest wait on a host with a crawler: what `dedupnet push` writes from
+#: another process rings nothing here, and is taken within this.
+PUSH_RECHECK = 0.5
 #: The walker's sleep while the core has not yet handled what it was given.
 BUSY_POLL = 0.005
 #: Longest wait of a leaving host between two reads of what it still has to send.
@@ -414,10 +416,11 @@ class LocalDaemon:
                 if len(entries) == room:
                     continue
             # Nothing more for now: sleep until the crawler pushes links, the core has room
-            # again (an ack) or the connection comes, or else a look at RECHECK (URL_pool may
-            # be fed by another process: `dedupnet push`). A host without a crawler of its
-            # own is fed only from outside: it polls every idle_poll.
-            poll = s.idle_poll if self.crawler is None else RECHECK
+            # again (an ack) or the connection comes, or else a look at PUSH_RECHECK:
+            # URL_pool may be fed by another process (`dedupnet push`), whose URLs should
+            # not wait long. A host without a crawler of its own is fed only from outside:
+            # it polls every idle_poll.
+            poll = s.idle_poll if self.crawler is None else PUSH_RECHECK
             with trio.move_on_after(poll):
                 await self._pushed.wait()
             self._pushed = trio.Event()
