@@ -8,7 +8,7 @@ import pytest
 from center_host.events import Host, Left, Peer, Received
 from dedupnet.codec.messages import Ack, Frame
 
-from .test_homes import center, num, sent, urls_homed
+from .home_routing import center, num, sent, urls_homed
 
 
 def test_counts_follow_the_sets_through_routing_and_acks():

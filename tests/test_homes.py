@@ -12,9 +12,8 @@ from dedupnet.codec.homes import HomeMap, parse_weights
 from dedupnet.codec.messages import Ack, Frame, Task
 
 from .conformance.memnet import MemNet
-from .conformance.memory import MemoryCenter, decode
+from .home_routing import SITES, center, num, sent, urls_homed
 
-SITES = [f"site{i}.example" for i in range(6000)]
 
 
 def shares(m: HomeMap) -> Counter:
@@ -63,29 +62,6 @@ def test_weights_are_parsed_and_checked():
 
 
 # -- the core -------------------------------------------------------------------------
-def center(network=1, peers=(2, 3), hosts=("10", "11"), **kw):
-    c = MemoryCenter.make(network=network, lan=f"127.0.{network}.0/24",
-                          peers={n: f"127.0.{n}.0/24" for n in peers}, **kw)
-    for h in hosts:
-        c.feed(Joined(Host(f"127.0.{network}.{h}")))
-    for n in peers:
-        c.feed(Joined(Peer(n)))
-    c.take_outbox()
-    return c
-
-
-def num(network, host, seq):
-    return seq << 32 | network << 16 | host
-
-
-def urls_homed(m: HomeMap, network: int, k: int, tag="p") -> list[str]:
-    return [f"http://{s}/{tag}" for s in SITES if m.home_of_site(s) == network][:k]
-
-
-def sent(c):
-    return [(str(to), decode(data)) for to, data in c.take_outbox()]
-
-
 def test_urls_homed_here_are_admitted_with_no_wan_message_others_go_to_their_home_alone():
     c = center()
     m = c.core.homes.map
