@@ -4,9 +4,10 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# Two pytest workers; a test file stays on one (its module fixtures are set up once).
-# `make test PARALLEL=` runs the suite serially.
-PARALLEL ?= -n 2 --dist loadfile
+# Three pytest workers (most of the suite's time is daemons and servers waiting, so a
+# third keeps two cores busy); a test file stays on one worker (its module fixtures are
+# set up once). `make test PARALLEL=` runs the suite serially.
+PARALLEL ?= -n 3 --dist loadfile
 
 .PHONY: sim demo test test-fast bench clean browser promtool
 

@@ -30,11 +30,22 @@ SLOW_FILES = frozenset({
     "test_sweep.py", "test_tls.py",
 })
 
+#: The longest files (docs/BENCHMARKS.md, "The test suite"), first: ``make test``'s
+#: workers take a file at a time in this order, so none is left running a long one alone
+#: at the end. The rest keep their order.
+LONGEST_FIRST = (
+    "test_faults.py", "test_sim.py", "test_simulate.py", "test_relay.py", "test_operator_errors.py",
+    "test_simproc.py", "test_frontier.py", "test_scrapy.py", "test_redis_cluster.py", "test_deploy_guide.py",
+    "test_local_exit.py", "test_liveness.py", "test_netns.py", "test_sites.py", "test_fuzz_daemons.py",
+)
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 @pytest.fixture(scope="session", autouse=True)
