@@ -49,11 +49,13 @@ def rows(text: str | None = None) -> list[dict[str, str]]:
 
 
 class Place:
-    """The directory the section's commands run in, and the ports standing for 7700 and 7790."""
+    """The directory the section's commands run in, and the ports standing for 7700, 7790
+    and the discovery port 7799 (a host's ``--center auto`` asks on a port of its own, so
+    that no center of another test running beside this one answers it)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.ports = {"7700": str(free_port()), "7790": str(free_port())}
+        self.ports = {"7700": str(free_port()), "7790": str(free_port()), "7799": str(free_port())}
 
     def real(self, text: str) -> str:
         return re.sub(r"\b(7700|7790)\b", lambda m: self.ports[m[1]], text)
@@ -97,6 +99,8 @@ def observe(p: Place, command: str, runs: bool) -> tuple[str, str]:
     """(the line, the exit status) of ``command`` as the section would show them."""
     argv = shlex.split(p.real(command))
     assert argv[0] == "dedupnet"
+    if "auto" in argv and argv[argv.index("auto") - 1] == "--center" and "--discovery-port" not in argv:
+        argv += ["--discovery-port", p.ports["7799"]]
     if not runs:
         out = subprocess.run([*DEDUPNET, *argv[1:]], cwd=p.root, capture_output=True, text=True, timeout=30)
         said = [line for line in out.stderr.splitlines() if not RECORD.match(line)]

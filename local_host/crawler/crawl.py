@@ -73,7 +73,7 @@ from dedupnet.codec.urls import URLGate, normalize, site_of
 
 from .settings import CrawlerSettings
 from .records import (DEPTH, FAILED, SEEDS, Failure, Outcome, depth_of, fill_done, internal_failure,
-                            requeue_seeds, add_seeds, seed_urls)
+                      requeue_seeds, add_seeds, seed_urls)
 from .fetch import (CLIENT_IDLE, CONNECTIONS_PER_CLIENT, ClientPool, FetchError, Politeness, Response, RobotsCheck,
                     RobotsUnavailable, client_factory, fetch_robots, get_page, retry_after)
 from .links import decode_html, extract_links, in_scope
