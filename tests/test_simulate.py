@@ -39,6 +39,7 @@ def test_same_trace_under_another_hash_seed():
     assert len(hashes) == 1
 
 
+@pytest.mark.slow
 def test_short_run_has_no_violation():
     """Every kind of fault, three per schedule."""
     failed = {}
