@@ -41,8 +41,8 @@ time slice, and the transaction that finishes a task also removes its URL from
 ``task_pool:fp`` (queued, not yet crawled).
 
 HTTP (:mod:`local_host.crawler.fetch`): a few ``httpx.AsyncClient`` objects per site
-(:class:`~local_host.crawler.fetch.ClientPool`), not one shared client: httpcore's pool work
-grows with the connections it holds. Small unwanted bodies (404, redirect) are read to
+(:class:`~local_host.crawler.fetch.ClientPool`) over the crawler's own HTTP/1.1 transport
+(:mod:`local_host.crawler.transport`: httptools, in C). Small unwanted bodies (404, redirect) are read to
 the end so their connection is kept alive. ``bench/bench_crawler.py`` measures pages/s
 and CPU per page. What the crawler writes besides the task stream (failure records,
 depths, seeds) is :mod:`local_host.crawler.records`.

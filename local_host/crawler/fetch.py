@@ -36,6 +36,8 @@ from protego import Protego
 from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.codec.urls import site_of
 
+from .transport import CrawlTransport
+
 __all__ = [
     "ClientPool",
     "FetchError",
@@ -54,8 +56,7 @@ __all__ = [
 ]
 
 #: Requests (so connections) one httpx client carries at once; a site with more on the
-#: wire gets more clients (see :class:`ClientPool`: httpcore's pool costs
-#: O(connections^2) per request, so pools are kept small).
+#: wire gets more clients (see :class:`ClientPool`).
 CONNECTIONS_PER_CLIENT = 4
 #: Clients unused this long (seconds) are closed, with their keep-alive connections.
 CLIENT_IDLE = 30.0
@@ -336,16 +337,14 @@ class ClientPool:
     ``per_client`` requests at once; made by ``make()`` (which should bound the
     client's connections to ``per_client``) when a site has none with room.
 
-    Why not one client for everything: httpcore's connection pool, on every request
-    and on every response closed, walks all its connections, asks each whether it is
-    idle or expired (a socket poll per idle one) and, for every connection, counts the
-    connections again: O(connections^2) per event. One pool holding the connections of
-    every site therefore cost most of the crawler's CPU (measured: 2.9 ms per request
-    one at a time over 50 sites, 6.5 ms at 32 on the wire, against ~1 ms), and closed
-    one site's connections to open another's when full. Small pools keep that work
-    constant. A request goes to a client of its site that has an idle keep-alive
-    connection, else to one with room for a new connection, else to a new client; so
-    connections are reused, and a busy site (no per-site bound) gets more clients.
+    Why clients per site, not one for everything: a site's connections are kept, reused
+    and closed together (the least recently used sites' first, when the bound below is
+    reached), and a site with more requests on the wire simply has more clients. (The
+    pool of httpcore, the transport before :class:`~local_host.crawler.transport.CrawlTransport`,
+    also walked all its connections for each of them on every request: one shared pool
+    cost most of the crawler's CPU.) A request goes to a client of its site that has an
+    idle keep-alive connection, else to one with room for a new connection, else to a
+    new client.
 
     Bounds: beyond ``max_clients`` the least recently used site's clients with no
     request on them are closed (with their keep-alive connections); a client in use is
@@ -441,15 +440,13 @@ def client_factory(connections: int, *, user_agent: str, timeout: float, local_a
     connection is kept as long as its client (httpx's default, 5 s, made a crawler
     that comes back to a site every few seconds connect again each time; a
     connection the server closed meanwhile is seen before it is used)."""
-    limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections,
-                          keepalive_expiry=CLIENT_IDLE)
     tls = _tls_context(trust_env)
     timeouts = httpx.Timeout(timeout)
     headers = {"User-Agent": user_agent}
 
     def make() -> httpx.AsyncClient:
-        transport = httpx.AsyncHTTPTransport(verify=tls, limits=limits, local_address=local_address,
-                                             trust_env=trust_env, retries=0)
+        transport = CrawlTransport(ssl_context=tls, max_connections=connections, keepalive_expiry=CLIENT_IDLE,
+                                   local_address=local_address)
         return httpx.AsyncClient(transport=transport, verify=tls, timeout=timeouts, follow_redirects=False,
                                  trust_env=trust_env, headers=headers)
 
@@ -539,7 +536,8 @@ async def _read_body(r: httpx.Response, limit: int) -> tuple[list[bytes], bool]:
 
 
 def on_send(sent: Callable[[], None]):
-    """An httpcore ``trace`` callback calling ``sent()`` when the request headers go out."""
+    """A ``trace`` callback (the request extension httpx hands to its transport) calling
+    ``sent()`` when the request goes out."""
 
     async def trace(name: str, info: dict) -> None:
         if name.endswith("send_request_headers.started"):
