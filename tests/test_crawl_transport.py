@@ -250,3 +250,16 @@ async def test_https_with_the_clients_context_and_kept_alive(nursery, tmp_path):
     async with httpx.AsyncClient(transport=transport()) as client:  # the system's CAs: not trusted
         with pytest.raises(httpx.ConnectError):
             await client.get(f"https://127.0.0.1:{port}/")
+
+
+async def test_a_body_that_stops_coming_is_a_read_timeout(nursery, autojump_clock):
+    async def stalls(stream):
+        await stream.send_all(b"HTTP/1.1 200 OK\r\n" + HTML + b"Content-Length: 100\r\n\r\nthe first part")
+        await trio.sleep_forever()
+
+    server = await Server([stalls, ok(b"fine")]).start(nursery)
+    async with httpx.AsyncClient(transport=transport(), timeout=5.0) as client:
+        with pytest.raises(httpx.ReadTimeout):
+            await client.get(server.url())
+        assert trio.current_time() < 10  # the read timeout, not a wait for ever
+        assert await get(client, server.url()) == (200, b"fine")

@@ -68,7 +68,7 @@ from dedupnet.codec.errors import BadURL
 from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.storage.recrawl import AgedSet
 from dedupnet.adapters.runtime import Changes, until_room, until_stored
-from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, Batch, Store
+from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, Batch, Steps, Store
 from dedupnet.codec.urls import URLGate, normalize, site_of
 
 from .settings import CrawlerSettings
@@ -228,12 +228,12 @@ class Crawler:
         last id read (to page on through them)."""
         return take_tasks(self.store, self.consumer, count, start)
 
-    def _take_ready(self, count: int) -> sites.Taken:
-        """Tasks of sites whose politeness allows one now (in a worker thread), with the
-        Crawl-delays learned since the last take."""
+    def _take_ready(self, count: int) -> Steps[sites.Taken]:
+        """Tasks of sites whose politeness allows one now (on trio: no thread hop), with
+        the Crawl-delays learned since the last take."""
         delays, self._site_delays = self._site_delays, {}
         try:
-            return sites.take(self.store, self.consumer, count, self._pace, delays=delays)
+            return (yield from sites.take_steps(self.store, self.consumer, count, self._pace, delays=delays))
         except BaseException:
             self._site_delays = {**delays, **self._site_delays}
             raise
@@ -349,7 +349,7 @@ class Crawler:
                 log.exception("crawler %s: recording %s failed; dropping its results", self.consumer, url)
                 self.counters.inc("fetch_errors", kind="internal")
                 outcome = internal_failure(url)
-                await until_stored(self._writer, self.counters, self.store.transact,
+                await until_stored(self._writer, self.counters, self.store.transact_steps,
                                    functools.partial(self._fill_done, [(eid, outcome)]))
             self.pages_done += 1
             self.counters.inc("pages_done", outcome=outcome.kind)
@@ -385,9 +385,9 @@ class Crawler:
 
     async def _commit_loop(self) -> None:
         """Group commit: the tasks done since the last write go out together, as one
-        MULTI/EXEC in one worker-thread hop. A write per page cost a thread hop and a
-        round trip each (some 10-15 % of the crawler's CPU at 300 pages/s); grouping
-        adds no wait: a group is what finished while the previous write was out.
+        MULTI/EXEC on trio. A write per page cost a round trip each (with the worker-thread
+        hop of the time, some 10-15 % of the crawler's CPU at 300 pages/s); grouping adds
+        no wait: a group is what finished while the previous write was out.
 
         The invariant is unchanged: a task entry leaves task_pool only in the
         transaction that records its URL in finish_URL and pushes its links (all of
@@ -402,14 +402,14 @@ class Crawler:
                 del self._done_queue[:COMMIT_GROUP]
                 items = [(eid, outcome) for eid, outcome, _, _ in group]
                 try:
-                    await until_stored(self._writer, self.counters, self.store.transact,
+                    await until_stored(self._writer, self.counters, self.store.transact_steps,
                                        functools.partial(self._fill_done, items))
                     errors: list[Exception | None] = [None] * len(group)
                 except Exception:
                     errors = []
                     for item in items:
                         try:
-                            await until_stored(self._writer, self.counters, self.store.transact,
+                            await until_stored(self._writer, self.counters, self.store.transact_steps,
                                                functools.partial(self._fill_done, [item]))
                             errors.append(None)
                         except Exception as e:

@@ -18,9 +18,8 @@ are httpx's own transports (its mounts), not this one.
 
 from __future__ import annotations
 
-import contextlib
 import ssl
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import httptools
 import httpx
@@ -80,8 +79,8 @@ class _Exchange:
     """One request's response on one connection: read until its headers, then its body
     as the caller iterates; the connection goes back to the pool or is closed."""
 
-    def __init__(self, transport: "CrawlTransport", origin: tuple, conn: _Conn, timeouts: dict):
-        self.transport, self.origin, self.conn, self.timeouts = transport, origin, conn, timeouts
+    def __init__(self, transport: "CrawlTransport", origin: tuple, conn: _Conn, read_timeout: float | None):
+        self.transport, self.origin, self.conn, self.read_timeout = transport, origin, conn, read_timeout
         self.parse = _Parse()
         self.parser = httptools.HttpResponseParser(self.parse)
         self.until_close = False  # the body ends with the connection
@@ -91,8 +90,7 @@ class _Exchange:
     async def _feed(self) -> bool:
         """Read once into the parser; False at the connection's end."""
         try:
-            with _limit(self.timeouts.get("read"), httpx.ReadTimeout):
-                data = await self.conn.stream.receive_some(READ_SIZE)
+            data = await self.conn.stream.receive_some(READ_SIZE)
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as e:
             raise httpx.ReadError(f"read failed: {e!r}") from e
         if not data:
@@ -135,7 +133,9 @@ class _Exchange:
                     yield chunk
             if parse.done:
                 break
-            if not await self._feed():
+            with _Limit(self.read_timeout, httpx.ReadTimeout):
+                more = await self._feed()
+            if not more:
                 if self.until_close:
                     parse.done = True
                     continue
@@ -193,15 +193,21 @@ class CrawlTransport(httpx.AsyncBaseTransport):
         host = url.raw_host.decode("ascii")
         origin = (scheme, host, url.port or DEFAULT_PORTS[scheme])
         timeouts = request.extensions.get("timeout", {})
-        with _limit(timeouts.get("pool"), httpx.PoolTimeout):
-            await self._slots.acquire()
+        try:
+            self._slots.acquire_nowait()
+        except trio.WouldBlock:
+            with _Limit(timeouts.get("pool"), httpx.PoolTimeout):
+                await self._slots.acquire()
         try:
             conn = self._idle_conn(origin) or await self._connect(origin, timeouts.get("connect"))
-            exchange = _Exchange(self, origin, conn, timeouts)
+            exchange = _Exchange(self, origin, conn, timeouts.get("read"))
             try:
-                with _limit(timeouts.get("write"), httpx.WriteTimeout):
+                # One deadline from sending to the answer's headers: a GET's few hundred
+                # bytes go into the socket's buffer at once, so a write timeout of its own
+                # would only cost a cancel scope per request.
+                with _Limit(exchange.read_timeout, httpx.ReadTimeout):
                     await self._send(conn.stream, request)
-                status = await exchange.head()
+                    status = await exchange.head()
                 if request.method == "HEAD":  # its headers may announce a body it does not have
                     exchange.parse.done, exchange.keep_alive = True, False
             except BaseException:
@@ -227,14 +233,14 @@ class CrawlTransport(httpx.AsyncBaseTransport):
     async def _connect(self, origin: tuple, timeout: float | None) -> _Conn:
         scheme, host, port = origin
         try:
-            with _limit(timeout, httpx.ConnectTimeout):
+            with _Limit(timeout, httpx.ConnectTimeout):
                 stream: trio.abc.Stream = await trio.open_tcp_stream(host, port, local_address=self._local)
         except OSError as e:
             raise httpx.ConnectError(f"connect to {host}:{port} failed: {e!r}") from e
         if scheme == b"https":
             tls = trio.SSLStream(stream, self._ssl, server_hostname=host, https_compatible=True)
             try:
-                with _limit(timeout, httpx.ConnectTimeout):
+                with _Limit(timeout, httpx.ConnectTimeout):
                     await tls.do_handshake()
             except (trio.BrokenResourceError, OSError, httpx.ConnectTimeout) as e:
                 await trio.aclose_forcefully(stream)
@@ -268,17 +274,28 @@ class CrawlTransport(httpx.AsyncBaseTransport):
                 await conn.aclose()
 
 
-@contextlib.contextmanager
-def _limit(seconds: float | None, error: type[httpx.TimeoutException]) -> Iterator[None]:
-    """httpx's timeout of one step (connect, write, read, pool): ``error`` when it runs out."""
-    if seconds is None:
-        yield
-        return
-    try:
-        with trio.fail_after(seconds):
-            yield
-    except trio.TooSlowError:
-        raise error(f"no progress in {seconds} s") from None
+class _Limit:
+    """httpx's timeout of one step (connect, pool, read): ``error`` when it runs out. A
+    class, not a generator context manager: one is entered per read."""
+
+    __slots__ = ("_seconds", "_error", "_scope")
+
+    def __init__(self, seconds: float | None, error: type[httpx.TimeoutException]):
+        self._seconds, self._error, self._scope = seconds, error, None
+
+    def __enter__(self) -> None:
+        if self._seconds is not None:
+            self._scope = trio.CancelScope(deadline=trio.current_time() + self._seconds)
+            self._scope.__enter__()
+
+    def __exit__(self, *exc) -> bool:
+        scope = self._scope
+        if scope is None:
+            return False
+        swallowed = scope.__exit__(*exc)
+        if scope.cancelled_caught:
+            raise self._error(f"no progress in {self._seconds} s")
+        return bool(swallowed)
 
 
 def _close_now(conn: _Conn) -> None:

@@ -284,6 +284,13 @@ class Taken:
 
 def take(store: Store, taker: str, count: int, pace: Pace = Pace(), *, group: str = GROUP,
          now: float | None = None, idle_ms: int = 0, delays: Mapping[str, float] | None = None) -> Taken:
+    """:func:`take_steps` run here (the crawler drives it on trio)."""
+    return store.drive(take_steps(store, taker, count, pace, group=group, now=now, idle_ms=idle_ms, delays=delays))
+
+
+def take_steps(store: Store, taker: str, count: int, pace: Pace = Pace(), *, group: str = GROUP,
+               now: float | None = None, idle_ms: int = 0,
+               delays: Mapping[str, float] | None = None) -> Steps[Taken]:
     """Hand out up to ``count`` tasks of sites whose time has come, to ``taker`` (the
     entries become pending for it, with idle time ``idle_ms``). ``delays``: site ->
     seconds, Crawl-delays learned since the last take, recorded first. ``now`` (epoch
@@ -297,9 +304,9 @@ def take(store: Store, taker: str, count: int, pace: Pace = Pace(), *, group: st
     entries: list[tuple[bytes, str]] = []
     rounds = 0
     while True:
-        reply = store.command(b"EVAL", _TAKE, len(keys), *keys, group, store.key(QUEUE), taker, now_ms,
-                              max(0, count - len(entries)), int(pace.delay * 1000), max(1, pace.burst), idle_ms,
-                              SORT_BATCH, *recorded)
+        reply = yield from store.command_steps(
+            b"EVAL", _TAKE, len(keys), *keys, group, store.key(QUEUE), taker, now_ms, max(0, count - len(entries)),
+            int(pace.delay * 1000), max(1, pace.burst), idle_ms, SORT_BATCH, *recorded)
         recorded = []
         if int(reply[1]):
             continue  # entries added to the stream directly are still being sorted
@@ -312,7 +319,7 @@ def take(store: Store, taker: str, count: int, pace: Pace = Pace(), *, group: st
         batch = store.batch()
         for i in range(5, blocked, 2):
             batch.add(*site_blocks.split_args(store.key(QUEUE) + reply[i].decode(), reply[i + 1]))
-        store.execute(batch)
+        yield batch
     return Taken(entries, None if head < 0 else head / 1000, last, rung)
 
 
