@@ -127,7 +127,7 @@ class Crawler:
         self.counters = counters
         self.consumer = consumer
         s = settings
-        self._reader = on_trio(store, max_threads=1)  # the blocking XREADGROUP
+        self._reader = on_trio(store, max_threads=1)  # takes, and waits in Redis for new tasks
         self._writer = on_trio(store, max_threads=8)
         self.politeness = Politeness(s.concurrency, s.per_site_concurrency, s.per_site_delay)
         self.robots = RobotsCheck(self._fetch_robots, agent=s.robots_agent, on_rules=self._robots_rules)
@@ -251,7 +251,7 @@ class Crawler:
                 wait = min(wait, taken.next_ready - time.time())
             if wait < 0.002:
                 return
-            new = await until_stored(self._reader, self.counters, sites.wait_for_new, self.store, taken,
+            new = await until_stored(self._reader, self.counters, sites.wait_for_new_steps, self.store, taken,
                                      int(wait * 1000))
             if new or taken.next_ready is not None or trio.current_time() >= until:
                 return

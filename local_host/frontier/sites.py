@@ -485,11 +485,17 @@ def _unseal_all(store: Store) -> None:
 
 
 def wait_for_new(store: Store, taken: Taken, block_ms: int) -> bool:
+    """:func:`wait_for_new_steps` run here."""
+    return store.drive(wait_for_new_steps(store, taken, block_ms))
+
+
+def wait_for_new_steps(store: Store, taken: Taken, block_ms: int) -> Steps[bool]:
     """Wait in Redis, at most ``block_ms``, for tasks newer than ``taken``: queued (the
     bell rings) or added to the stream directly. How an idle taker wakes at once. True
-    if something came (False: the wait ran out)."""
-    return bool(store.command(b"XREAD", b"COUNT", 1, b"BLOCK", max(1, block_ms), b"STREAMS",
-                              store.key(TASK_POOL), store.key(BELL), taken.last, taken.rung))
+    if something came (False: the wait ran out). The wait holds its connection, so
+    ``block_ms`` stays well under the store's ``socket_timeout``."""
+    return bool((yield from store.command_steps(b"XREAD", b"COUNT", 1, b"BLOCK", max(1, block_ms), b"STREAMS",
+                                                store.key(TASK_POOL), store.key(BELL), taken.last, taken.rung)))
 
 
 def back_off(store: Store, site: str, until: float) -> None:
