@@ -456,7 +456,7 @@ class LocalDaemon:
                 self._moved = False
                 if await until_stored(self.store, self.counters, self.pools.drop_moved):
                     log.info("tasks that moved to other hosts while this one was away: out of task_pool")
-            urls = await until_stored(self.store, self.counters, self.pools.tasks_done, self.settings.set_size)
+            urls = await until_stored(self.store, self.counters, self.pools.tasks_done_steps, self.settings.set_size)
             if not urls or (len(urls) < self.settings.set_size and self.core.in_flight):
                 continue
             await self.reactor.put(hp.Finished(tuple(urls), len(urls)))
@@ -582,7 +582,7 @@ class LocalDaemon:
         # is an event the core handles (an ack, the walker's take); the store is read
         # again after each, and at least every LEAVE_RECHECK seconds.
         while (self.core.unacked or (await until_stored(self.store, self.counters, self.pools.sizes))[URL_POOL]
-               or await until_stored(self.store, self.counters, self.pools.tasks_done, 1)):
+               or await until_stored(self.store, self.counters, self.pools.tasks_done_steps, 1)):
             with trio.move_on_after(LEAVE_RECHECK):
                 await self.reactor.changes.next()
         first = True

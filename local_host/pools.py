@@ -149,6 +149,10 @@ class HostPools(CoreWrites):
         return dropped
 
     def tasks_done(self, count: int) -> list[str]:
+        """:meth:`tasks_done_steps` run here."""
+        return self.store.drive(self.tasks_done_steps(count))
+
+    def tasks_done_steps(self, count: int) -> Steps[list[str]]:
         """The oldest finished tasks not yet reported (``count`` at most) that may be
         reported now: those whose links have all left ``URL_pool`` (each entry carries
         the newest URL_pool id at its finish, local_host/frontier/tasks.py). A page reported
@@ -157,7 +161,7 @@ class HostPools(CoreWrites):
         batch = self.store.batch()
         done = batch.add(b"LRANGE", self.store.key(TASKS_DONE), 0, count - 1)
         oldest = batch.add(b"XRANGE", self.store.key(URL_POOL), b"-", b"+", b"COUNT", 1)
-        results = self.store.execute(batch)
+        results = yield batch
         waiting = _stream_id(results[oldest][0][0]) if results[oldest] else None
         out = []
         for entry in results[done]:
