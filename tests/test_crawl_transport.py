@@ -5,6 +5,7 @@ come out (as httpx's, so the crawler sorts them as before)."""
 from __future__ import annotations
 
 import functools
+import gzip
 import ssl
 
 import httpx
@@ -263,3 +264,11 @@ async def test_a_body_that_stops_coming_is_a_read_timeout(nursery, autojump_cloc
             await client.get(server.url())
         assert trio.current_time() < 10  # the read timeout, not a wait for ever
         assert await get(client, server.url()) == (200, b"fine")
+
+
+async def test_a_compressed_body_is_decoded_by_httpx(nursery):
+    packed = gzip.compress(b"<a href=/x>x</a>" * 100)
+    server = await Server([ok(packed, b"Content-Encoding: gzip\r\n")]).start(nursery)
+    async with httpx.AsyncClient(transport=transport()) as client:
+        assert await get(client, server.url()) == (200, b"<a href=/x>x</a>" * 100)
+    assert b"accept-encoding: gzip" in server.requests[0].lower()
