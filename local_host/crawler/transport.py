@@ -172,9 +172,11 @@ class _Body(httpx.AsyncByteStream):
 
 
 class CrawlTransport(httpx.AsyncBaseTransport):
-    """Keep-alive HTTP/1.1 connections per origin, at most ``max_connections`` in use
-    or idle at once (a request waits for one), idle ones kept ``keepalive_expiry``
-    seconds."""
+    """Keep-alive HTTP/1.1 connections per origin: at most ``max_connections`` requests
+    at once (one more waits for a slot, up to httpx's pool timeout), each on an idle
+    connection of its origin if there is one, else on a new one; an idle connection is
+    kept ``keepalive_expiry`` seconds. Meant, as the crawler uses it, for one site's
+    client (:class:`~local_host.crawler.fetch.ClientPool`)."""
 
     def __init__(self, *, ssl_context: ssl.SSLContext, max_connections: int, keepalive_expiry: float,
                  local_address: str | None = None):
@@ -242,9 +244,11 @@ class CrawlTransport(httpx.AsyncBaseTransport):
             try:
                 with _Limit(timeout, httpx.ConnectTimeout):
                     await tls.do_handshake()
-            except (trio.BrokenResourceError, OSError, httpx.ConnectTimeout) as e:
+            except BaseException as e:
                 await trio.aclose_forcefully(stream)
-                raise httpx.ConnectError(f"TLS with {host}:{port} failed: {e!r}") from e
+                if isinstance(e, (trio.BrokenResourceError, OSError)):
+                    raise httpx.ConnectError(f"TLS with {host}:{port} failed: {e!r}") from e
+                raise
             stream = tls
         return _Conn(stream)
 
