@@ -58,14 +58,16 @@ class Counters:
     # -- keys --
 
     def _key(self, name: str, labels: Mapping[str, object]) -> _Key:
-        if not _NAME.fullmatch(name):
-            raise ValueError(f"invalid metric name {name!r}")
+        """A series' key; its names are checked the first time it is seen (a counter is
+        incremented on every page and set: the check was most of an increment's cost)."""
         items = tuple((k, str(v)) for k, v in labels.items())
-        for k, _ in items:
-            if not _LABEL.fullmatch(k) or k.startswith("__"):
-                raise ValueError(f"invalid label name {k!r} for metric {name!r}")
-        key = (name, tuple(sorted(items)))
+        key = (name, tuple(sorted(items)) if len(items) > 1 else items)
         if key not in self._display:
+            if not _NAME.fullmatch(name):
+                raise ValueError(f"invalid metric name {name!r}")
+            for k, _ in items:
+                if not _LABEL.fullmatch(k) or k.startswith("__"):
+                    raise ValueError(f"invalid label name {k!r} for metric {name!r}")
             self._display[key] = items
         return key
 
