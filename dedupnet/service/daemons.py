@@ -22,6 +22,7 @@ from local_host.crawler.crawl import CrawlerSettings
 from local_host.daemon import LocalDaemon, LocalSettings
 from local_host.pools import HostPools
 
+from dedupnet.adapters import heap
 from dedupnet.adapters.storage import bloom
 
 from dedupnet.codec.auth import keyring_from
@@ -100,6 +101,7 @@ def _tls(settings: Settings, role: str, network: int, ip: str | None = None) -> 
 
 
 def run_center(settings: Settings) -> int:
+    _bound_heap()
     _need(settings, "network", "listen")
     listen_host, port = endpoint(settings.listen)
     peers = [parse_peer(p) for p in settings.peers]
@@ -122,6 +124,14 @@ def run_center(settings: Settings) -> int:
         return _run(_until_signalled, CenterDaemon(center, store), server, warning)
 
 
+def _bound_heap() -> None:
+    """glibc's malloc bounded before the daemon starts a thread (dedupnet/adapters/heap.py:
+    an arena per worker thread and a sliding mmap threshold made hosts' RSS creep)."""
+    done = heap.bound()
+    if done:
+        log.debug("malloc bounded: %s", ", ".join(f"{k} {v}" for k, v in done.items()))
+
+
 def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddress]) -> tuple[str, str]:
     """A center's ``(ip, lan)``: as given, else from ``--listen``, else detected
     (:mod:`dedupnet.adapters.net.netinfo`): the address towards the first peer and the interface
@@ -141,6 +151,7 @@ def center_identity(settings: Settings, listen_host: str, peers: list[PeerAddres
 
 
 def run_local(settings: Settings) -> int:
+    _bound_heap()
     _need(settings, "center")
     counters = Counters()
     if settings.center == "auto":
