@@ -7,12 +7,11 @@ run"). Two glibc defaults make that:
 * **An arena per thread.** A thread's first ``malloc`` gets it an arena of its own (a
   heap reserved 64 MiB at a time), one a thread that ended left, or a new one while there
   are fewer than 8 per core: as many arenas as threads were ever alive at once, never
-  given back. A host runs worker threads (``trio.to_thread``: its
-  Redis calls through ``AsyncStore.run``, ``decode_html`` and ``extract_links`` on big
-  pages, the page writer, a blocking XREAD), and trio's thread cache ends a thread idle
-  for 10 s and starts another when work comes: a 3 x 3 soak's hosts ended with 7 to 9
-  arenas, whose resident memory kept creeping (+0.2 to +0.9 MB over the crawl's second
-  half). ``M_ARENA_MAX`` 2 keeps the main arena and one other for every thread (the GIL
+  given back. A host runs worker threads (``trio.to_thread``: the
+  Redis calls still made through ``AsyncStore.run``, ``decode_html`` and
+  ``extract_links`` on big pages, the page writer), and trio's thread cache ends a
+  thread idle for 10 s and starts another when work comes: a 3 x 3 soak's hosts ended
+  with 7 to 9 arenas, whose resident memory kept creeping. ``M_ARENA_MAX`` 2 keeps the main arena and one other for every thread (the GIL
   serialises most of their allocations anyway).
 * **A sliding mmap threshold.** A freed block that had been mapped on its own raises the
   threshold to its size (up to 32 MiB), and the trim threshold to twice that, so later
