@@ -403,7 +403,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     lost = sorted(expected - fetched)
     daemons = [*getattr(system, "centers", {}).values(), *system.hosts.values()]
     frames, stages, kind_bytes = _frames(daemons, getattr(system, "centers", {}).values())
-    lookups = _lookups(server)
+    calls = _command_calls(server)
     trips = sum(s.round_trips for s in getattr(system, "stores", {}).values()) if hasattr(system, "stores") else 0
     found = sum(d.counters.get("links_pushed") for d in system.hosts.values())
     per_host = {ip: sum(v for k, v in h.counters.snapshot().items() if k.startswith("pages_fetched"))
@@ -425,7 +425,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         bytes_by_kind=dict(kind_bytes), **cpu_figures(cpu_roles or {}, requests),
     )
     extra["bad_input"] = _refused(daemons)
-    extra.update(_commands(server, wall, requests))
+    extra.update(_commands(calls, wall, requests))
     extra.update(load_spread(web.request_log, networks=cfg.networks, hosts=system.hosts))
     extra.update(pacing(cfg, web, seeds, reach, wall, web_t0, timeline) if k == 1 else {})
     if windows:
@@ -440,7 +440,7 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
         invariant_violations=len(violations), invariant_examples=violations[:20], refetched_after_kill=refetched,
         lost_urls=len(lost), lost_examples=lost[:10],
         unexpected_fetches=len(fetched - expected), frames=dict(frames), frames_by_stage=dict(stages),
-        bytes_on_wire=sum(wire_bytes(d.counters) for d in daemons), redis_lookups=lookups,
+        bytes_on_wire=sum(wire_bytes(d.counters) for d in daemons),
         redis_round_trips=trips, urls_found=found, urls_per_s=round(found / wall, 1) if wall else 0.0,
         pages_per_s=round(requests / wall, 1) if wall else 0.0,
         latency_p50=percentile(observer.latencies, 50), latency_p99=percentile(observer.latencies, 99),
@@ -449,19 +449,17 @@ def build_report(cfg, web: SyntheticWeb, seeds, system, server, observer: Observ
     )
 
 
-def _lookups(server) -> int:
-    """Redis look-up commands the run sent (SMISMEMBER, HMGET), from the server's stats."""
+def _command_calls(server) -> dict[str, int]:
+    """Calls of each command the run's Redis served (its commandstats), by name."""
     stats = merged_info(server, "commandstats")
-    return sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("smismember", "hmget"))
+    return {k.removeprefix("cmdstat_"): v.get("calls", 0) for k, v in stats.items() if isinstance(v, dict)}
 
 
-def _commands(server, wall: float, requests: int) -> dict:
-    """Commands the run's Redis served, in all, per second and per page, and the ten
-    busiest by name (from its commandstats)."""
-    stats = merged_info(server, "commandstats")
-    calls = {k.removeprefix("cmdstat_"): v.get("calls", 0) for k, v in stats.items() if isinstance(v, dict)}
+def _commands(calls: dict[str, int], wall: float, requests: int) -> dict:
+    """Commands the run's Redis served, in all, per second and per page, the ten busiest
+    by name, and its look-ups (SMISMEMBER, HMGET)."""
     total = sum(calls.values())
-    return dict(redis_commands=total, redis_commands_per_s=round(total / wall, 1) if wall else None,
+    return dict(redis_lookups=calls.get("smismember", 0) + calls.get("hmget", 0), redis_commands=total, redis_commands_per_s=round(total / wall, 1) if wall else None,
                 redis_commands_per_page=round(total / requests, 2) if requests else None,
                 redis_commands_top=dict(sorted(calls.items(), key=lambda kv: -kv[1])[:10]))
 

@@ -244,7 +244,7 @@ class Crawler:
         that ends with nothing new is begun again until ``until`` (trio's clock: the next
         look for pending entries): a take then would find nothing either, and an idle
         crawler's take each ``block_timeout`` was most of an idle host's Redis commands.
-        Each wait stays ``block_timeout`` long at most: a stopping crawler waits for it."""
+        Each wait stays ``block_timeout`` long at most (it holds a Redis connection)."""
         while True:
             wait = self.settings.block_timeout
             if taken.next_ready is not None:

@@ -229,7 +229,7 @@ class CrawlTransport(httpx.AsyncBaseTransport):
             conn = idle.pop()
             if now - conn.idle_since < self._expiry and not conn.socket().is_readable():
                 return conn
-            _close_now(conn)
+            conn.socket().close()  # no TLS goodbye: it is going away
         return None
 
     async def _connect(self, origin: tuple, timeout: float | None) -> _Conn:
@@ -300,9 +300,3 @@ class _Limit:
         if scope.cancelled_caught:
             raise self._error(f"no progress in {self._seconds} s")
         return bool(swallowed)
-
-
-def _close_now(conn: _Conn) -> None:
-    """Close an idle connection without waiting (no TLS goodbye: it is going away)."""
-    s = conn.stream
-    (s.transport_stream if isinstance(s, trio.SSLStream) else s).socket.close()
