@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import select
 import socket
 import time
@@ -121,11 +122,12 @@ class AsyncStore:
         try:
             conn = self._idle.pop() if self._idle else None
             done = False
+            deadline = trio.current_time() + self.store.socket_timeout
             try:
-                with trio.fail_after(self.store.socket_timeout):
-                    if conn is None:
+                if conn is None:
+                    with trio.fail_at(deadline):
                         conn = await self._connect()
-                    results = await _exchange(conn, payload, replies)
+                results = await _exchange(conn, payload, replies, deadline)
                 done = True  # the connection is sound even if the server is still loading
                 raise_if_refused(results)
             finally:
@@ -154,7 +156,7 @@ class AsyncStore:
             if address.get("db"):
                 hello.append(pack_command(b"SELECT", address["db"]))
             if hello:
-                for reply in await _exchange(conn, b"".join(hello), len(hello)):
+                for reply in await _exchange(conn, b"".join(hello), len(hello), math.inf):
                     if isinstance(reply, ResponseError):
                         raise reply
         except BaseException:
@@ -182,8 +184,11 @@ class AsyncStore:
         return call
 
 
-async def _exchange(conn: _Connection, payload: bytes, replies: int) -> list:
-    """Send ``payload``, read ``replies`` replies.
+async def _exchange(conn: _Connection, payload: bytes, replies: int, deadline: float) -> list:
+    """Send ``payload``, read ``replies`` replies; :class:`trio.TooSlowError` if it has to
+    wait past ``deadline`` (trio's clock). Only a wait that parks the task has a cancel
+    scope: entering and leaving one on every round trip was most of a round trip's
+    own CPU, and the reply usually comes within the spin.
 
     A reply that is not there yet is first waited for in ``poll`` for up to ``SPIN``
     seconds (the GIL released), and only then by parking the task. A nearby Redis
@@ -200,7 +205,7 @@ async def _exchange(conn: _Connection, payload: bytes, replies: int) -> list:
         try:
             view = view[sock.send(view):]
         except BlockingIOError:
-            await trio.lowlevel.wait_writable(sock)
+            await _park(trio.lowlevel.wait_writable, sock, deadline)
     results: list = []
     spin_until = time.monotonic() + SPIN
     poller = None
@@ -215,7 +220,7 @@ async def _exchange(conn: _Connection, payload: bytes, replies: int) -> list:
                 poller = select.poll()
                 poller.register(sock, select.POLLIN)
             if spin <= 0 or not poller.poll(spin * 1000):
-                await trio.lowlevel.wait_readable(sock)
+                await _park(trio.lowlevel.wait_readable, sock, deadline)
             continue
         if not data:
             raise ConnectionError("connection closed by server")
@@ -223,3 +228,10 @@ async def _exchange(conn: _Connection, payload: bytes, replies: int) -> list:
         while (reply := reader.gets()) is not False:
             results.append(reply)
     return results
+
+
+async def _park(wait: Any, sock: socket.socket, deadline: float) -> None:
+    with trio.move_on_at(deadline) as scope:
+        await wait(sock)
+    if scope.cancelled_caught:
+        raise trio.TooSlowError
