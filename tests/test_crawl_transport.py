@@ -14,7 +14,7 @@ import trio
 
 from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.net.tls import make_certs
-from local_host.crawler.fetch import FetchError, get_page
+from local_host.crawler.fetch import FetchError, client_factory, get_page
 from local_host.crawler.transport import CrawlTransport
 
 HTML = b"Content-Type: text/html\r\n"
@@ -272,3 +272,14 @@ async def test_a_compressed_body_is_decoded_by_httpx(nursery):
     async with httpx.AsyncClient(transport=transport()) as client:
         assert await get(client, server.url()) == (200, b"<a href=/x>x</a>" * 100)
     assert b"accept-encoding: gzip" in server.requests[0].lower()
+
+
+async def test_a_sites_client_keeps_the_cookies_the_site_sets(nursery):
+    """The crawler's clients read a response's cookies only when it sets one; those it
+    sets still go back with the later requests."""
+    server = await Server([ok(b"a"), ok(b"b", b"Set-Cookie: s=1; Path=/\r\n"), ok(b"c"), ok(b"d")]).start(nursery)
+    make = client_factory(4, user_agent="test", timeout=5.0, local_address=None, trust_env=False)
+    async with make() as client:
+        for i in range(4):
+            await get(client, server.url(f"/{i}"))
+    assert [b"\r\ncookie: s=1" in r.lower() for r in server.requests] == [False, False, True, True]
