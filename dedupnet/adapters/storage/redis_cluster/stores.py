@@ -220,19 +220,19 @@ class AsyncClusterStore(AsyncStore):
         idle = self._conns.setdefault(addr, [])
         conn = idle.pop() if idle else None
         done = False
+        deadline = trio.current_time() + self.store.socket_timeout
         try:
-            with trio.fail_after(self.store.socket_timeout):
-                if conn is None:
-                    with trio.fail_after(CONNECT_TIMEOUT):
-                        conn = _Connection(await trio.open_tcp_stream(*addr))
-                    options = self.store.options
-                    if options.get("password") is not None:
-                        user = options.get("username")
-                        (ok,) = await _exchange(conn, pack_command(b"AUTH", *([user] if user else []),
-                                                                   options["password"]), 1)
-                        if isinstance(ok, ResponseError):
-                            raise ok
-                results = await _exchange(conn, payload, replies)
+            if conn is None:
+                with trio.fail_at(deadline), trio.fail_after(CONNECT_TIMEOUT):
+                    conn = _Connection(await trio.open_tcp_stream(*addr))
+                options = self.store.options
+                if options.get("password") is not None:
+                    user = options.get("username")
+                    (ok,) = await _exchange(conn, pack_command(b"AUTH", *([user] if user else []),
+                                                               options["password"]), 1, deadline)
+                    if isinstance(ok, ResponseError):
+                        raise ok
+            results = await _exchange(conn, payload, replies, deadline)
             done = True
             return results
         finally:
