@@ -6,7 +6,7 @@ import trio
 
 from dedupnet.adapters.storage.aio import AsyncStore
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.storage.store import FINISH_URL, URL_POOL, Store, pack_command
+from dedupnet.adapters.storage.store import FINISH_URL, MAX_BUCKET_BITS, MIN_BUCKET_BITS, URL_POOL, Batch, Store, pack_command
 from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.urls import fingerprint_many
 
@@ -185,3 +185,19 @@ def test_a_store_records_its_buckets_and_every_process_reads_them_from_it(redis_
         for s in (new, old):
             s.delete_prefix()
             s.close()
+
+
+@pytest.mark.parametrize("n", [1, 2, 17, 64, 65, 300])
+def test_a_few_fingerprints_are_laid_out_as_many_are(n):
+    """The plain-Python layout of a few fingerprints' commands gives the bytes, order
+    and counts of numpy's, extremes of the range included."""
+    rng = np.random.default_rng(n)
+    fps = np.r_[np.array([0, 2**64 - 1], dtype=np.uint64), rng.integers(0, 2**64 - 1, n, dtype=np.uint64)][:n]
+    for bits in (MIN_BUCKET_BITS, 12, MAX_BUCKET_BITS):
+        few, many = Batch(bits), Batch(bits)
+        few.add(b"PING")
+        many.add(b"PING")
+        a = few._few_bucket_commands(b"SMISMEMBER", "p:finish_URL", fps)
+        b = many._many_bucket_commands(b"SMISMEMBER", "p:finish_URL", fps)
+        assert few.payload() == many.payload() and len(few) == len(many)
+        assert (a.first, a.size, a.order.tolist(), a.counts.tolist()) == (b.first, b.size, b.order.tolist(), b.counts.tolist())

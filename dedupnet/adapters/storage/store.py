@@ -139,6 +139,9 @@ FSYNC_PROBE = "fsync_probe"
 _MEMBER_OFFSET = 10**16
 _MEMBER_DIGITS = 17
 _MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
+_MEMBER_HEAD = b"$%d\r\n" % _MEMBER_DIGITS
+#: Up to this many fingerprints a batch lays out their commands without numpy.
+_FEW_FINGERPRINTS = 64
 def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnectionError) -> list:
     """``replies`` replies read off a blocking socket with our own hiredis reader:
     redis-py's per-reply path costs ~5 us a reply, and a batch has thousands. Nothing
@@ -255,8 +258,37 @@ class Batch:
             return FingerprintReplies(self._replies, np.empty(0, np.int64), np.empty(0, np.int64), 0)
         return self._bucket_commands(command, key, fps)
 
+    def _few_bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
+        """:meth:`_bucket_commands` in plain Python, the same bytes: for a few
+        fingerprints (a page's links, a set's URLs) numpy's per-call costs were most of it."""
+        first = self._replies
+        shift = 64 - self.bucket_bits
+        mask = (1 << shift) - 1
+        values = fps.tolist()
+        by_bucket: dict[int, list[int]] = {}
+        for i, fp in enumerate(values):
+            by_bucket.setdefault(fp >> shift, []).append(i)
+        heads = _bucket_heads(command, key)
+        append = self._chunks.append
+        order: list[int] = []
+        counts: list[int] = []
+        for bucket in sorted(by_bucket):
+            members = by_bucket[bucket]
+            append(b"*%d\r\n" % (len(members) + 2))
+            append(heads[bucket])
+            append(b"".join([_MEMBER_HEAD + b"%d\r\n" % ((values[i] & mask) + _MEMBER_OFFSET) for i in members]))
+            order += members
+            counts.append(len(members))
+        self._replies += len(counts)
+        return FingerprintReplies(first, np.array(order, dtype=np.int64), np.array(counts, dtype=np.int64), len(values))
+
     def _bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
         """``command`` for each bucket of ``fps`` (not empty), laid out for one server."""
+        if len(fps) <= _FEW_FINGERPRINTS:
+            return self._few_bucket_commands(command, key, fps)
+        return self._many_bucket_commands(command, key, fps)
+
+    def _many_bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
         first = self._replies
         buckets, order, starts, ends, view = self._records(fps)
         heads = _bucket_heads(command, key)
@@ -281,8 +313,13 @@ class Batch:
         records[:, 5:-2] = members.astype(f"S{_MEMBER_DIGITS}").view(np.uint8).reshape(-1, _MEMBER_DIGITS)
         records[:, -2:] = np.frombuffer(b"\r\n", dtype=np.uint8)
         body = records.tobytes()
-        starts = np.flatnonzero(np.r_[True, buckets[1:] != buckets[:-1]])
-        ends = np.r_[starts[1:], len(buckets)]
+        changed = np.empty(len(buckets), dtype=bool)
+        changed[0] = True
+        np.not_equal(buckets[1:], buckets[:-1], out=changed[1:])
+        starts = np.flatnonzero(changed)
+        ends = np.empty_like(starts)
+        ends[:-1] = starts[1:]
+        ends[-1] = len(buckets)
         return buckets, order, starts, ends, memoryview(body)
 
     def payload(self) -> bytes:
