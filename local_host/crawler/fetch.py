@@ -150,7 +150,10 @@ class Politeness:
             if wait > 0:
                 await trio.sleep(wait)
                 continue
-            await self.limiter.acquire()
+            try:  # a free slot without a turn of the scheduler (the request checkpoints soon)
+                self.limiter.acquire_nowait()
+            except trio.WouldBlock:  # taken, or others queued first
+                await self.limiter.acquire()
             if s.last_start + s.delay > trio.current_time():
                 self.limiter.release()  # another request to the site started meanwhile
                 continue
