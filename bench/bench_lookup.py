@@ -32,7 +32,8 @@ import numpy as np
 from redis.exceptions import ResponseError
 
 from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import _MEMBER_DIGITS, _MEMBER_OFFSET, _MEMBER_RECORD, FINISH_URL, Store, _bulk
+from dedupnet.adapters.storage.store import FINISH_URL, Store
+from dedupnet.adapters.storage.resp import MEMBER_DIGITS, MEMBER_OFFSET, MEMBER_RECORD, bulk
 
 LUA_ARRAY = b"""
 local out, a = {}, #KEYS
@@ -61,10 +62,10 @@ def grouped(store: Store, fps: np.ndarray):
     buckets = (fps >> shift).astype(np.int64)
     order = np.argsort(buckets, kind="stable")
     buckets = buckets[order]
-    members = (fps[order] & mask) + np.uint64(_MEMBER_OFFSET)
-    records = np.empty((len(fps), _MEMBER_RECORD), dtype=np.uint8)
-    records[:, :5] = np.frombuffer(b"$%d\r\n" % _MEMBER_DIGITS, dtype=np.uint8)
-    records[:, 5:-2] = members.astype(f"S{_MEMBER_DIGITS}").view(np.uint8).reshape(-1, _MEMBER_DIGITS)
+    members = (fps[order] & mask) + np.uint64(MEMBER_OFFSET)
+    records = np.empty((len(fps), MEMBER_RECORD), dtype=np.uint8)
+    records[:, :5] = np.frombuffer(b"$%d\r\n" % MEMBER_DIGITS, dtype=np.uint8)
+    records[:, 5:-2] = members.astype(f"S{MEMBER_DIGITS}").view(np.uint8).reshape(-1, MEMBER_DIGITS)
     records[:, -2:] = np.frombuffer(b"\r\n", dtype=np.uint8)
     unique, counts = np.unique(buckets, return_counts=True)
     return order, unique, counts, records.tobytes()
@@ -73,9 +74,9 @@ def grouped(store: Store, fps: np.ndarray):
 def lua_lookup(store: Store, sha: bytes, fps: np.ndarray, as_string: bool) -> tuple[np.ndarray, int]:
     order, unique, counts, body = grouped(store, fps)
     prefix = store.key(FINISH_URL).encode() + b":"
-    parts = [b"*%d\r\n" % (3 + 2 * len(unique) + len(fps)), _bulk(b"EVALSHA"), _bulk(sha), _bulk(b"%d" % len(unique))]
-    parts.extend(_bulk(prefix + b"%d" % b) for b in unique.tolist())
-    parts.extend(_bulk(b"%d" % c) for c in counts.tolist())
+    parts = [b"*%d\r\n" % (3 + 2 * len(unique) + len(fps)), bulk(b"EVALSHA"), bulk(sha), bulk(b"%d" % len(unique))]
+    parts.extend(bulk(prefix + b"%d" % b) for b in unique.tolist())
+    parts.extend(bulk(b"%d" % c) for c in counts.tolist())
     parts.append(body)
     (reply,) = raw_round_trip(store, b"".join(parts), 1)
     if isinstance(reply, ResponseError):

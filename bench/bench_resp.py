@@ -28,7 +28,7 @@ import redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import _MEMBER_OFFSET, FINISH_URL, Store
+from dedupnet.adapters.storage.store import MEMBER_OFFSET, FINISH_URL, Store
 
 
 def pipeline_op(client: redis.Redis, store: Store, command: str, fps: np.ndarray) -> np.ndarray | int:
@@ -37,7 +37,7 @@ def pipeline_op(client: redis.Redis, store: Store, command: str, fps: np.ndarray
     shift = 64 - store.bucket_bits
     buckets = (fps >> np.uint64(shift)).astype(np.int64)
     order = np.argsort(buckets, kind="stable")
-    members = ((fps[order] & np.uint64((1 << shift) - 1)) + np.uint64(_MEMBER_OFFSET)).tolist()
+    members = ((fps[order] & np.uint64((1 << shift) - 1)) + np.uint64(MEMBER_OFFSET)).tolist()
     sorted_buckets = buckets[order]
     starts = np.flatnonzero(np.r_[True, sorted_buckets[1:] != sorted_buckets[:-1]]).tolist()
     ends = starts[1:] + [len(fps)]

@@ -16,7 +16,8 @@ import trio
 
 import local_host.crawler.crawl as crawler_mod
 from dedupnet.adapters.monitor.metrics import Counters
-from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL, fingerprint_fields
+from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL
+from dedupnet.adapters.storage.resp import fingerprint_fields
 from local_host.frontier.sites import task_count
 from dedupnet.codec.urls import fingerprint_many
 from local_host.crawler.crawl import DEPTH, FAILED, GROUP, SEEDS, Crawler, seed_urls

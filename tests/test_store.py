@@ -6,7 +6,8 @@ import trio
 
 from dedupnet.adapters.storage.aio import AsyncStore
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.storage.store import FINISH_URL, MAX_BUCKET_BITS, MIN_BUCKET_BITS, URL_POOL, Batch, Store, pack_command
+from dedupnet.adapters.storage.store import FINISH_URL, MAX_BUCKET_BITS, MIN_BUCKET_BITS, URL_POOL, Batch, Store
+from dedupnet.adapters.storage.resp import pack_command
 from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.urls import fingerprint_many
 

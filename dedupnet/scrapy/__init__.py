@@ -101,7 +101,8 @@ from scrapy.exceptions import DontCloseSpider
 from twisted.internet import reactor, task
 
 from dedupnet.adapters.storage.recrawl import AgedSet
-from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, URL_POOL, Batch, Store
+from dedupnet.adapters.storage.resp import fingerprint_fields
 from dedupnet.codec.errors import BadURL, DedupnetError
 from dedupnet.codec.urls import fingerprint_many, normalize
 from dedupnet.scrapy.census import NOT_STARTED, CrawlCensus

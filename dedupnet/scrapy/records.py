@@ -18,7 +18,8 @@ import orjson
 from redis.exceptions import RedisError
 from scrapy import Request
 
-from dedupnet.adapters.storage.store import Store, fingerprint_fields
+from dedupnet.adapters.storage.store import Store
+from dedupnet.adapters.storage.resp import fingerprint_fields
 from dedupnet.codec.errors import DedupnetError
 from dedupnet.codec.urls import fingerprint_many
 from dedupnet.scrapy.leases import TASK_META, Lease

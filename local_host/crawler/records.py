@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 import orjson
 
 from dedupnet.adapters.storage.recrawl import AgedSet
-from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL, Batch, Store, fingerprint_fields
+from dedupnet.adapters.storage.store import TASK_POOL, URL_POOL, Batch, Store
+from dedupnet.adapters.storage.resp import fingerprint_fields
 from dedupnet.codec.errors import BadURL
 from dedupnet.codec.urls import URLGate, fingerprint_many, normalize
 

@@ -37,7 +37,8 @@ from redis.connection import parse_url
 from redis.exceptions import ResponseError
 
 from dedupnet.codec.errors import StoreUnavailable
-from dedupnet.adapters.storage.store import TRANSIENT_ERRORS, Batch, Steps, Store, pack_command, raise_if_refused
+from dedupnet.adapters.storage.store import TRANSIENT_ERRORS, Batch, Steps, Store, raise_if_refused
+from dedupnet.adapters.storage.resp import pack_command
 
 log = logging.getLogger("dedupnet.adapters.storage.aio")
 

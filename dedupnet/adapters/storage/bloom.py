@@ -37,7 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dedupnet.adapters.storage.store import FINISH_URL, _bulk
+from dedupnet.adapters.storage.store import FINISH_URL
+from dedupnet.adapters.storage.resp import bulk
 
 #: Bits per Redis string key (128 KiB): segments spread over cluster slots, and SETBIT
 #: never grows one string past this.
@@ -133,7 +134,7 @@ class BloomFilter:
         digits = np.searchsorted(_POWERS, offsets, side="right").astype(np.int64) + 1  # 1..7
         order = np.lexsort((segments, digits))
         segments, offsets, digits = segments[order], offsets[order], digits[order]
-        name = _bulk(b"BITFIELD_RO" if op == b"GET" else b"BITFIELD")
+        name = bulk(b"BITFIELD_RO" if op == b"GET" else b"BITFIELD")
         per_op = 4 if tail else 3
         replies: list[int] = []  # where this handle's BITFIELD replies sit in the batch
         for d in np.unique(digits).tolist():
@@ -158,7 +159,7 @@ class BloomFilter:
                     # existing bits; its reply is not one of this handle's).
                     self._sized.add(seg)
                     batch.add(b"SET", key, bytes(self.segment_bytes(seg)), b"NX")
-                replies.append(batch.add_packed([b"*%d\r\n" % (2 + (b - a) * per_op), name, _bulk(key),
+                replies.append(batch.add_packed([b"*%d\r\n" % (2 + (b - a) * per_op), name, bulk(key),
                                                  view[a * width: b * width]], key))
         return BloomReplies(tuple(replies), order, n, self.spec.hashes)
 

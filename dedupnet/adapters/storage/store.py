@@ -56,7 +56,6 @@ measured and rejected (``bench/bench_lookup.py``, 1 M stored): client + server C
 
 from __future__ import annotations
 
-import functools
 import itertools
 import logging
 import time
@@ -79,6 +78,9 @@ from dedupnet.codec.pools import (  # noqa: F401 - re-exported: the pools' key n
 )
 from dedupnet.adapters.storage.buckets import (  # noqa: F401 - re-exported
     BUCKET_BITS, LEGACY_BUCKET_BITS, MAX_BUCKET_BITS, MIN_BUCKET_BITS, NEW_STORE_BUCKET_BITS, adopt_bucket_bits, glob_escape,
+)
+from dedupnet.adapters.storage.resp import (
+    FEW_FINGERPRINTS, MEMBER_DIGITS, MEMBER_HEAD, MEMBER_OFFSET, MEMBER_RECORD, bucket_heads, pack_command,
 )
 from dedupnet.adapters.storage.watermark import WATERMARK
 
@@ -134,14 +136,6 @@ FSYNC_PROBE_MS = 3_000
 FSYNC_PROBE = "fsync_probe"
 
 
-# Members are written with a fixed number of decimal digits so that numpy can
-# build every member's RESP bulk string in one vectorised step.
-_MEMBER_OFFSET = 10**16
-_MEMBER_DIGITS = 17
-_MEMBER_RECORD = 5 + _MEMBER_DIGITS + 2  # b"$17\r\n" + digits + b"\r\n"
-_MEMBER_HEAD = b"$%d\r\n" % _MEMBER_DIGITS
-#: Up to this many fingerprints a batch lays out their commands without numpy.
-_FEW_FINGERPRINTS = 64
 def read_replies(sock: Any, replies: int, closed: type[Exception] = RedisConnectionError) -> list:
     """``replies`` replies read off a blocking socket with our own hiredis reader:
     redis-py's per-reply path costs ~5 us a reply, and a batch has thousands. Nothing
@@ -169,53 +163,6 @@ def is_cluster_url(url: str | None) -> bool:
 #: longer waits are the caller's (the daemons' ``until_stored`` waits for ever). No
 #: jitter: each store is one client retrying its own connection.
 STORE_RETRY = Backoff(first=0.05, cap=2.0, attempts=6)
-
-
-class _BucketHeads(dict):
-    """``command`` and one bucket's key in RESP, made once per (command, pool, bucket)."""
-
-    def __init__(self, command: bytes, key: str):
-        super().__init__()
-        self.cmd = _bulk(command)
-        self.prefix = key.encode() + b":"
-
-    def __missing__(self, bucket: int) -> bytes:
-        head = self[bucket] = self.cmd + _bulk(self.prefix + b"%d" % bucket)
-        return head
-
-
-@functools.lru_cache(maxsize=1024)
-def _bucket_heads(command: bytes, key: str) -> _BucketHeads:
-    return _BucketHeads(command, key)
-
-
-def _bulk(arg: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(arg), arg)
-
-
-def _encode_arg(arg: Any) -> bytes:
-    if isinstance(arg, bytes):
-        return arg
-    if isinstance(arg, str):
-        return arg.encode()
-    if isinstance(arg, (int, np.integer)):
-        return b"%d" % int(arg)
-    if isinstance(arg, float):
-        return repr(arg).encode()
-    raise TypeError(f"cannot send {type(arg).__name__} to Redis")
-
-
-def fingerprint_fields(fps: np.ndarray) -> list[bytes]:
-    """Fingerprints as 8-byte big-endian strings: compact hash fields."""
-    raw = np.asarray(fps, dtype=">u8").tobytes()
-    return [raw[i : i + 8] for i in range(0, len(raw), 8)]
-
-
-def pack_command(*args: Any) -> bytes:
-    """One command in RESP."""
-    parts = [b"*%d\r\n" % len(args)]
-    parts.extend(_bulk(_encode_arg(a)) for a in args)
-    return b"".join(parts)
 
 
 class Batch:
@@ -268,7 +215,7 @@ class Batch:
         by_bucket: dict[int, list[int]] = {}
         for i, fp in enumerate(values):
             by_bucket.setdefault(fp >> shift, []).append(i)
-        heads = _bucket_heads(command, key)
+        heads = bucket_heads(command, key)
         append = self._chunks.append
         order: list[int] = []
         counts: list[int] = []
@@ -276,7 +223,7 @@ class Batch:
             members = by_bucket[bucket]
             append(b"*%d\r\n" % (len(members) + 2))
             append(heads[bucket])
-            append(b"".join([_MEMBER_HEAD + b"%d\r\n" % ((values[i] & mask) + _MEMBER_OFFSET) for i in members]))
+            append(b"".join([MEMBER_HEAD + b"%d\r\n" % ((values[i] & mask) + MEMBER_OFFSET) for i in members]))
             order += members
             counts.append(len(members))
         self._replies += len(counts)
@@ -284,33 +231,33 @@ class Batch:
 
     def _bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
         """``command`` for each bucket of ``fps`` (not empty), laid out for one server."""
-        if len(fps) <= _FEW_FINGERPRINTS:
+        if len(fps) <= FEW_FINGERPRINTS:
             return self._few_bucket_commands(command, key, fps)
         return self._many_bucket_commands(command, key, fps)
 
     def _many_bucket_commands(self, command: bytes, key: str, fps: np.ndarray) -> "FingerprintReplies":
         first = self._replies
         buckets, order, starts, ends, view = self._records(fps)
-        heads = _bucket_heads(command, key)
+        heads = bucket_heads(command, key)
         append = self._chunks.append
         for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
             append(b"*%d\r\n" % (end - start + 2))
             append(heads[bucket])
-            append(view[start * _MEMBER_RECORD : end * _MEMBER_RECORD])
+            append(view[start * MEMBER_RECORD : end * MEMBER_RECORD])
         self._replies += len(starts)
         return FingerprintReplies(first, order, ends - starts, len(fps))
 
     def _records(self, fps: np.ndarray) -> tuple:
         """The members of ``fps`` as RESP bulk strings, sorted by bucket: ``(buckets,
         order, starts, ends, view)``; bucket ``buckets[starts[i]]`` holds records
-        ``starts[i]:ends[i]`` of ``view`` (``_MEMBER_RECORD`` bytes each)."""
+        ``starts[i]:ends[i]`` of ``view`` (``MEMBER_RECORD`` bytes each)."""
         buckets = (fps >> self._shift).astype(np.int64)
         order = np.argsort(buckets, kind="stable")
         buckets = buckets[order]
-        members = (fps[order] & self._mask) + np.uint64(_MEMBER_OFFSET)
-        records = np.empty((len(fps), _MEMBER_RECORD), dtype=np.uint8)
-        records[:, :5] = np.frombuffer(b"$%d\r\n" % _MEMBER_DIGITS, dtype=np.uint8)
-        records[:, 5:-2] = members.astype(f"S{_MEMBER_DIGITS}").view(np.uint8).reshape(-1, _MEMBER_DIGITS)
+        members = (fps[order] & self._mask) + np.uint64(MEMBER_OFFSET)
+        records = np.empty((len(fps), MEMBER_RECORD), dtype=np.uint8)
+        records[:, :5] = np.frombuffer(b"$%d\r\n" % MEMBER_DIGITS, dtype=np.uint8)
+        records[:, 5:-2] = members.astype(f"S{MEMBER_DIGITS}").view(np.uint8).reshape(-1, MEMBER_DIGITS)
         records[:, -2:] = np.frombuffer(b"\r\n", dtype=np.uint8)
         body = records.tobytes()
         changed = np.empty(len(buckets), dtype=bool)
@@ -615,7 +562,7 @@ class Store:
         """``(bucket, member)`` of each fingerprint, as a fingerprint set stores it."""
         shift = 64 - self.bucket_bits
         mask = (1 << shift) - 1
-        return [(int(fp) >> shift, b"%d" % ((int(fp) & mask) + _MEMBER_OFFSET)) for fp in fps]
+        return [(int(fp) >> shift, b"%d" % ((int(fp) & mask) + MEMBER_OFFSET)) for fp in fps]
 
     def fp_count(self, pool: str) -> int:
         """Size of a fingerprint set (one SCARD per bucket, one round trip)."""

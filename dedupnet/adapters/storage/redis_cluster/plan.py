@@ -15,7 +15,8 @@ import hiredis
 from redis.exceptions import ResponseError
 
 from dedupnet.adapters.storage.redis_cluster.slots import EXEC, MULTI, Addr, ClusterBatch, SlotMap, key_of, slot_of
-from dedupnet.adapters.storage.store import T, pack_command
+from dedupnet.adapters.storage.store import T
+from dedupnet.adapters.storage.resp import pack_command
 from dedupnet.codec.backoff import Backoff
 from dedupnet.codec.errors import StoreUnavailable
 

@@ -14,15 +14,8 @@ import numpy as np
 import redis
 from redis.crc import key_slot
 
-from dedupnet.adapters.storage.store import (
-    _MEMBER_RECORD,
-    Batch,
-    FingerprintReplies,
-    _bulk,
-    _encode_arg,
-    is_cluster_url,
-    pack_command,
-)
+from dedupnet.adapters.storage.store import Batch, FingerprintReplies, is_cluster_url
+from dedupnet.adapters.storage.resp import MEMBER_RECORD, bulk, encode_arg, pack_command
 
 log = logging.getLogger("dedupnet.adapters.storage.redis_cluster")
 
@@ -108,17 +101,17 @@ def untagged(key: str) -> str:
 
 
 def key_of(args: tuple) -> bytes | None:
-    name = _encode_arg(args[0]).upper()
+    name = encode_arg(args[0]).upper()
     if name in _NO_KEY or len(args) < 2:
         return None
     if name in (b"XREADGROUP", b"XREAD"):
-        upper = [_encode_arg(a).upper() if isinstance(a, (bytes, str)) else b"" for a in args]
-        return _encode_arg(args[upper.index(b"STREAMS") + 1])
+        upper = [encode_arg(a).upper() if isinstance(a, (bytes, str)) else b"" for a in args]
+        return encode_arg(args[upper.index(b"STREAMS") + 1])
     if name in (b"XGROUP", b"OBJECT", b"MEMORY"):
-        return _encode_arg(args[2])
+        return encode_arg(args[2])
     if name in (b"EVAL", b"EVALSHA"):
-        return _encode_arg(args[3]) if int(args[2]) > 0 else None
-    return _encode_arg(args[1])
+        return encode_arg(args[3]) if int(args[2]) > 0 else None
+    return encode_arg(args[1])
 
 
 class ClusterBatch(Batch):
@@ -153,12 +146,12 @@ class ClusterBatch(Batch):
         first = self._replies
         key = untagged(key)
         buckets, order, starts, ends, view = self._records(fps)
-        head = _bulk(command)
+        head = bulk(command)
         base = key.encode() + b":"
         slots = bucket_slots(key, self.bucket_bits)
         for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
-            self.cmds.append(b"".join((b"*%d\r\n" % (end - start + 2), head, _bulk(base + b"%d" % bucket),
-                                       view[start * _MEMBER_RECORD: end * _MEMBER_RECORD])))
+            self.cmds.append(b"".join((b"*%d\r\n" % (end - start + 2), head, bulk(base + b"%d" % bucket),
+                                       view[start * MEMBER_RECORD: end * MEMBER_RECORD])))
             self.slots.append(int(slots[bucket]))
             self.spread.append(True)
         self._replies += len(starts)

@@ -20,7 +20,8 @@ from redis.exceptions import ResponseError
 from dedupnet.adapters.storage.aio import ASYNC_TRANSIENT_ERRORS, CONNECT_TIMEOUT, AsyncStore, _Connection, _exchange
 from dedupnet.adapters.storage.redis_cluster.plan import ASKING, Plan, Refresh, Wave, execute_plan
 from dedupnet.adapters.storage.redis_cluster.slots import Addr, ClusterBatch, SlotMap, admin_client, cluster_seeds, slot_of
-from dedupnet.adapters.storage.store import STORE_RETRY, Batch, Steps, Store, T, pack_command, raise_if_refused, read_replies
+from dedupnet.adapters.storage.store import STORE_RETRY, Batch, Steps, Store, T, raise_if_refused, read_replies
+from dedupnet.adapters.storage.resp import pack_command
 from dedupnet.codec.backoff import Backoff
 
 
