@@ -14,7 +14,7 @@ import trio
 
 from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.net.tls import make_certs
-from local_host.crawler.fetch import FetchError, client_factory, get_page
+from local_host.crawler.fetch import FetchError, charset_of, client_factory, get_page
 from local_host.crawler.transport import CrawlTransport
 
 HTML = b"Content-Type: text/html\r\n"
@@ -283,3 +283,13 @@ async def test_a_sites_client_keeps_the_cookies_the_site_sets(nursery):
         for i in range(4):
             await get(client, server.url(f"/{i}"))
     assert [b"\r\ncookie: s=1" in r.lower() for r in server.requests] == [False, False, True, True]
+
+
+@pytest.mark.parametrize("content_type", [
+    "text/html; charset=utf-8", 'text/html; charset="ISO-8859-1"', "text/html;charset=UTF-8", "text/html",
+    "text/html; foo=bar; charset=koi8-r", "TEXT/HTML; CHARSET=utf-8", "text/html; charset = utf-8",
+    "text/html; charset=utf-8; foo=bar", "text/html; charset='latin1'", "text/html;; charset=windows-1252",
+    'text/html; charset="utf-8"extra', "text/html; CharSet=Shift_JIS", "text/html; charset=utf-8;"])
+def test_a_pages_charset_is_read_as_httpx_reads_it(content_type):
+    want = httpx.Response(200, headers={"content-type": content_type}).charset_encoding
+    assert charset_of(content_type.partition(";")[2]) == want

@@ -536,7 +536,8 @@ async def _read_response(r: httpx.Response, max_body: int, any_body: bool) -> Re
     if not 200 <= r.status_code < 300:
         await _drain(r)
         return resp
-    mime = r.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    mime, _, params = r.headers.get("content-type", "").partition(";")
+    mime = mime.strip().lower()
     resp.html = not mime or mime in HTML_TYPES  # no type: try it as HTML
     if not resp.html and not any_body:
         await _drain(r)
@@ -545,13 +546,28 @@ async def _read_response(r: httpx.Response, max_body: int, any_body: bool) -> Re
     if length.isdigit() and int(length) > max_body:
         resp.too_large = True
         return resp
-    resp.charset = r.charset_encoding  # parsing Content-Type costs: only for a body kept
+    resp.charset = charset_of(params)
     chunks, whole = await _read_body(r, max_body)
     if not whole:
         resp.too_large = True
         return resp
     resp.body = b"".join(chunks)
     return resp
+
+
+def charset_of(params: str) -> str | None:
+    """The ``charset`` of a Content-Type's parameters (what follows its first ``;``),
+    lower-cased, as httpx's ``charset_encoding`` gives it, without the ``email.message``
+    that httpx builds for it (about 3 % of the crawler's CPU). RFC 2231's encoded
+    parameters are not read: a page's header does not use them."""
+    for param in params.split(";"):
+        name, eq, value = param.partition("=")
+        if eq and name.strip().lower() == "charset":
+            value = value.strip()
+            if len(value) > 1 and value[0] == value[-1] == '"':
+                value = value[1:-1]
+            return value.lower() or None
+    return None
 
 
 async def _read_body(r: httpx.Response, limit: int) -> tuple[list[bytes], bool]:
