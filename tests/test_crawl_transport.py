@@ -289,7 +289,7 @@ async def test_a_sites_client_keeps_the_cookies_the_site_sets(nursery):
     "text/html; charset=utf-8", 'text/html; charset="ISO-8859-1"', "text/html;charset=UTF-8", "text/html",
     "text/html; foo=bar; charset=koi8-r", "TEXT/HTML; CHARSET=utf-8", "text/html; charset = utf-8",
     "text/html; charset=utf-8; foo=bar", "text/html; charset='latin1'", "text/html;; charset=windows-1252",
-    'text/html; charset="utf-8"extra', "text/html; CharSet=Shift_JIS", "text/html; charset=utf-8;"])
+    'text/html; charset="utf-8"extra', "text/html; CharSet=Shift_JIS", "text/html; charset=utf-8;", "text/html; charset="])
 def test_a_pages_charset_is_read_as_httpx_reads_it(content_type):
     want = httpx.Response(200, headers={"content-type": content_type}).charset_encoding
     assert charset_of(content_type.partition(";")[2]) == want

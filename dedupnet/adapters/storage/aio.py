@@ -188,8 +188,8 @@ class AsyncStore:
 async def _exchange(conn: _Connection, payload: bytes, replies: int, deadline: float) -> list:
     """Send ``payload``, read ``replies`` replies; :class:`trio.TooSlowError` if it has to
     wait past ``deadline`` (trio's clock). Only a wait that parks the task has a cancel
-    scope: entering and leaving one on every round trip was most of a round trip's
-    own CPU, and the reply usually comes within the spin.
+    scope: entering and leaving one on every round trip cost about as much as the rest
+    of the round trip's own work, and the reply usually comes within the spin.
 
     A reply that is not there yet is first waited for in ``poll`` for up to ``SPIN``
     seconds (the GIL released), and only then by parking the task. A nearby Redis
