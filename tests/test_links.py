@@ -54,6 +54,23 @@ def test_any_href_resolves_as_urljoin_does(base, href):
     assert joined(base, href) == urljoin(base, href)
 
 
+@settings(max_examples=3000, deadline=None)
+@given(st.sampled_from(["http://", "https://", "HTTP://"]), st.sampled_from(["h.example", "H:8080", "[::1]", ""]),
+       st.lists(PIECES, max_size=8).map("".join))
+def test_a_pages_directory_is_the_one_urljoin_gives(scheme, host, rest):
+    base = scheme + host + rest
+    try:
+        want = urllib.parse.urljoin(base, "x")[:-1]
+    except ValueError:
+        want = ValueError
+    try:
+        joiner = _Joiner(base)
+        got = joiner.directory if joiner.directory is not None else want
+    except ValueError:
+        got = ValueError
+    assert got == want
+
+
 def test_extract_links_keeps_page_order_drops_fragments_and_the_page_itself():
     html = ('<a href="b.html#x">1</a><a href="/c">2</a><a href="#top">3</a><a href="HTTP://o.example/d">4</a>'
             '<a href="mailto:a@b">5</a><a href="b.html">6</a><a href="http://[bad/">7</a>')

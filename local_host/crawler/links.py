@@ -82,7 +82,11 @@ class _Joiner:
             if parts.scheme in ("http", "https") and parts.netloc:
                 self.scheme = parts.scheme
                 self.origin = f"{parts.scheme}://{parts.netloc}"
-                self.directory = urllib.parse.urljoin(base, "x")[:-1]
+                path = parts.path
+                if "/." in path or "//" in path:  # urljoin would rewrite these segments
+                    self.directory = urllib.parse.urljoin(base, "x")[:-1]
+                else:
+                    self.directory = self.origin + path[: path.rfind("/") + 1] if path else self.origin + "/"
         except ValueError:
             pass
 
