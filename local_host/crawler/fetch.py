@@ -79,6 +79,44 @@ class _Site:
         self.delay = delay
 
 
+class _Slot:
+    """One request's hold on :meth:`Politeness.slot`: a class, not a generator, as it is
+    entered for every request."""
+
+    __slots__ = ("_gate", "_site")
+
+    def __init__(self, gate: "Politeness", site: _Site):
+        self._gate, self._site = gate, site
+
+    async def __aenter__(self) -> Callable[[], None]:
+        s = self._site
+        s.users += 1
+        try:
+            if s.slots is not None:
+                await s.slots.acquire()
+            try:
+                await self._gate._start(s)
+            except BaseException:
+                if s.slots is not None:
+                    s.slots.release()
+                raise
+        except BaseException:
+            s.users -= 1
+            raise
+        return self.sent
+
+    def sent(self) -> None:
+        s = self._site
+        s.last_start = max(s.last_start, trio.current_time())
+
+    async def __aexit__(self, *exc: object) -> None:
+        s = self._site
+        self._gate.limiter.release()
+        if s.slots is not None:
+            s.slots.release()
+        s.users -= 1
+
+
 class Politeness:
     """Global and per-site request slots.
 
@@ -116,32 +154,12 @@ class Politeness:
         """Requests holding a global slot now."""
         return self.limiter.borrowed_tokens
 
-    @asynccontextmanager
-    async def slot(self, site: str) -> AsyncIterator[Callable[[], None]]:
-        """Hold a request slot for ``site``. The value is a callable to call when the
-        request actually goes on the wire (after connecting): the site's delay then
-        counts from that moment, so a slow connect does not shorten the gap the server
-        sees. The next request re-checks the delay after every wait."""
-        s = self._site(site)
-        s.users += 1
-        try:
-            if s.slots is not None:
-                await s.slots.acquire()
-            try:
-                await self._start(s)
-
-                def sent() -> None:
-                    s.last_start = max(s.last_start, trio.current_time())
-
-                try:
-                    yield sent
-                finally:
-                    self.limiter.release()
-            finally:
-                if s.slots is not None:
-                    s.slots.release()
-        finally:
-            s.users -= 1
+    def slot(self, site: str) -> "_Slot":
+        """Hold a request slot for ``site`` (``async with``). The value is a callable to
+        call when the request actually goes on the wire (after connecting): the site's
+        delay then counts from that moment, so a slow connect does not shorten the gap
+        the server sees. The next request re-checks the delay after every wait."""
+        return _Slot(self, self._site(site))
 
     async def _start(self, s: _Site) -> None:
         """Wait for the site's delay and a global slot (held on return)."""
