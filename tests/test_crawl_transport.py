@@ -14,7 +14,7 @@ import trio
 
 from dedupnet.adapters.monitor.metrics import Counters
 from dedupnet.adapters.net.tls import make_certs
-from local_host.crawler.fetch import FetchError, charset_of, client_factory, get_page
+from local_host.crawler.fetch import ClientPool, FetchError, charset_of, client_factory, get_page
 from local_host.crawler.transport import CrawlTransport
 
 HTML = b"Content-Type: text/html\r\n"
@@ -293,3 +293,25 @@ async def test_a_sites_client_keeps_the_cookies_the_site_sets(nursery):
 def test_a_pages_charset_is_read_as_httpx_reads_it(content_type):
     want = httpx.Response(200, headers={"content-type": content_type}).charset_encoding
     assert charset_of(content_type.partition(";")[2]) == want
+
+
+async def test_the_client_pool_shares_clients_within_their_bound_and_closes_the_least_recent(autojump_clock):
+    made: list[httpx.AsyncClient] = []
+
+    def make() -> httpx.AsyncClient:
+        made.append(httpx.AsyncClient(transport=transport()))
+        return made[-1]
+
+    pool = ClientPool(make, per_client=2, max_clients=2)
+    async with pool.client("a") as a1, pool.client("a") as a2:
+        assert a1 is a2  # room for two requests on one client
+        async with pool.client("a") as a3:
+            assert a3 is not a1 and len(pool) == 2
+    await trio.sleep(1)
+    async with pool.client("b") as b1:  # a third client: the least recent site's unused one goes
+        assert len(pool) == 2 and b1 is made[2] and made[0].is_closed and not made[1].is_closed
+        await trio.sleep(10)
+        assert await pool.close_idle(5) == 1  # a's other client; b's is in use
+        assert len(pool) == 1 and not b1.is_closed
+    await pool.aclose()
+    assert all(c.is_closed for c in made)

@@ -25,8 +25,7 @@ import contextlib
 import functools
 import math
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -354,6 +353,34 @@ class _Client:
         self.last_used = trio.current_time()
 
 
+class _Use:
+    """One request's use of a client of :meth:`ClientPool.client`: a class, not a
+    generator, as it is entered for every request."""
+
+    __slots__ = ("_pool", "_site", "_entry")
+
+    def __init__(self, pool: "ClientPool", site: str):
+        self._pool, self._site = pool, site
+
+    async def __aenter__(self) -> httpx.AsyncClient:
+        pool = self._pool
+        entry = self._entry = pool._take(self._site)
+        if pool._count > pool.max_clients:
+            try:
+                await pool._close_where(lambda e: True, pool._count - pool.max_clients)
+            except BaseException:
+                self._done()
+                raise
+        return entry.client
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._done()
+
+    def _done(self) -> None:
+        self._entry.users -= 1
+        self._entry.last_used = trio.current_time()
+
+
 class ClientPool:
     """HTTP clients (``httpx.AsyncClient``) per site (host), each carrying at most
     ``per_client`` requests at once; made by ``make()`` (which should bound the
@@ -384,9 +411,11 @@ class ClientPool:
         """Clients open now."""
         return self._count
 
-    @asynccontextmanager
-    async def client(self, site: str) -> AsyncIterator[httpx.AsyncClient]:
-        """A client of ``site`` with room for one more request, for one request."""
+    def client(self, site: str) -> "_Use":
+        """A client of ``site`` with room for one more request, for one request (``async with``)."""
+        return _Use(self, site)
+
+    def _take(self, site: str) -> _Client:
         entries = self._sites.get(site)
         if entries is None:
             entries = self._sites[site] = []
@@ -403,13 +432,7 @@ class ClientPool:
             self._count += 1
         entry.users += 1  # before any wait: in use, so never closed under us
         entry.peak = max(entry.peak, entry.users)
-        try:
-            if self._count > self.max_clients:
-                await self._close_where(lambda e: True, self._count - self.max_clients)
-            yield entry.client
-        finally:
-            entry.users -= 1
-            entry.last_used = trio.current_time()
+        return entry
 
     async def close_idle(self, idle_for: float) -> int:
         """Close the clients with no request for ``idle_for`` seconds; returns how many."""
