@@ -256,7 +256,7 @@ class Batch:
         buckets = buckets[order]
         members = (fps[order] & self._mask) + np.uint64(MEMBER_OFFSET)
         records = np.empty((len(fps), MEMBER_RECORD), dtype=np.uint8)
-        records[:, :5] = np.frombuffer(b"$%d\r\n" % MEMBER_DIGITS, dtype=np.uint8)
+        records[:, :5] = np.frombuffer(MEMBER_HEAD, dtype=np.uint8)
         records[:, 5:-2] = members.astype(f"S{MEMBER_DIGITS}").view(np.uint8).reshape(-1, MEMBER_DIGITS)
         records[:, -2:] = np.frombuffer(b"\r\n", dtype=np.uint8)
         body = records.tobytes()
