@@ -459,7 +459,8 @@ def _commands(calls: dict[str, int], wall: float, requests: int) -> dict:
     """Commands the run's Redis served, in all, per second and per page, the ten busiest
     by name, and its look-ups (SMISMEMBER, HMGET)."""
     total = sum(calls.values())
-    return dict(redis_lookups=calls.get("smismember", 0) + calls.get("hmget", 0), redis_commands=total, redis_commands_per_s=round(total / wall, 1) if wall else None,
+    return dict(redis_lookups=calls.get("smismember", 0) + calls.get("hmget", 0), redis_commands=total,
+                redis_commands_per_s=round(total / wall, 1) if wall else None,
                 redis_commands_per_page=round(total / requests, 2) if requests else None,
                 redis_commands_top=dict(sorted(calls.items(), key=lambda kv: -kv[1])[:10]))
 

@@ -15,7 +15,7 @@ import redis
 from redis.crc import key_slot
 
 from dedupnet.adapters.storage.store import Batch, FingerprintReplies, is_cluster_url
-from dedupnet.adapters.storage.resp import MEMBER_RECORD, bulk, encode_arg, pack_command
+from dedupnet.adapters.storage.resp import MEMBER_RECORD, bucket_heads, encode_arg, pack_command
 
 log = logging.getLogger("dedupnet.adapters.storage.redis_cluster")
 
@@ -146,11 +146,10 @@ class ClusterBatch(Batch):
         first = self._replies
         key = untagged(key)
         buckets, order, starts, ends, view = self._records(fps)
-        head = bulk(command)
-        base = key.encode() + b":"
+        heads = bucket_heads(command, key)
         slots = bucket_slots(key, self.bucket_bits)
         for bucket, start, end in zip(buckets[starts].tolist(), starts.tolist(), ends.tolist()):
-            self.cmds.append(b"".join((b"*%d\r\n" % (end - start + 2), head, bulk(base + b"%d" % bucket),
+            self.cmds.append(b"".join((b"*%d\r\n" % (end - start + 2), heads[bucket],
                                        view[start * MEMBER_RECORD: end * MEMBER_RECORD])))
             self.slots.append(int(slots[bucket]))
             self.spread.append(True)
