@@ -6,6 +6,8 @@ this state; the sets it reads are the stages' (center_host/stages.py), passed in
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from .config import CenterConfig
 from .homes import Homes
 from .sets import SetRecord, Stage, remember
@@ -21,7 +23,7 @@ class Claims:
         #: A bounded cache: URL -> the lowest number of another network's set told here
         #: that the URL was unseen (so that set held it). Not needed for exactness, only
         #: to drop such URLs early; lost on restart (PROTOCOL.md §10).
-        self.held_elsewhere: dict[str, int] = {}
+        self.held_elsewhere: OrderedDict[str, int] = OrderedDict()
 
     def claim(self, url: str, number: int) -> None:
         self.by_url[url] = number
@@ -97,8 +99,7 @@ class Claims:
         """``url`` is in ``held_elsewhere``; a hit makes it the newest entry, so the URLs
         found again and again (a site's front page, linked from everywhere) stay while
         the cache turns over (least recently used out first)."""
-        number = self.held_elsewhere.pop(url, None)
-        if number is None:
+        if url not in self.held_elsewhere:
             return False
-        self.held_elsewhere[url] = number
+        self.held_elsewhere.move_to_end(url)
         return True

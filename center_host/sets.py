@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar, Union
@@ -120,12 +121,16 @@ class Rejected(Exception):
         self.level = level
 
 
-def remember(d: dict[K, V], key: K, value: V, limit: int) -> None:
-    """``d[key] = value`` as its newest entry; the oldest go beyond ``limit`` entries."""
-    d.pop(key, None)
+def remember(d: OrderedDict[K, V], key: K, value: V, limit: int) -> None:
+    """``d[key] = value`` as its newest entry; the oldest go beyond ``limit`` entries.
+    An OrderedDict, not a dict: a dict whose oldest entries are deleted one by one keeps
+    their empty slots at the front of its table until it is resized, so finding the
+    oldest (``next(iter(d))``) scans them all, and a full cache that turns over paid for
+    every entry it had dropped since its last resize."""
     d[key] = value
+    d.move_to_end(key)
     while len(d) > limit:
-        del d[next(iter(d))]
+        d.popitem(last=False)
 
 
 def check_number(config: CenterConfig, sender: Member, number: int) -> None:

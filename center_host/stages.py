@@ -10,6 +10,7 @@ homes."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
 from dedupnet.codec import wire
@@ -46,13 +47,14 @@ class Stages:
         self.wait = config.partition_policy == "wait"
         self.sets: dict[int, SetRecord] = {}
         self.lookups: dict[int, PendingLookup] = {}  # number -> what its look-up is for
-        self.waiting: dict[int, tuple[Host, Frame]] = {}  # flag=1 frames held back (not acked)
+        #: flag=1 frames held back (not acked), oldest first (an OrderedDict: see sets.remember).
+        self.waiting: OrderedDict[int, tuple[Host, Frame]] = OrderedDict()
         #: R4: own sets done with their LAN stage, waiting to go on as one (ordered).
         self.gathering: dict[int, None] = {}
         #: Own sets admitted lately (newest last, ``RECENTLY_CONCLUDED`` of them): an answer
         #: for one is late (a re-sent question answered twice, an ``admit`` time limit),
         #: logged at debug; an answer for a number never held here stays a warning.
-        self.recently_concluded: dict[int, None] = {}
+        self.recently_concluded: OrderedDict[int, None] = OrderedDict()
         #: Running counts of ``sets`` and ``waiting`` (what ``_room`` reads on every frame).
         self.backlog = Backlog()
 
@@ -141,8 +143,7 @@ class Stages:
         actions: list[Action] = []
         room = self._room()
         while self.waiting and room > 0:
-            number = next(iter(self.waiting))
-            sender, frame = self.waiting.pop(number)
+            _, (sender, frame) = self.waiting.popitem(last=False)
             self.backlog.release(sender)
             if sender.ip in self.members.hosts:
                 actions += self._start_own(sender, frame)
