@@ -311,7 +311,9 @@ class CenterDaemon:
         self.last_seen[member] = trio.current_time()
         conn.note(logging.INFO, "%s joined", member, logger=log)
         address = conn.register.listen if isinstance(member, Host) and conn.register is not None else ""
-        await self.reactor.put(Joined(member, address), conn)
+        # A peer's events go ahead of the hosts' (Reactor: the urgent lane), all of them.
+        urgent = isinstance(member, Peer)
+        await self.reactor.put(Joined(member, address), conn, urgent=urgent)
         try:
             while True:
                 message = await conn.receive()
@@ -326,7 +328,7 @@ class CenterDaemon:
                     # While our own inbox is full this member's silence is ours, not its own.
                     self.busy_with.add(member)
                     try:
-                        await self.reactor.put(Received(member, message), conn)
+                        await self.reactor.put(Received(member, message), conn, urgent=urgent)
                     finally:
                         self.busy_with.discard(member)
                         self.last_seen[member] = trio.current_time()
@@ -337,7 +339,7 @@ class CenterDaemon:
                 del self.conns[member]
                 self.last_seen.pop(member, None)
                 conn.note(logging.INFO, "%s left", member, logger=log)
-                self.reactor.post(Left(member))
+                self.reactor.post(Left(member), urgent=urgent)
 
     async def _heartbeats(self) -> None:
         """Send ours to every member we sent nothing else to during the last interval (any

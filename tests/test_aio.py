@@ -267,6 +267,39 @@ async def test_the_reactor_handles_queued_events_back_to_back_then_yields(mock_c
     assert handled == list(range(200))
 
 
+async def test_urgent_events_go_ahead_of_the_other_lane_each_lane_in_order(autojump_clock):
+    """A center's peer messages are put urgent: those that come while the hosts' events
+    fill the other lane are handled next, not after them; each lane keeps its order,
+    and a reactor waiting on an empty inbox wakes for either lane."""
+    handled: list = []
+    gate = trio.Event()
+
+    async def execute(actions):
+        if actions == [("host", 0)]:
+            await gate.wait()  # busy with the first host event while the rest queue
+        return []
+
+    reactor = Reactor(lambda e: handled.append(e) or [e], execute)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reactor.run)
+        for i in range(100):
+            await reactor.put(("host", i))
+        await trio.sleep(1)
+        assert handled == [("host", 0)]
+        await reactor.put(("peer", 0), urgent=True)
+        reactor.post(("peer", 1), urgent=True)
+        gate.set()
+        await trio.sleep(1)
+        assert reactor.idle
+        reactor.post(("peer", 2), urgent=True)  # the reactor is parked on an empty inbox
+        await trio.sleep(1)
+        await reactor.put(("host", 100))
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert handled == [("host", 0), ("peer", 0), ("peer", 1), *[("host", i) for i in range(1, 100)],
+                       ("peer", 2), ("host", 100)]
+
+
 async def test_a_waiter_on_changes_wakes_when_its_condition_holds_not_before(autojump_clock):
     """What a leaving host waits with instead of polling: each notify wakes it to check
     again; it returns once the condition holds, and a deadline still bounds it."""

@@ -401,6 +401,14 @@ class Reactor:
     awaited one by one, each right before its result is handled, before any other
     event. Back-pressure: a bounded inbox.
 
+    Two lanes: events put ``urgent`` are handled before any waiting in the other lane.
+    A center puts its peer centers' messages there: a peer's frame or ack is one of a
+    few in flight between two networks, and waiting behind every set the LAN's hosts
+    keep unacknowledged (up to ``max_unacked`` each) made a routed frame's round trip,
+    and so the URLs that cross between networks, as slow as the LAN's whole backlog.
+    Events from one connection must all use one lane (its join, its messages and its
+    leave stay in order); between connections no order is promised anyway.
+
     An event put with an ``origin`` (the :class:`Connection` its message came on)
     that raises while it is handled — in the core, or in carrying out its actions —
     fails that connection only (:meth:`Connection.fail`): the exception is raised
@@ -412,31 +420,49 @@ class Reactor:
     def __init__(self, handle: Callable[[Any], list], execute: Callable[[list], Awaitable[list]], *, inbox: int = 4096):
         self._handle = handle
         self._execute = execute
-        self._send, self._receive = trio.open_memory_channel(inbox)
+        self._lanes = (trio.open_memory_channel(inbox), trio.open_memory_channel(inbox))  # (urgent, other)
+        self._arrived = trio.lowlevel.ParkingLot()
         self._busy = 0
         self._nursery: trio.Nursery | None = None
         #: Notified each time an event has been handled: :attr:`idle` may have changed.
         self.changes = Changes()
 
-    def post(self, event: Any) -> None:
+    def _lane(self, urgent: bool) -> Any:
+        return self._lanes[0 if urgent else 1][0]
+
+    def post(self, event: Any, *, urgent: bool = False) -> None:
         """From a trio task that must not wait (timers, a connection's end). Never
         drops the event: with the inbox full, a helper task waits for room (in
         order with the other waiting senders) while the reactor runs; before it
         runs, a full inbox raises trio.WouldBlock."""
         try:
-            self._send.send_nowait((event, None))
+            self._lane(urgent).send_nowait((event, None))
         except trio.WouldBlock:
             if self._nursery is None:
                 raise
-            self._nursery.start_soon(self._send.send, (event, None))
+            self._nursery.start_soon(self._send, self._lane(urgent), (event, None))
+        else:
+            self._arrived.unpark_all()
 
-    async def put(self, event: Any, origin: Connection | None = None) -> None:
+    async def put(self, event: Any, origin: Connection | None = None, *, urgent: bool = False) -> None:
         """``origin``: the connection whose message made ``event``; it is failed,
         not the daemon, if handling ``event`` raises."""
-        await self._send.send((event, origin))
+        await self._send(self._lane(urgent), (event, origin))
+
+    async def _send(self, lane: Any, item: tuple[Any, Connection | None]) -> None:
+        await lane.send(item)
+        self._arrived.unpark_all()
 
     def pending(self) -> int:
-        return self._send.statistics().current_buffer_used
+        return sum(send.statistics().current_buffer_used for send, _ in self._lanes)
+
+    def _next(self) -> tuple[Any, Connection | None] | None:
+        for _, receive in self._lanes:
+            try:
+                return receive.receive_nowait()
+            except trio.WouldBlock:
+                pass
+        return None
 
     async def run(self) -> None:
         """Handles what is in the inbox back to back, yielding to other tasks every
@@ -446,14 +472,15 @@ class Reactor:
             self._nursery = nursery
             try:
                 while True:
-                    await self._guarded(*await self._receive.receive())
+                    item = self._next()
+                    if item is None:
+                        await self._arrived.park()  # no checkpoint between the look and the park
+                        continue
+                    await self._guarded(*item)
                     turn_ends = trio.current_time() + YIELD_AFTER
-                    while trio.current_time() < turn_ends:
-                        try:
-                            item = self._receive.receive_nowait()
-                        except trio.WouldBlock:
-                            break
+                    while trio.current_time() < turn_ends and (item := self._next()) is not None:
                         await self._guarded(*item)
+                    await trio.lowlevel.checkpoint()
             finally:
                 self._nursery = None
 
