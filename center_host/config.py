@@ -72,6 +72,12 @@ class CenterConfig:
     #: a gathered set goes as soon as it holds this many URLs, even while one of this
     #: center's own is out (it waits for nothing else: Nagle's rule).
     gather_max: int = 1000
+    #: Routed frames (§11) out with one home network at once, each up to ``gather_max``
+    #: URLs. A frame's round trip is the home's whole turn (its inbox, its look-up, its
+    #: durable write) and then the ack's, so one frame at a time let at most
+    #: ``gather_max`` URLs cross per round trip however many waited; a few bound what a
+    #: reconnection sends again.
+    routed_frames_out: int = 4
     #: Exact mode, where a URL is decided (docs/PROTOCOL.md §11): ``"home"`` (the
     #: default), by the center of its site's home network alone — one message to one
     #: center for a URL of another network's site, none for the rest; ``"broadcast"``,
@@ -110,6 +116,8 @@ class CenterConfig:
                              f"not {self.foreign_lookup!r}")
         if self.gather_max < 1:
             raise ValueError("gather_max must be positive")
+        if self.routed_frames_out < 1:
+            raise ValueError("routed_frames_out must be positive")
         if self.local_lookup is None:
             object.__setattr__(self, "local_lookup", "center" if self.mode == "exact" else "lan")
         if self.local_lookup not in LOCAL_LOOKUPS or (self.mode == "paper" and self.local_lookup != "lan"):

@@ -1,6 +1,6 @@
 """One home per site at a center (docs/PROTOCOL.md §11): the map that says where a URL
-is decided, the earlier maps still asked about, and the frames out with each home (one
-per home at a time). A part of the center's sans-I/O core
+is decided, the earlier maps still asked about, and the frames out with each home (a
+few per home at a time). A part of the center's sans-I/O core
 (:class:`~center_host.protocol.CenterProtocol`) that owns this state; the sets it reads
 are the stages' (center_host/stages.py), passed in."""
 
@@ -19,18 +19,20 @@ from .sets import SetRecord, Stage
 
 class Homes:
     """The maps, and per home network the own sets whose URLs for it have not gone yet
-    (oldest first) and the frame out with it now (its sets' numbers, lowest first). One
-    frame per home at a time, carrying every waiting set's URLs for it (as R4 gathers for
-    the peers): what a URL costs on the WAN does not grow with the number of sets, and a
-    link that resets often still gets whole frames through. Not stored: a restarted
-    center queues its stored routes again."""
+    (oldest first) and the frames out with it now (each by its number, the lowest of
+    its sets'). Up to ``routed_frames_out`` frames per home at a time, each carrying
+    the waiting sets' URLs for it (as R4 gathers for the peers): what a URL costs on
+    the WAN does not grow with the number of sets, and a link that resets often still
+    gets whole frames through. Not stored: a restarted center queues its stored routes
+    again."""
 
     def __init__(self, config: CenterConfig) -> None:
         self.config = config
         self.map: HomeMap = config.home_map()
         self.previous: tuple[HomeMap, ...] = config.previous_maps()
         self.route_queue: dict[int, dict[int, None]] = {}
-        self.route_out: dict[int, tuple[int, ...]] = {}
+        #: home network -> {frame number: the numbers of its sets, lowest first}
+        self.route_out: dict[int, dict[int, tuple[int, ...]]] = {}
 
     def describe(self) -> str:
         """The map (and the earlier ones still asked about, after ``;``) as every peer
@@ -76,15 +78,16 @@ class Homes:
         return any(self.map.home_of(url) != network for network, urls in rec.routes.items() for url in urls)
 
     def heads(self, network: int, number: int) -> bool:
-        """Set ``number`` names the frame out with ``network``."""
-        return self.route_out.get(network, (0,))[0] == number
+        """Set ``number`` names a frame out with ``network``."""
+        return number in self.route_out.get(network, {})
 
-    def frame_out(self, network: int) -> tuple[int, ...]:
-        return self.route_out.get(network, ())
+    def frame_out(self, network: int, number: int) -> tuple[int, ...]:
+        """The sets of the frame ``number`` out with ``network`` (none: no such frame)."""
+        return self.route_out.get(network, {}).get(number, ())
 
-    def frame_taken(self, network: int) -> None:
-        """The home has acknowledged the frame out with it."""
-        del self.route_out[network]
+    def frame_taken(self, network: int, number: int) -> None:
+        """The home has acknowledged the frame ``number`` out with it."""
+        del self.route_out[network][number]
 
     def queue(self, rec: SetRecord, networks: Iterable[int], sets: dict[int, SetRecord],
               peers: set[int]) -> list[Action]:
@@ -93,35 +96,39 @@ class Homes:
         return [a for network in sorted(networks) for a in self.next_frame(network, sets, peers)]
 
     def next_frame(self, network: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
-        """When nothing is out with a connected home: the waiting sets' URLs for it, oldest sets
-        first and up to ``gather_max`` (one set at least), become the frame out, under
-        the lowest of their numbers. The home decides it as one set; a set whose number
-        it has concluded with other URLs is decided anew, so its record keeps it exact
-        whichever sets a frame holds (a restarted center may group them otherwise)."""
-        if network in self.route_out or network not in peers:
-            return []  # a home that is down is sent all it waits for, in one frame, when back
+        """While fewer than ``routed_frames_out`` are out with a connected home: the
+        waiting sets' URLs for it, oldest sets first and up to ``gather_max`` (one set at
+        least), become a frame out, under the lowest of their numbers. The home decides
+        each as one set; a set whose number it has concluded with other URLs is decided
+        anew, so its record keeps it exact whichever sets a frame holds (a restarted
+        center may group them otherwise)."""
+        if network not in peers:
+            return []  # a home that is down is sent what it waits for when it is back
+        out = self.route_out.setdefault(network, {})
         queue = self.route_queue.get(network, {})
-        members: list[int] = []
-        size = 0
-        for number in list(queue):
-            rec = sets.get(number)
-            urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
-            if urls and members and size + len(urls) > self.config.gather_max:
-                break
-            del queue[number]
-            if urls:
-                members.append(number)
-                size += len(urls)
-        if not members:
-            return []
-        self.route_out[network] = tuple(sorted(members))
-        return self.send_frame(network, sets, peers)
+        actions: list[Action] = []
+        while len(out) < self.config.routed_frames_out and queue:
+            members: list[int] = []
+            size = 0
+            for number in list(queue):
+                rec = sets.get(number)
+                urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
+                if urls and members and size + len(urls) > self.config.gather_max:
+                    break
+                del queue[number]
+                if urls:
+                    members.append(number)
+                    size += len(urls)
+            if members:
+                members.sort()
+                out[members[0]] = tuple(members)
+                actions += self.send_frame(network, members[0], sets, peers)
+        return actions
 
-    def send_frame(self, network: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
-        """The frame out with a home, to it if it is connected (else when it is back)."""
-        members = [sets[n] for n in self.route_out.get(network, ()) if n in sets]
+    def send_frame(self, network: int, number: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
+        """The frame ``number`` out with a home, to it if it is connected (else when it is back)."""
+        members = [sets[n] for n in self.frame_out(network, number) if n in sets]
         if not members or network not in peers:
             return []
         urls = {url: 0 for rec in members for url in rec.routes.get(network, ())}
-        head = members[0]
-        return [Send((Peer(network),), wire.encode(Frame(urls, head.frame.IP, head.number, FLAG_NEW_SET)))]
+        return [Send((Peer(network),), wire.encode(Frame(urls, members[0].frame.IP, number, FLAG_NEW_SET)))]

@@ -205,7 +205,7 @@ class Stages:
         if rec.stage is Stage.HOME:  # §11: the frame this set heads, if any, carries its URLs
             homes = self._homes()
             return [a for m in to if isinstance(m, Peer) and homes.heads(m.network, rec.number)
-                    for a in homes.send_frame(m.network, self.sets, self.members.peers)]
+                    for a in homes.send_frame(m.network, rec.number, self.sets, self.members.peers)]
         if rec.stage is Stage.CHECK:  # each previous home is asked about its own sites' URLs
             return [Send((m,), wire.encode(Frame(dict.fromkeys(rec.routes[m.network], 0), rec.frame.IP, rec.number,
                                                  FLAG_LOOKUP)))
@@ -412,11 +412,11 @@ class Stages:
         return self._route(rec)
 
     def home_acked(self, sender: Member, ack: Ack) -> list[Action]:
-        """A home network holds (or had decided) the URLs of the frame out with it: they
+        """A home network holds (or had decided) the URLs of a frame out with it: they
         leave each of its sets, and the next frame goes."""
         homes = self._homes()
-        out = homes.frame_out(sender.network) if isinstance(sender, Peer) else ()
-        if not isinstance(sender, Peer) or not out or out[0] != ack.number:
+        out = homes.frame_out(sender.network, ack.number) if isinstance(sender, Peer) else ()
+        if not isinstance(sender, Peer) or not out:
             self.counters.inc("repeated_acks")
             return []
         if ack.status == "rejected":
@@ -424,7 +424,7 @@ class Stages:
             log.error("set %d: network %d refused its URLs (%s); kept, asked again", ack.number, sender.network,
                       ack.reason or "no reason given")
             return []
-        homes.frame_taken(sender.network)
+        homes.frame_taken(sender.network, ack.number)
         actions: list[Action] = []
         for rec in [self.sets[n] for n in out if n in self.sets]:
             if rec.stage is not Stage.HOME or sender.network not in rec.routes:

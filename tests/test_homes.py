@@ -82,10 +82,11 @@ def test_urls_homed_here_are_admitted_with_no_wan_message_others_go_to_their_hom
 
 
 def test_one_frame_at_a_time_goes_to_a_home_carrying_every_set_that_waits_for_it():
-    """While a frame is out with a home, the next sets' URLs for it wait; its ack sends
-    them all in one frame under the lowest number, and they all leave at its ack. A
-    reconnection sends the frame out again, the same, and nothing else."""
-    c = center()
+    """With one frame out per home (``routed_frames_out = 1``): while it is out, the next
+    sets' URLs for it wait; its ack sends them all in one frame under the lowest number,
+    and they all leave at its ack. A reconnection sends the frame out again, the same,
+    and nothing else."""
+    c = center(routed_frames_out=1)
     m = c.core.homes.map
     frames = {seq: dict.fromkeys(urls_homed(m, 1, 1, f"s{seq}") + urls_homed(m, 2, 2, f"s{seq}"), 0)
               for seq in range(1, 5)}
@@ -105,6 +106,38 @@ def test_one_frame_at_a_time_goes_to_a_home_carrying_every_set_that_waits_for_it
     c.feed(Received(Peer(2), Ack(second.number, "stored")))
     assert not c.core.stages.sets and not c.dist_reduce_pool and not sent(c)
     assert {num(1, 10, seq) for seq in frames} <= set(c.concluded)
+
+
+def test_a_few_frames_are_out_with_a_home_at_once_and_each_ack_lets_the_next_go():
+    """``routed_frames_out`` frames (each up to ``gather_max`` URLs) go to a home at once;
+    the sets after them wait, and an ack, in whatever order, takes its frame's URLs out
+    and sends the next. A reconnection sends every frame out again, the same, and
+    nothing else; an ack of no frame out is ignored."""
+    c = center(routed_frames_out=3, gather_max=2)
+    m = c.core.homes.map
+    for seq in range(1, 7):
+        urls = urls_homed(m, 2, 2, f"s{seq}")
+        c.feed(Received(Host("127.0.1.10"), Frame(dict.fromkeys(urls, 0), "127.0.1.10", num(1, 10, seq), 1)))
+    first = [msg for to, msg in sent(c) if to == "net:2"]
+    assert [(f.number, len(f.URL_set)) for f in first] == [(num(1, 10, seq), 2) for seq in (1, 2, 3)]
+    assert c.core.stages.routed_waiting() == {2: 12}
+    c.feed(Left(Peer(2)))
+    c.feed(Joined(Peer(2)))
+    assert [msg for to, msg in sent(c) if to == "net:2"] == first
+    c.feed(Received(Peer(2), Ack(num(1, 10, 5), "stored")))  # not out yet: ignored
+    assert c.core.stages.routed_waiting() == {2: 12} and not sent(c)
+    c.feed(Received(Peer(2), Ack(num(1, 10, 2), "stored")))
+    assert [(f.number, set(f.URL_set)) for to, f in sent(c) if to == "net:2"] == [
+        (num(1, 10, 4), set(urls_homed(m, 2, 2, "s4")))]
+    assert num(1, 10, 2) not in c.core.stages.sets and c.core.stages.routed_waiting() == {2: 10}
+    for seq in (1, 3, 4):
+        c.feed(Received(Peer(2), Ack(num(1, 10, seq), "stored")))
+    rest = [msg for to, msg in sent(c) if to == "net:2"]
+    assert sorted(f.number for f in rest) == [num(1, 10, 5), num(1, 10, 6)]
+    for f in rest:
+        c.feed(Received(Peer(2), Ack(f.number, "stored")))
+    assert not c.core.stages.sets and c.core.stages.routed_waiting() == {}
+    assert {num(1, 10, seq) for seq in range(1, 7)} <= set(c.concluded)
 
 
 def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_its_lan():
