@@ -12,7 +12,7 @@ from .home_routing import center, num, sent, urls_homed
 
 
 def test_counts_follow_the_sets_through_routing_and_acks():
-    c = center()
+    c = center(routed_frames_out=1)  # the second frame carries two sets
     m = c.core.homes.map
     for seq in range(1, 4):
         urls = urls_homed(m, 1, 1, f"s{seq}") + urls_homed(m, 2, 2, f"s{seq}") + urls_homed(m, 3, 1, f"s{seq}")
