@@ -237,3 +237,19 @@ def test_drop_takes_urls_out_wherever_they_wait(store):
                                      "http://never.example/"])
     assert gone == 3 and sites.task_count(store) == 1
     assert sites.queued_urls(store) == ["http://c.example/4"] and store.redis.xlen(store.key(TASK_POOL)) == 0
+
+
+def test_a_task_of_many_sites_is_queued_once_whole(store):
+    """A center's task with a URL on each of 9,000 sites, written once (its number, as a
+    host's reactor writes it) and then again as a re-sent batch: every URL queued once,
+    every site scheduled and marked for the compactor. The sites' commands go in chunks:
+    one ZADD of every site is more than the once-script can unpack."""
+    urls = [f"http://s{k}.example/p" for k in range(9_000)]
+    for _ in range(2):
+        batch = store.batch()
+        sites.queue_tasks(batch, store, urls, number=77)
+        store.execute(batch)
+    assert sorted(sites.queued_urls(store)) == sorted(urls)
+    assert store.command(b"ZCARD", store.key(sites.SITES)) == 9_000
+    assert store.command(b"SCARD", store.key(sites.site_blocks.DIRTY)) == 9_000
+    assert sites.task_count(store) == 9_000

@@ -343,9 +343,13 @@ def queue_tasks(batch: Batch, store: Store, urls: Sequence[str], number: int | N
     for site, queued in by_site.items():
         for i in range(0, len(queued), PUSH_CHUNK):
             commands.append((b"RPUSH", key(QUEUE) + site, *[pack(url, site) for url in queued[i : i + PUSH_CHUNK]]))
-        commands.append((b"ZADD", key(SITES), b"NX", now_ms, site))
-    if by_site:
-        commands.append((b"SADD", key(site_blocks.DIRTY), *by_site))
+    # One ZADD and one SADD for many sites (a broad crawl's task is a URL or two per
+    # site), in chunks: a script (once) unpacks at most some thousands of arguments.
+    names = list(by_site)
+    for i in range(0, len(names), PUSH_CHUNK):
+        chunk = names[i : i + PUSH_CHUNK]
+        commands.append((b"ZADD", key(SITES), b"NX", *[arg for site in chunk for arg in (now_ms, site)]))
+        commands.append((b"SADD", key(site_blocks.DIRTY), *chunk))
     commands.append((b"INCRBY", key(QUEUED_COUNT), len(urls)))
     commands.append((b"XADD", key(BELL), b"MAXLEN", 1, b"*", b"n", len(urls)))
     if number is None:
