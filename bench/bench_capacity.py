@@ -146,11 +146,16 @@ def store_rate(n: int) -> dict | None:
 def plan_daemons(args, logdir: Path) -> tuple[list[Daemon], list[Daemon]]:
     """The operator's command lines: every daemon its own embedded Redis (``--data-dir``)."""
     cli = [sys.executable, "-m", "dedupnet.cli"]
+    conf: list[str] = []
+    if args.bucket_bits:  # as docs/DEPLOY.md has an operator who expects a large store set it
+        config = logdir / "dedupnet.toml"
+        config.write_text(f"bucket_bits = {args.bucket_bits}\n")
+        conf = ["--config", str(config)]
     ports = {n: free_port(center_ip(n)) for n in range(1, args.networks + 1)}
     centers, hosts = [], []
     for n, port in ports.items():
         data = logdir / f"center{n}"
-        argv = [*cli, "center", "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
+        argv = [*cli, "center", *conf, "--network", str(n), "--ip", center_ip(n), "--lan", lan(n),
                 "--listen", f"{center_ip(n)}:{port}", "--data-dir", str(data), "--prefix", f"cap:center{n}",
                 "--log-level", "WARNING", "--no-discovery"]
         argv += [x for m, p in ports.items() if m != n for x in ("--peer", f"{m},{center_ip(m)}:{p},{lan(m)}")]
@@ -159,7 +164,7 @@ def plan_daemons(args, logdir: Path) -> tuple[list[Daemon], list[Daemon]]:
         for i in range(args.hosts):
             ip = host_ip(n, i)
             data = logdir / f"host-{ip}"
-            argv = [*cli, "local", "--network", str(n), "--ip", ip, "--lan", lan(n), "--center",
+            argv = [*cli, "local", *conf, "--network", str(n), "--ip", ip, "--lan", lan(n), "--center",
                     f"{center_ip(n)}:{port}", "--listen", f"{ip}:{free_port(ip)}", "--data-dir", str(data),
                     "--prefix", f"cap:host:{ip}", "--log-level", "WARNING", "--no-crawl"]
             hosts.append(Daemon(ip, "host", n, (ip, int(argv[argv.index("--listen") + 1].rsplit(":", 1)[1])),
@@ -476,6 +481,8 @@ def main() -> None:
     ap.add_argument("--duration", type=float, help="stop feeding after this many seconds, drain, then check "
                                                    "what was pushed (default: feed every URL)")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--bucket-bits", type=int, default=0,
+                    help="every daemon's bucket_bits (its config file; default: the daemons' own default)")
     ap.add_argument("--keep", action="store_true", help="keep the daemons' logs and data")
     args = ap.parse_args()
     if args.finds < 1:
