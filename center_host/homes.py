@@ -6,6 +6,7 @@ are the stages' (center_host/stages.py), passed in."""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Iterable
 
 from dedupnet.codec import wire
@@ -30,7 +31,9 @@ class Homes:
         self.config = config
         self.map: HomeMap = config.home_map()
         self.previous: tuple[HomeMap, ...] = config.previous_maps()
-        self.route_queue: dict[int, dict[int, None]] = {}
+        #: home network -> the numbers of the sets waiting for it, oldest first (an
+        #: OrderedDict: taken from the front, see sets.remember)
+        self.route_queue: dict[int, OrderedDict[int, None]] = {}
         #: home network -> {frame number: the numbers of its sets, lowest first}
         self.route_out: dict[int, dict[int, tuple[int, ...]]] = {}
 
@@ -92,7 +95,7 @@ class Homes:
     def queue(self, rec: SetRecord, networks: Iterable[int], sets: dict[int, SetRecord],
               peers: set[int]) -> list[Action]:
         for network in sorted(networks):
-            self.route_queue.setdefault(network, {})[rec.number] = None
+            self.route_queue.setdefault(network, OrderedDict())[rec.number] = None
         return [a for network in sorted(networks) for a in self.next_frame(network, sets, peers)]
 
     def next_frame(self, network: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
@@ -105,12 +108,13 @@ class Homes:
         if network not in peers:
             return []  # a home that is down is sent what it waits for when it is back
         out = self.route_out.setdefault(network, {})
-        queue = self.route_queue.get(network, {})
+        queue = self.route_queue.get(network, OrderedDict())
         actions: list[Action] = []
         while len(out) < self.config.routed_frames_out and queue:
             members: list[int] = []
             size = 0
-            for number in list(queue):
+            while queue:
+                number = next(iter(queue))
                 rec = sets.get(number)
                 urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
                 if urls and members and size + len(urls) > self.config.gather_max:
