@@ -22,10 +22,10 @@ class Homes:
     """The maps, and per home network the own sets whose URLs for it have not gone yet
     (oldest first) and the frames out with it now (each by its number, the lowest of
     its sets'). Up to ``routed_frames_out`` frames per home at a time, each carrying
-    the waiting sets' URLs for it (as R4 gathers for the peers): what a URL costs on
-    the WAN does not grow with the number of sets, and a link that resets often still
-    gets whole frames through. Not stored: a restarted center queues its stored routes
-    again."""
+    the waiting sets' URLs for it (as R4 gathers for the peers), a part-full one only
+    when none is out: what a URL costs on the WAN does not grow with the number of
+    sets, and a link that resets often still gets whole frames through. Not stored: a
+    restarted center queues its stored routes again."""
 
     def __init__(self, config: CenterConfig) -> None:
         self.config = config
@@ -101,33 +101,46 @@ class Homes:
     def next_frame(self, network: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
         """While fewer than ``routed_frames_out`` are out with a connected home: the
         waiting sets' URLs for it, oldest sets first and up to ``gather_max`` (one set at
-        least), become a frame out, under the lowest of their numbers. The home decides
-        each as one set; a set whose number it has concluded with other URLs is decided
-        anew, so its record keeps it exact whichever sets a frame holds (a restarted
-        center may group them otherwise)."""
+        least), become a frame out, under the lowest of their numbers. A part-full frame
+        goes only when none is out (Nagle's rule): an idle home gets a URL in one round
+        trip, a busy one full frames, up to the window. The home decides each as one set;
+        a set whose number it has concluded with other URLs is decided anew, so its record
+        keeps it exact whichever sets a frame holds (a restarted center may group them
+        otherwise)."""
         if network not in peers:
             return []  # a home that is down is sent what it waits for when it is back
         out = self.route_out.setdefault(network, {})
         queue = self.route_queue.get(network, OrderedDict())
         actions: list[Action] = []
         while len(out) < self.config.routed_frames_out and queue:
-            members: list[int] = []
-            size = 0
-            while queue:
-                number = next(iter(queue))
-                rec = sets.get(number)
-                urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
-                if urls and members and size + len(urls) > self.config.gather_max:
-                    break
+            taken, members, full = self._gather(network, queue, sets)
+            if out and not full:
+                return actions  # part-full: it waits for the frames out (and gathers meanwhile)
+            for number in taken:
                 del queue[number]
-                if urls:
-                    members.append(number)
-                    size += len(urls)
             if members:
-                members.sort()
                 out[members[0]] = tuple(members)
                 actions += self.send_frame(network, members[0], sets, peers)
         return actions
+
+    def _gather(self, network: int, queue: OrderedDict[int, None],
+                sets: dict[int, SetRecord]) -> tuple[list[int], list[int], bool]:
+        """The next frame's sets from the front of ``queue`` (left in it): the numbers it
+        takes (sets with nothing left for ``network`` among them), its members lowest
+        first, and whether it is full (the next set would pass ``gather_max``)."""
+        taken: list[int] = []
+        members: list[int] = []
+        size = 0
+        for number in queue:
+            rec = sets.get(number)
+            urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
+            if urls and members and size + len(urls) > self.config.gather_max:
+                return taken, sorted(members), True
+            taken.append(number)
+            if urls:
+                members.append(number)
+                size += len(urls)
+        return taken, sorted(members), size >= self.config.gather_max
 
     def send_frame(self, network: int, number: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
         """The frame ``number`` out with a home, to it if it is connected (else when it is back)."""

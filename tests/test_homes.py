@@ -140,6 +140,28 @@ def test_a_few_frames_are_out_with_a_home_at_once_and_each_ack_lets_the_next_go(
     assert {num(1, 10, seq) for seq in range(1, 7)} <= set(c.concluded)
 
 
+def test_a_part_full_frame_waits_while_one_is_out_and_a_full_one_does_not():
+    """Nagle's rule within the window: with nothing out a set's URLs go at once; while a
+    frame is out the next sets gather, and they go as soon as they fill a frame
+    (``gather_max``) or, part-full, once no frame is out."""
+    c = center(routed_frames_out=3, gather_max=4)
+    m = c.core.homes.map
+
+    def found(seq, n):
+        c.feed(Received(Host("127.0.1.10"), Frame(dict.fromkeys(urls_homed(m, 2, n, f"s{seq}"), 0), "127.0.1.10",
+                                                  num(1, 10, seq), 1)))
+        return [(f.number, len(f.URL_set)) for to, f in sent(c) if to == "net:2"]
+
+    assert found(1, 1) == [(num(1, 10, 1), 1)]  # idle: at once
+    assert found(2, 1) == []  # part-full while one is out: waits
+    assert found(3, 3) == [(num(1, 10, 2), 4)]  # full: goes alongside
+    assert found(4, 1) == []
+    c.feed(Received(Peer(2), Ack(num(1, 10, 1), "stored")))
+    assert not sent(c)  # a frame is still out
+    c.feed(Received(Peer(2), Ack(num(1, 10, 2), "stored")))
+    assert [(f.number, len(f.URL_set)) for to, f in sent(c) if to == "net:2"] == [(num(1, 10, 4), 1)]
+
+
 def test_the_home_decides_a_peers_urls_against_its_record_and_assigns_them_in_its_lan():
     c = center(network=2, peers=(1, 3), hosts=("10",))
     m = c.core.homes.map
