@@ -147,6 +147,7 @@ def run_side_by_side(args, argv: list[str] | None = None, out=sys.stdout) -> int
                 f = run_one(python, checkout, sim_argv, Path(tmp) / f"{name}-{i}.json", use_path=use_path, out=out)
                 runs[name].append(f)
                 print(f"   {_cell(f['pages/s']).strip()} pages/s, {_cell(f['CPU ms/page']).strip()} ms CPU per page, "
+                      f"p50 / p99 {_cell(f['p50 ms']).strip()} / {_cell(f['p99 ms']).strip()} ms, "
                       f"{f['duplicates']} duplicates, {f['lost']} lost", file=out, flush=True)
     print(f"\nSide by side: sim {' '.join(sim_argv)}; medians of {max(1, args.rounds)} runs per side, alternated",
           file=out)
