@@ -36,6 +36,12 @@ class Homes:
         self.route_queue: dict[int, OrderedDict[int, None]] = {}
         #: home network -> {frame number: the numbers of its sets, lowest first}
         self.route_out: dict[int, dict[int, tuple[int, ...]]] = {}
+        #: home network -> at least as many URLs as its queue holds (counted as sets are
+        #: queued, made exact by each walk; routes only shrink in between): while a frame
+        #: is out, fewer than ``gather_max`` cannot make a full one, and the queue is not
+        #: walked again for every set that joins it. Were it ever low, a full frame would
+        #: only wait for the frames out, as a part-full one does.
+        self.queued_urls: dict[int, int] = {}
 
     def describe(self) -> str:
         """The map (and the earlier ones still asked about, after ``;``) as every peer
@@ -96,6 +102,7 @@ class Homes:
               peers: set[int]) -> list[Action]:
         for network in sorted(networks):
             self.route_queue.setdefault(network, OrderedDict())[rec.number] = None
+            self.queued_urls[network] = self.queued_urls.get(network, 0) + len(rec.routes.get(network, ()))
         return [a for network in sorted(networks) for a in self.next_frame(network, sets, peers)]
 
     def next_frame(self, network: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
@@ -113,21 +120,25 @@ class Homes:
         queue = self.route_queue.get(network, OrderedDict())
         actions: list[Action] = []
         while len(out) < self.config.routed_frames_out and queue:
-            taken, members, full = self._gather(network, queue, sets)
+            if out and self.queued_urls.get(network, 0) < self.config.gather_max:
+                return actions  # surely part-full: it waits for the frames out (and gathers meanwhile)
+            taken, members, size, full = self._gather(network, queue, sets)
             if out and not full:
-                return actions  # part-full: it waits for the frames out (and gathers meanwhile)
+                self.queued_urls[network] = size  # the whole queue was walked: its size is known
+                return actions
             for number in taken:
                 del queue[number]
+            self.queued_urls[network] = max(0, self.queued_urls.get(network, 0) - size) if queue else 0
             if members:
                 out[members[0]] = tuple(members)
                 actions += self.send_frame(network, members[0], sets, peers)
         return actions
 
     def _gather(self, network: int, queue: OrderedDict[int, None],
-                sets: dict[int, SetRecord]) -> tuple[list[int], list[int], bool]:
+                sets: dict[int, SetRecord]) -> tuple[list[int], list[int], int, bool]:
         """The next frame's sets from the front of ``queue`` (left in it): the numbers it
         takes (sets with nothing left for ``network`` among them), its members lowest
-        first, and whether it is full (the next set would pass ``gather_max``)."""
+        first, its URLs, and whether it is full (the next set would pass ``gather_max``)."""
         taken: list[int] = []
         members: list[int] = []
         size = 0
@@ -135,12 +146,12 @@ class Homes:
             rec = sets.get(number)
             urls = rec.routes.get(network) if rec is not None and rec.stage is Stage.HOME else None
             if urls and members and size + len(urls) > self.config.gather_max:
-                return taken, sorted(members), True
+                return taken, sorted(members), size, True
             taken.append(number)
             if urls:
                 members.append(number)
                 size += len(urls)
-        return taken, sorted(members), size >= self.config.gather_max
+        return taken, sorted(members), size, size >= self.config.gather_max
 
     def send_frame(self, network: int, number: int, sets: dict[int, SetRecord], peers: set[int]) -> list[Action]:
         """The frame ``number`` out with a home, to it if it is connected (else when it is back)."""
