@@ -108,7 +108,8 @@ class Resume:
     tasks: dict[str, list[str]]  # task key "number:host" -> URLs
     sequences: dict[str, int] = field(default_factory=dict)  # host IP -> highest sequence stored
     hosts: dict[str, str] = field(default_factory=dict)  # host IP -> status address (known hosts)
-    ledger: dict[str, list[str]] = field(default_factory=dict)  # host IP -> its unfinished URLs
+    #: host IP -> block id -> its URLs still on the host's ledger (center_host/ledger.py)
+    ledger: dict[str, dict[int, list[str]]] = field(default_factory=dict)
     moved: dict[str, list[str]] = field(default_factory=dict)  # re-issued host IP -> what moved from it
 
 
@@ -207,18 +208,24 @@ class DropTask:
 @dataclass(frozen=True)
 class Ledger:
     """These URLs were given to ``host``: on its ledger until it reports them finished
-    or they move (docs/PROTOCOL.md section 12)."""
+    or they move (docs/PROTOCOL.md section 12). Block ``block`` of the host's ledger
+    holds them (and any re-deflated into it with them), as ``data``
+    (center_host/ledger.py)."""
 
     host: str
     urls: tuple[str, ...]
+    block: int
+    data: bytes
 
 
 @dataclass(frozen=True)
 class Unledger:
-    """These URLs leave ``host``'s ledger: reported finished, or moved to other hosts."""
+    """These URLs leave ``host``'s ledger: reported finished, or moved to other hosts;
+    the blocks ``drop`` hold nothing on it any more."""
 
     host: str
     urls: tuple[str, ...]
+    drop: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

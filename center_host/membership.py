@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-from collections.abc import Iterable
 
 from dedupnet.codec import wire
 from dedupnet.codec.counters import Counters
@@ -17,8 +16,9 @@ from dedupnet.codec.messages import Ack, Done, Task
 from dedupnet.codec.numbers import MAX_SEQUENCE, split_number
 
 from .config import CenterConfig
-from .events import (Action, CancelTimer, DropTask, ForgetHost, ForgetMoved, Host, Ledger, Member, NoteHost, NoteMoved,
+from .events import (Action, CancelTimer, DropTask, ForgetHost, ForgetMoved, Host, Member, NoteHost, NoteMoved,
                      NoteSequence, Peer, Reassign, Reoffer, Resume, SaveTask, Send, SetTimer, Unledger, member_from_str)
+from .ledger import Ledgers
 from .sets import canonical_urls, owner_of, task_key, task_parts
 
 log = logging.getLogger("dedupnet.center")
@@ -53,7 +53,7 @@ class Membership:
         self.tasks: dict[str, list[str]] = {}  # unacknowledged task assignments
         #: Host IP -> the URLs given to it that it has not reported finished (durable:
         #: Ledger/Unledger; docs/PROTOCOL.md section 12).
-        self.ledger: dict[str, set[str]] = {}
+        self.ledger = Ledgers()
         #: Hosts re-issued while away -> the URLs that moved from them (durable: NoteMoved),
         #: sent to each when it is back, to drop; and the re-issue timers of hosts away.
         self.moved: dict[str, set[str]] = {}
@@ -191,8 +191,7 @@ class Membership:
         for host, batch in sorted(per_host.items()):
             key = task_key(number, host)
             self.tasks[key] = self.tasks.get(key, []) + batch
-            self.ledger.setdefault(host, set()).update(batch)
-            actions += [SaveTask(key, tuple(self.tasks[key])), Ledger(host, tuple(batch)),
+            actions += [SaveTask(key, tuple(self.tasks[key])), *self.ledger.give(host, batch),
                         Send((Host(host),), wire.encode(Task(number, tuple(self.tasks[key]))))]
         return actions
 
@@ -202,22 +201,11 @@ class Membership:
             urls = self.tasks.pop(key)
             actions.append(DropTask(key))
             if gone:
-                actions += self._unledger(gone, urls)
+                actions += self.ledger.take(gone, urls)
             actions += self.assign(task_parts(key)[0], urls)
             if gone:
                 self.counters.inc("tasks_reassigned", amount=len(urls))
         return actions
-
-    def _unledger(self, host: str, urls: Iterable[str]) -> list[Unledger]:
-        """``urls`` leave ``host``'s ledger (those on it)."""
-        held = self.ledger.get(host)
-        if not held:
-            return []
-        gone = tuple(u for u in dict.fromkeys(urls) if u in held)
-        held.difference_update(gone)
-        if not held:
-            del self.ledger[host]
-        return [Unledger(host, gone)] if gone else []
 
     def _move_ledger(self, gone: str, number: int | None, urls: list[str]) -> list[Action]:
         """A host that is gone (it left, or the operator says so): its ``task_URL`` entries,
@@ -227,7 +215,7 @@ class Membership:
         is fetched again: at least once, never lost."""
         actions = self._reassign(gone)
         rest = sorted(self.ledger.get(gone, ()))
-        actions += self._unledger(gone, rest)
+        actions += self.ledger.take(gone, rest)
         moved = list(dict.fromkeys([*urls, *rest]))
         self.counters.inc("ledger_moved", amount=len(rest))
         for i in range(0, len(moved), MAX_MESSAGE_URLS):  # each task within what a host takes
@@ -248,8 +236,8 @@ class Membership:
         before the ack lets it drop the report). URLs not on its ledger (moved meanwhile)
         change nothing."""
         urls = list(canonical_urls(self.counters, sender, done.number, dict.fromkeys(done.URLs, 0)))
-        off = self._unledger(sender.ip, urls)
-        hit = len(off[0].urls) if off else 0
+        off = self.ledger.take(sender.ip, urls)
+        hit = sum(len(a.urls) for a in off if isinstance(a, Unledger))
         self.counters.inc("tasks_reported", amount=hit)
         if hit < len(urls):
             self.counters.inc("reports_unknown", amount=len(urls) - hit)
@@ -317,8 +305,7 @@ class Membership:
         for number, urls in sorted(event.tasks.items()):
             key = task_key(number, event.host)
             self.tasks[key] = list(dict.fromkeys([*self.tasks.get(key, []), *urls]))
-            self.ledger.setdefault(event.host, set()).update(urls)
-            actions += [SaveTask(key, tuple(self.tasks[key])), Ledger(event.host, tuple(urls))]
+            actions += [SaveTask(key, tuple(self.tasks[key])), *self.ledger.give(event.host, urls)]
             if event.host in self.hosts:
                 actions.append(Send((Host(event.host),), wire.encode(Task(number, tuple(self.tasks[key])))))
         self.counters.inc("tasks_reoffered", amount=sum(len(u) for u in event.tasks.values()))
@@ -331,7 +318,7 @@ class Membership:
         self.tasks.update({k: list(v) for k, v in event.tasks.items()})
         self.sequences.update(event.sequences)
         self.known.update(event.hosts)
-        self.ledger.update({host: set(urls) for host, urls in event.ledger.items() if urls})
+        self.ledger.restore(event.ledger)
         self.moved.update({host: set(urls) for host, urls in event.moved.items() if urls})
         actions: list[Action] = []
         for ip in self.known:

@@ -30,7 +30,11 @@ from dedupnet.codec.urls import fingerprint_many
 
 from .events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, LookupDone, NoteHost, NoteMoved,
                      NoteSequence, Resume, Save, SaveTask, Unledger)
+from .ledger import MAX_BLOCK, deflate, inflate
 from .sets import task_parts
+
+#: Blocks whose URLs a load checks against the stored fingerprints in one round trip.
+LOAD_BLOCKS = 64
 
 #: number -> digest of the set it concluded (own sets): tells a reused number from a repeat.
 CONCLUDED_DIGEST = "concluded_digest"
@@ -41,11 +45,15 @@ HOSTS = "hosts"
 #: URLs admitted here in all, by every run on this store (one INCRBY with each admission):
 #: what tells a crawl that has nothing left to do from one that never started.
 ADMITTED_TOTAL = "admitted_total"
-#: ``ledger:<host>``: the URLs given to that host it has not reported finished (a set of
-#: their text, to be re-issued); ``ledger_hosts``: the hosts that have one
-#: (docs/PROTOCOL.md section 12).
-LEDGER = "ledger"
+#: The URLs given to a host it has not reported finished (docs/PROTOCOL.md section 12;
+#: center_host/ledger.py): ``ledger_fp:<host>`` their fingerprints (bucketed),
+#: ``ledger_blocks:<host>`` block id -> their text, deflated; ``ledger_hosts``: the
+#: hosts that have one. ``ledger:<host>``, a set of their text, is what earlier
+#: versions kept: turned into blocks when a center loads it.
+LEDGER_FP = "ledger_fp"
+LEDGER_BLOCKS = "ledger_blocks"
 LEDGER_HOSTS = "ledger_hosts"
+LEGACY_LEDGER = "ledger"
 #: ``moved:<host>``: a re-issued host's URLs that went to other hosts, until it is back
 #: and has dropped them; ``moved_hosts``: the hosts that have such a set.
 MOVED = "moved"
@@ -104,11 +112,13 @@ class CenterPools(CoreWrites):
                     batch.add(b"LTRIM", log_key, 0, self.task_log - 1)
             elif isinstance(a, DropTask):
                 batch.add(b"HDEL", key(TASK_URL), a.key)
-            elif isinstance(a, Ledger) and a.urls:
-                batch.add(b"SADD", key(f"{LEDGER}:{a.host}"), *a.urls)
-                batch.add(b"SADD", key(LEDGER_HOSTS), a.host)
-            elif isinstance(a, Unledger) and a.urls:
-                batch.add(b"SREM", key(f"{LEDGER}:{a.host}"), *a.urls)
+            elif isinstance(a, Ledger):
+                self._ledger(batch, a.host, a.urls, {a.block: a.data})
+            elif isinstance(a, Unledger):
+                if a.urls:
+                    batch.fingerprints(b"SREM", key(f"{LEDGER_FP}:{a.host}"), fingerprint_many(a.urls))
+                if a.drop:
+                    batch.add(b"HDEL", key(f"{LEDGER_BLOCKS}:{a.host}"), *a.drop)
             elif isinstance(a, NoteMoved) and a.urls:
                 batch.add(b"SADD", key(f"{MOVED}:{a.host}"), *a.urls)
                 batch.add(b"SADD", key(MOVED_HOSTS), a.host)
@@ -142,13 +152,60 @@ class CenterPools(CoreWrites):
             tasks={k.decode(): orjson.loads(v) for k, v in _pairs(tasks)},
             sequences={k.decode(): int(v) for k, v in _pairs(sequences)},
             hosts={k.decode(): v.decode() for k, v in _pairs(hosts)},
-            ledger=self.ledger(), moved=self.ledger(MOVED_HOSTS, MOVED),
+            ledger=self.ledger_blocks(), moved=self._text_sets(MOVED_HOSTS, MOVED),
         )
 
-    def ledger(self, hosts: str = LEDGER_HOSTS, per_host: str = LEDGER) -> dict[str, list[str]]:
-        """Every host's ledger (host IP -> its unfinished URLs); or, with ``MOVED_HOSTS,
-        MOVED``, what moved from each re-issued host."""
-        names = sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(hosts)))
+    def _ledger(self, batch: Batch, host: str, urls: tuple[str, ...], blocks: dict[int, bytes]) -> None:
+        key = self.store.key
+        if urls:
+            batch.fingerprints(b"SADD", key(f"{LEDGER_FP}:{host}"), fingerprint_many(urls))
+        batch.add(b"HSET", key(f"{LEDGER_BLOCKS}:{host}"), *(x for kv in blocks.items() for x in kv))
+        batch.add(b"SADD", key(LEDGER_HOSTS), host)
+
+    def ledger_blocks(self) -> dict[str, dict[int, list[str]]]:
+        """Every host's ledger: host IP -> block id -> its URLs on the ledger."""
+        self._upgrade_legacy_ledgers()
+        out: dict[str, dict[int, list[str]]] = {}
+        for host in self._members(LEDGER_HOSTS):
+            stored = sorted((int(b), inflate(data)) for b, data in
+                            _pairs(self.store.command(b"HGETALL", self.store.key(f"{LEDGER_BLOCKS}:{host}"))))
+            for i in range(0, len(stored), LOAD_BLOCKS):
+                part = stored[i:i + LOAD_BLOCKS]
+                urls = [u for _, block in part for u in block]
+                held = iter(self.store.fp_contains(f"{LEDGER_FP}:{host}", fingerprint_many(urls)).tolist())
+                for block, block_urls in part:
+                    if kept := [u for u, h in zip(block_urls, held) if h]:
+                        out.setdefault(host, {})[block] = kept
+        return out
+
+    def ledger(self) -> dict[str, list[str]]:
+        """Every host's ledger: host IP -> its unfinished URLs."""
+        return {host: sorted(u for urls in blocks.values() for u in urls) for host, blocks in self.ledger_blocks().items()}
+
+    def _upgrade_legacy_ledgers(self) -> None:
+        """A store of an earlier version keeps each host's ledger as a set of text: it
+        becomes blocks, in one transaction a host."""
+        for host in self._members(LEDGER_HOSTS):
+            legacy = self.store.key(f"{LEGACY_LEDGER}:{host}")
+            urls = sorted(u.decode() for u in self.store.command(b"SMEMBERS", legacy))
+            if not urls:
+                continue
+            known = self.store.command(b"HKEYS", self.store.key(f"{LEDGER_BLOCKS}:{host}"))
+            first = max((int(b) for b in known), default=0) + 1
+
+            def fill(batch: Batch, host: str = host, urls: list[str] = urls, legacy: str = legacy) -> None:
+                for n, i in enumerate(range(0, len(urls), MAX_BLOCK)):
+                    part = tuple(urls[i:i + MAX_BLOCK])
+                    self._ledger(batch, host, part, {first + n: deflate(part)})
+                batch.add(b"DEL", legacy)
+            self.store.transact(fill)
+
+    def _members(self, hosts: str) -> list[str]:
+        return sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(hosts)))
+
+    def _text_sets(self, hosts: str, per_host: str) -> dict[str, list[str]]:
+        """Host IP -> its set ``<per_host>:<host>`` of URLs (what moved from each re-issued host)."""
+        names = self._members(hosts)
         if not names:
             return {}
         batch = self.store.batch()

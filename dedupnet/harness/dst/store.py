@@ -25,7 +25,20 @@ import orjson
 
 from center_host.events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, Lookup, LookupDone,
                                 NoteHost, NoteMoved, NoteSequence, Resume, Save, SaveTask, Unledger)
+from center_host.ledger import inflate
 from local_host import protocol as hp
+
+
+def stored_ledger(members: dict[str, set[str]],
+                  blocks: dict[str, dict[int, tuple[str, ...]]]) -> dict[str, dict[int, list[str]]]:
+    """What a center's load makes of its stored ledger (center_host/pools.py
+    ``ledger_blocks``): host -> block -> its URLs still on the ledger."""
+    out: dict[str, dict[int, list[str]]] = {}
+    for host, held in blocks.items():
+        for block, urls in held.items():
+            if kept := [u for u in urls if u in members.get(host, ())]:
+                out.setdefault(host, {})[block] = kept
+    return out
 
 
 class Journal:
@@ -227,7 +240,8 @@ class CenterStore(_Records):
         self.digests: dict[int, int] = {}  # concluded_digest
         self.sequences: dict[str, int] = {}  # host_sequences
         self.hosts: dict[str, str] = {}  # hosts: the LAN's known hosts
-        self.ledger: dict[str, set[str]] = {}  # ledger:<host>
+        self.ledger: dict[str, set[str]] = {}  # ledger_fp:<host>
+        self.ledger_blocks: dict[str, dict[int, tuple[str, ...]]] = {}  # ledger_blocks:<host>, inflated
         self.moved: dict[str, set[str]] = {}  # moved:<host>
         self.journal.undo = []
 
@@ -264,8 +278,11 @@ class CenterStore(_Records):
                 _dict_pop(self.task_url, a.key, j)
             elif isinstance(a, Ledger):
                 _set_add(self.ledger.setdefault(a.host, set()), a.urls, j)
+                _dict_set(self.ledger_blocks.setdefault(a.host, {}), a.block, tuple(inflate(a.data)), j)
             elif isinstance(a, Unledger):
                 _set_remove(self.ledger.setdefault(a.host, set()), a.urls, j)
+                for block in a.drop:
+                    _dict_pop(self.ledger_blocks.setdefault(a.host, {}), block, j)
             elif isinstance(a, NoteMoved):
                 _set_add(self.moved.setdefault(a.host, set()), a.urls, j)
             elif isinstance(a, ForgetMoved):
@@ -280,5 +297,5 @@ class CenterStore(_Records):
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
         return Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),
-                         hosts=dict(self.hosts), ledger={h: sorted(u) for h, u in self.ledger.items() if u},
+                         hosts=dict(self.hosts), ledger=stored_ledger(self.ledger, self.ledger_blocks),
                          moved={h: sorted(u) for h, u in self.moved.items() if u})

@@ -1,0 +1,136 @@
+"""The center's ledger in blocks (center_host/ledger.py): every URL given to a host stays
+on it, exactly once, until it is taken off, whatever the blocks are re-deflated into;
+what is stored (in Redis, or as the models keep it) loads back to the same ledger; and
+the text kept stays within about twice what is on it."""
+
+import random
+
+import pytest
+
+from center_host.events import Ledger, Unledger
+from center_host.ledger import SLACK, SMALL_RUN, HostLedger, Ledgers, inflate
+from center_host.pools import LEDGER_HOSTS, LEGACY_LEDGER, CenterPools
+from dedupnet.harness.dst.store import stored_ledger
+
+HOST = "127.0.1.10"
+
+
+def urls_of(rnd: random.Random, n: int) -> list[str]:
+    return [f"http://site{rnd.randrange(300)}.example/d{rnd.randrange(9)}/p{rnd.randrange(10**9)}" for _ in range(n)]
+
+
+class Replay:
+    """What the actions leave stored, as center_host/pools.py writes them."""
+
+    def __init__(self) -> None:
+        self.members: dict[str, set[str]] = {}
+        self.blocks: dict[str, dict[int, tuple[str, ...]]] = {}
+
+    def apply(self, actions: list) -> None:
+        for a in actions:
+            if isinstance(a, Ledger):
+                self.members.setdefault(a.host, set()).update(a.urls)
+                self.blocks.setdefault(a.host, {})[a.block] = tuple(inflate(a.data))
+            elif isinstance(a, Unledger):
+                self.members.get(a.host, set()).difference_update(a.urls)
+                for block in a.drop:
+                    del self.blocks[a.host][block]
+
+
+def test_random_gives_and_takes_keep_the_ledger_exact_and_its_text_bounded():
+    rnd = random.Random(7)
+    ledgers, stored, truth = Ledgers(), Replay(), set()
+    compactions = 0
+    for step in range(600):
+        if rnd.random() < 0.55 or not truth:
+            urls = urls_of(rnd, rnd.choice((1, 2, 5, 40, 300)))
+            urls += rnd.sample(sorted(truth), min(len(truth), rnd.randrange(3)))  # some already on it
+            actions = ledgers.give(HOST, urls)
+            truth.update(urls)
+        else:
+            urls = rnd.sample(sorted(truth), min(len(truth), rnd.choice((1, 3, 20, 120))))
+            urls += urls_of(rnd, 2)  # never given: changes nothing
+            actions = ledgers.take(HOST, urls)
+            truth.difference_update(urls)
+            gone = [u for a in actions if isinstance(a, Unledger) for u in a.urls]
+            assert len(gone) == len(set(gone)) and set(gone) <= set(urls)
+        compactions += sum(1 for a in actions if isinstance(a, Unledger) and not a.urls and a.drop)
+        stored.apply(actions)
+        held = ledgers.get(HOST)
+        assert len(held or ()) == len(truth)
+        if held:
+            assert held.kept <= 2 * len(held) + SLACK + 300 and held.small < SMALL_RUN
+        if step % 100 == 0:
+            assert sorted(held or ()) == sorted(truth)
+            assert stored.members.get(HOST, set()) == truth
+            on_blocks = [u for urls in stored_ledger(stored.members, stored.blocks).get(HOST, {}).values() for u in urls]
+            assert sorted(on_blocks) == sorted(truth)  # each URL in exactly one stored block
+    assert compactions >= 3
+
+
+def test_a_restored_ledger_is_the_stored_one_and_new_blocks_take_new_ids():
+    rnd = random.Random(3)
+    ledgers, stored = Ledgers(), Replay()
+    for _ in range(60):
+        stored.apply(ledgers.give(HOST, urls_of(rnd, 30)))
+    taken = rnd.sample(sorted(ledgers[HOST]), 700)
+    stored.apply(ledgers.take(HOST, taken))
+    again = Ledgers()
+    again.restore(stored_ledger(stored.members, stored.blocks))
+    assert sorted(again[HOST]) == sorted(ledgers[HOST]) and len(again[HOST]) == len(ledgers[HOST])
+    actions = again.give(HOST, ["http://new.example/1"])
+    assert actions[0].block > max(stored.blocks[HOST])
+    stored.apply(actions)
+    assert stored.members[HOST] == set(again[HOST])
+
+
+def test_a_large_assignment_deflates_to_a_fraction_of_its_text():
+    urls = urls_of(random.Random(1), 2000)
+    held = HostLedger(HOST)
+    (put,) = held.give(urls, iter(range(1, 10)))
+    assert sorted(inflate(put.data)) == sorted(urls)
+    assert len(put.data) < 0.5 * sum(map(len, urls))
+
+
+def test_the_stored_ledger_loads_back_from_redis_and_a_text_ledger_of_an_earlier_version_is_turned_into_blocks(store):
+    pools = CenterPools(store)
+    rnd = random.Random(5)
+    ledgers = Ledgers()
+    for _ in range(20):
+        pools.apply(ledgers.give(HOST, urls_of(rnd, 25)))
+    pools.apply(ledgers.take(HOST, rnd.sample(sorted(ledgers[HOST]), 200)))
+    assert pools.ledger() == {HOST: sorted(ledgers[HOST])}
+    again = Ledgers()
+    again.restore(pools.load().ledger)
+    assert sorted(again[HOST]) == sorted(ledgers[HOST])
+
+    old = "127.0.1.11"
+    legacy = urls_of(rnd, 50)
+    store.command(b"SADD", store.key(f"{LEGACY_LEDGER}:{old}"), *legacy)
+    store.command(b"SADD", store.key(LEDGER_HOSTS), old)
+    assert pools.ledger() == {HOST: sorted(ledgers[HOST]), old: sorted(legacy)}
+    assert not store.command(b"EXISTS", store.key(f"{LEGACY_LEDGER}:{old}"))
+    assert pools.ledger()[old] == sorted(legacy)  # loaded again: the same, from its blocks
+
+
+@pytest.mark.parametrize("n", [1, 4999])
+def test_taking_everything_leaves_no_block_behind(n):
+    held = Ledgers()
+    stored = Replay()
+    urls = urls_of(random.Random(n), n)
+    stored.apply(held.give(HOST, urls))
+    stored.apply(held.take(HOST, urls))
+    assert HOST not in held and not stored.blocks[HOST] and not stored.members[HOST]
+
+
+def test_blocks_mostly_taken_are_re_deflated_together():
+    rnd = random.Random(11)
+    held, stored = Ledgers(), Replay()
+    given = [urls_of(rnd, 100) for _ in range(100)]
+    for urls in given:
+        stored.apply(held.give(HOST, urls))
+    assert held[HOST].kept == 10_000
+    for urls in given:
+        stored.apply(held.take(HOST, urls[:85]))
+    assert len(held[HOST]) == 1500 and held[HOST].kept <= 2 * 1500 + SLACK
+    assert len(stored.blocks[HOST]) < 100 and sorted(held[HOST]) == sorted(u for urls in given for u in urls[85:])
