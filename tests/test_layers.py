@@ -135,7 +135,7 @@ def test_the_sans_io_cores_import_no_io():
     g = graph()
     cores = ("local_host.protocol", "local_host.local_dedup", "center_host.protocol", "center_host.events",
              "center_host.config", "center_host.sets", "center_host.stages", "center_host.homes",
-             "center_host.membership", "center_host.claims", "center_host.backlog")
+             "center_host.membership", "center_host.ledger", "center_host.claims", "center_host.backlog")
     for core in cores:
         assert {t for t in g[core] if layer_of(t) >= 1} <= set(cores), core  # the codec, and each other
 
