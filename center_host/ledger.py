@@ -79,8 +79,8 @@ class BlockIndex:
         """Fill in (or, with ``take``, pop) the blocks of those in :attr:`recent`."""
         if self.recent:
             look = self.recent.pop if take else self.recent.get
-            for i in np.flatnonzero(blocks < 0).tolist():
-                blocks[i] = look(int(fps[i]), -1)
+            miss = np.flatnonzero(blocks < 0)
+            blocks[miss] = [look(fp, -1) for fp in fps[miss].tolist()]
 
     def get(self, fps: np.ndarray) -> np.ndarray:
         """The block of each fingerprint, -1 for those not held."""
