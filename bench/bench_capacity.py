@@ -50,16 +50,20 @@ import psutil
 import redis
 import trio
 
-from dedupnet.adapters.children import free_port
-from dedupnet.adapters.monitor.status_page import key_family
-from dedupnet.adapters.storage.store import ADMITTED, TASK_POOL, URL_POOL, Store
-from dedupnet.codec.homes import HomeMap
-from dedupnet.codec.urls import fingerprint_many, normalize
-from dedupnet.harness.cluster import center_ip, host_ip, lan
-from dedupnet.harness.procdaemons import Daemon, cpu_seconds, poll_all, start_all, stop_all
-from dedupnet.harness.procplan import daemon_env
-from local_host.frontier import sites
-from local_host.frontier.tasks import fill_discovered
+# This checkout's code, for the bench and (procplan.daemon_env) its daemons, whatever is
+# installed: a baseline run from a worktree of main measures main.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from dedupnet.adapters.children import free_port  # noqa: E402
+from dedupnet.adapters.monitor.status_page import key_family  # noqa: E402
+from dedupnet.adapters.storage.store import ADMITTED, TASK_POOL, URL_POOL, Store  # noqa: E402
+from dedupnet.codec.homes import HomeMap  # noqa: E402
+from dedupnet.codec.urls import fingerprint_many, normalize  # noqa: E402
+from dedupnet.harness.cluster import center_ip, host_ip, lan  # noqa: E402
+from dedupnet.harness.procdaemons import Daemon, cpu_seconds, poll_all, start_all, stop_all  # noqa: E402
+from dedupnet.harness.procplan import daemon_env  # noqa: E402
+from local_host.frontier import sites  # noqa: E402
+from local_host.frontier.tasks import fill_discovered  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Links per crawler write: the crawler commits the pages that finished together, each
