@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from center_host.events import Ledger, Unledger
+from center_host.events import Unledger
 from center_host.ledger import SLACK, SMALL_RUN, HostLedger, Ledgers, inflate
 from center_host.pools import LEDGER_HOSTS, LEGACY_LEDGER, CenterPools
-from dedupnet.harness.dst.store import stored_ledger
+from dedupnet.harness.dst.store import CenterStore, Journal, stored_ledger
 
 HOST = "127.0.1.10"
 
@@ -19,22 +19,20 @@ def urls_of(rnd: random.Random, n: int) -> list[str]:
     return [f"http://site{rnd.randrange(300)}.example/d{rnd.randrange(9)}/p{rnd.randrange(10**9)}" for _ in range(n)]
 
 
-class Replay:
-    """What the actions leave stored, as center_host/pools.py writes them."""
+class Replay(CenterStore):
+    """What the actions leave stored (the deterministic simulator's model of a center's
+    Redis, as center_host/pools.py writes it)."""
 
     def __init__(self) -> None:
-        self.members: dict[str, set[str]] = {}
-        self.blocks: dict[str, dict[int, tuple[str, ...]]] = {}
+        super().__init__(Journal(lambda: 0.0, 0.0, enabled=False))
 
-    def apply(self, actions: list) -> None:
-        for a in actions:
-            if isinstance(a, Ledger):
-                self.members.setdefault(a.host, set()).update(a.urls)
-                self.blocks.setdefault(a.host, {})[a.block] = tuple(inflate(a.data))
-            elif isinstance(a, Unledger):
-                self.members.get(a.host, set()).difference_update(a.urls)
-                for block in a.drop:
-                    del self.blocks[a.host][block]
+    @property
+    def members(self) -> dict[str, set[str]]:
+        return self.ledger
+
+    @property
+    def blocks(self) -> dict[str, dict[int, tuple[str, ...]]]:
+        return self.ledger_blocks
 
 
 def test_random_gives_and_takes_keep_the_ledger_exact_and_its_text_bounded():
