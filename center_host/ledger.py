@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
+from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
@@ -35,19 +36,30 @@ SMALL_BLOCK = 64
 SMALL_RUN = 64
 #: URLs at most in a block a compaction writes: a move inflates no more at once.
 MAX_BLOCK = 4096
+#: Fingerprints looked up one by one rather than as arrays.
+FEW = 16
 #: Text kept beyond twice what is on the ledger, in URLs, before a compaction.
 SLACK = 4096
 
 
+_PLAIN, _DEFLATED = b"p", b"d"
+
+
 def deflate(urls: Sequence[str]) -> bytes:
     """The text of a block: its URLs sorted (neighbours share their site and path),
-    newline-joined, raw deflate."""
+    newline-joined, raw deflate after a one-byte mark; a block of fewer than
+    :data:`SMALL_BLOCK` is kept plain (setting up a deflate costs some 100 µs, more than
+    a few URLs save, and small blocks are soon re-deflated together)."""
+    text = "\n".join(sorted(urls)).encode()
+    if len(urls) < SMALL_BLOCK:
+        return _PLAIN + text
     packer = zlib.compressobj(6, zlib.DEFLATED, -15)
-    return packer.compress("\n".join(sorted(urls)).encode()) + packer.flush()
+    return _DEFLATED + packer.compress(text) + packer.flush()
 
 
 def inflate(data: bytes) -> list[str]:
-    return zlib.decompress(data, -15).decode().split("\n") if data else []
+    text = zlib.decompress(data[1:], -15) if data[:1] == _DEFLATED else data[1:]
+    return text.decode().split("\n") if text else []
 
 
 class BlockIndex:
@@ -67,6 +79,8 @@ class BlockIndex:
     def _find(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where each fingerprint is in the array (-1: not there, alive) and its block
         (-1: not held)."""
+        if len(fps) <= FEW and len(self.keys):
+            return self._find_few(fps)
         blocks = np.full(len(fps), -1, np.int64)
         if not len(self.keys):
             return np.full(len(fps), -1, np.int64), blocks
@@ -74,6 +88,17 @@ class BlockIndex:
         pos = np.where((self.keys[pos] == fps) & (self.blocks[pos] >= 0), pos, -1)
         blocks[pos >= 0] = self.blocks[pos[pos >= 0]]
         return pos, blocks
+
+    def _find_few(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_find` one by one: for a few, each array operation costs more than the
+        search."""
+        keys, held, top = self.keys, self.blocks, len(self.keys)
+        pos, blocks = [], []
+        for fp, p in zip(fps.tolist(), keys.searchsorted(fps).tolist()):
+            block = int(held[p]) if p < top and int(keys[p]) == fp else -1
+            pos.append(p if block >= 0 else -1)
+            blocks.append(block)
+        return np.array(pos, np.int64), np.array(blocks, np.int64)
 
     def _recent(self, fps: np.ndarray, blocks: np.ndarray, take: bool) -> None:
         """Fill in (or, with ``take``, pop) the blocks of those in :attr:`recent`."""
@@ -173,8 +198,7 @@ class HostLedger:
         if not hit.any():
             return []
         emptied = []
-        ids, counts = np.unique(blocks[hit], return_counts=True)
-        for block, n in zip(ids.tolist(), counts.tolist()):
+        for block, n in Counter(blocks[hit].tolist()).items():
             self.live[block] -= n
             if not self.live[block]:
                 emptied.append(block)
@@ -189,7 +213,11 @@ class HostLedger:
         if self.kept <= 2 * len(self) + SLACK and self.small < SMALL_RUN:
             return []
         worn = [b for b, n in self.size.items() if n < SMALL_BLOCK or 2 * self.live[b] < n]
-        kept = [u for b in worn for u in self._alive(b, inflate(self.text[b]))]
+        texts = [inflate(self.text[b]) for b in worn]
+        urls = [u for text in texts for u in text]
+        owner = np.repeat(np.array(worn, np.int64), [len(text) for text in texts])
+        held = self.index.get(fingerprint_many(urls)) == owner  # one look-up for them all
+        kept = [u for u, h in zip(urls, held.tolist()) if h]
         for b in worn:
             self._drop(b)
         actions: list[Action] = []
