@@ -79,8 +79,6 @@ class BlockIndex:
     def _find(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where each fingerprint is in the array (-1: not there, alive) and its block
         (-1: not held)."""
-        if len(fps) <= FEW and len(self.keys):
-            return self._find_few(fps)
         blocks = np.full(len(fps), -1, np.int64)
         if not len(self.keys):
             return np.full(len(fps), -1, np.int64), blocks
@@ -89,16 +87,21 @@ class BlockIndex:
         blocks[pos >= 0] = self.blocks[pos[pos >= 0]]
         return pos, blocks
 
-    def _find_few(self, fps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_find` one by one: for a few, each array operation costs more than the
-        search."""
+    def _few(self, fps: np.ndarray, take: bool) -> np.ndarray:
+        """:meth:`get` (or, with ``take``, :meth:`remove`) one by one: for a few, each
+        array operation costs more than the search."""
         keys, held, top = self.keys, self.blocks, len(self.keys)
-        pos, blocks = [], []
-        for fp, p in zip(fps.tolist(), keys.searchsorted(fps).tolist()):
+        look = self.recent.pop if take else self.recent.get
+        out = []
+        for fp, p in zip(fps.tolist(), keys.searchsorted(fps).tolist() if top else [0] * len(fps)):
             block = int(held[p]) if p < top and int(keys[p]) == fp else -1
-            pos.append(p if block >= 0 else -1)
-            blocks.append(block)
-        return np.array(pos, np.int64), np.array(blocks, np.int64)
+            if block < 0:
+                block = look(fp, -1)
+            elif take:
+                held[p] = -1
+                self.dead += 1
+            out.append(block)
+        return np.array(out, np.int64)
 
     def _recent(self, fps: np.ndarray, blocks: np.ndarray, take: bool) -> None:
         """Fill in (or, with ``take``, pop) the blocks of those in :attr:`recent`."""
@@ -109,6 +112,8 @@ class BlockIndex:
 
     def get(self, fps: np.ndarray) -> np.ndarray:
         """The block of each fingerprint, -1 for those not held."""
+        if len(fps) <= FEW:
+            return self._few(fps, take=False)
         blocks = self._find(fps)[1]
         self._recent(fps, blocks, take=False)
         return blocks
@@ -128,10 +133,13 @@ class BlockIndex:
 
     def remove(self, fps: np.ndarray) -> np.ndarray:
         """Drop these (distinct) fingerprints; returns the block each was in, -1 if not held."""
-        pos, blocks = self._find(fps)
-        self.blocks[pos[pos >= 0]] = -1
-        self.dead += int((pos >= 0).sum())
-        self._recent(fps, blocks, take=True)
+        if len(fps) <= FEW:
+            blocks = self._few(fps, take=True)
+        else:
+            pos, blocks = self._find(fps)
+            self.blocks[pos[pos >= 0]] = -1
+            self.dead += int((pos >= 0).sum())
+            self._recent(fps, blocks, take=True)
         if self.dead > len(self.keys) // 2:
             self._merge()
         return blocks
