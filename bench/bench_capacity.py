@@ -52,7 +52,8 @@ import trio
 
 # This checkout's code, for the bench and (procplan.daemon_env) its daemons, whatever is
 # installed: a baseline run from a worktree of main measures main.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from dedupnet.adapters.children import free_port  # noqa: E402
 from dedupnet.adapters.monitor.status_page import key_family  # noqa: E402
@@ -65,7 +66,6 @@ from dedupnet.harness.procplan import daemon_env  # noqa: E402
 from local_host.frontier import sites  # noqa: E402
 from local_host.frontier.tasks import fill_discovered  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
 #: Links per crawler write: the crawler commits the pages that finished together, each
 #: with its links (a few dozen a page), in one transaction.
 LINKS_PER_WRITE = 1000

@@ -169,34 +169,38 @@ class HostLedger:
         return len(self.index)
 
     def __iter__(self) -> Iterator[str]:
-        """What is on the ledger (each block inflated)."""
-        for block, data in list(self.text.items()):
-            yield from self._alive(block, inflate(data))
+        """What is on the ledger (every block inflated)."""
+        return iter(self._kept(list(self.text)))
 
-    def _alive(self, block: int, urls: list[str]) -> list[str]:
-        held = self.index.get(fingerprint_many(urls)) == block
+    def _kept(self, blocks: list[int]) -> list[str]:
+        """The URLs of ``blocks`` still on the ledger in them: inflated, and looked up at
+        once."""
+        texts = [inflate(self.text[b]) for b in blocks]
+        urls = [u for text in texts for u in text]
+        owner = np.repeat(np.array(blocks, np.int64), [len(text) for text in texts])
+        held = self.index.get(fingerprint_many(urls)) == owner
         return [u for u, h in zip(urls, held.tolist()) if h]
 
-    def give(self, urls: Iterable[str], new_block: Iterator[int]) -> list[Action]:
-        """``urls`` are given to the host: those not on its ledger yet go on it, as a block."""
+    def _join(self, block: int, urls: Iterable[str]) -> list[str]:
+        """Those of ``urls`` not on the ledger yet join it, in block ``block``."""
         urls = list(dict.fromkeys(urls))
         fps = fingerprint_many(urls)
         fresh = self.index.get(fps) < 0
         if not fresh.any():
             return []
-        urls = [u for u, f in zip(urls, fresh.tolist()) if f]
-        block = next(new_block)
         self.index.add(fps[fresh], block)
-        return [self._put(block, urls, urls)] + self.compact(new_block)
+        return [u for u, f in zip(urls, fresh.tolist()) if f]
+
+    def give(self, urls: Iterable[str], new_block: Iterator[int]) -> list[Action]:
+        """``urls`` are given to the host: those not on its ledger yet go on it, as a block."""
+        block = next(new_block)
+        fresh = self._join(block, urls)
+        return [self._put(block, fresh, fresh)] + self.compact(new_block) if fresh else []
 
     def restore(self, block: int, urls: Sequence[str]) -> None:
         """A block of the stored ledger (its URLs still on it), after a restart."""
-        urls = list(dict.fromkeys(urls))
-        fps = fingerprint_many(urls)
-        fresh = self.index.get(fps) < 0
-        if fresh.any():
-            self.index.add(fps[fresh], block)
-            self._put(block, [u for u, f in zip(urls, fresh.tolist()) if f], ())
+        if fresh := self._join(block, urls):
+            self._put(block, fresh, ())
 
     def take(self, urls: Iterable[str], new_block: Iterator[int]) -> list[Action]:
         """``urls`` leave the ledger (those on it); blocks left with none of them go."""
@@ -221,11 +225,7 @@ class HostLedger:
         if self.kept <= 2 * len(self) + SLACK and self.small < SMALL_RUN:
             return []
         worn = [b for b, n in self.size.items() if n < SMALL_BLOCK or 2 * self.live[b] < n]
-        texts = [inflate(self.text[b]) for b in worn]
-        urls = [u for text in texts for u in text]
-        owner = np.repeat(np.array(worn, np.int64), [len(text) for text in texts])
-        held = self.index.get(fingerprint_many(urls)) == owner  # one look-up for them all
-        kept = [u for u, h in zip(urls, held.tolist()) if h]
+        kept = self._kept(worn)
         for b in worn:
             self._drop(b)
         actions: list[Action] = []

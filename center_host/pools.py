@@ -113,7 +113,7 @@ class CenterPools(CoreWrites):
             elif isinstance(a, DropTask):
                 batch.add(b"HDEL", key(TASK_URL), a.key)
             elif isinstance(a, Ledger):
-                self._ledger(batch, a.host, a.urls, {a.block: a.data})
+                self._ledger(batch, a.host, a.urls, a.block, a.data)
             elif isinstance(a, Unledger):
                 if a.urls:
                     batch.fingerprints(b"SREM", key(f"{LEDGER_FP}:{a.host}"), fingerprint_many(a.urls))
@@ -155,11 +155,11 @@ class CenterPools(CoreWrites):
             ledger=self.ledger_blocks(), moved=self._text_sets(MOVED_HOSTS, MOVED),
         )
 
-    def _ledger(self, batch: Batch, host: str, urls: tuple[str, ...], blocks: dict[int, bytes]) -> None:
+    def _ledger(self, batch: Batch, host: str, urls: tuple[str, ...], block: int, data: bytes) -> None:
         key = self.store.key
         if urls:
             batch.fingerprints(b"SADD", key(f"{LEDGER_FP}:{host}"), fingerprint_many(urls))
-        batch.add(b"HSET", key(f"{LEDGER_BLOCKS}:{host}"), *(x for kv in blocks.items() for x in kv))
+        batch.add(b"HSET", key(f"{LEDGER_BLOCKS}:{host}"), block, data)
         batch.add(b"SADD", key(LEDGER_HOSTS), host)
 
     def ledger_blocks(self) -> dict[str, dict[int, list[str]]]:
@@ -185,26 +185,23 @@ class CenterPools(CoreWrites):
     def _upgrade_legacy_ledgers(self) -> None:
         """A store of an earlier version keeps each host's ledger as a set of text: it
         becomes blocks, in one transaction a host."""
-        for host in self._members(LEDGER_HOSTS):
-            legacy = self.store.key(f"{LEGACY_LEDGER}:{host}")
-            urls = sorted(u.decode() for u in self.store.command(b"SMEMBERS", legacy))
-            if not urls:
-                continue
+        for host, urls in self._text_sets(LEDGER_HOSTS, LEGACY_LEDGER).items():
             known = self.store.command(b"HKEYS", self.store.key(f"{LEDGER_BLOCKS}:{host}"))
             first = max((int(b) for b in known), default=0) + 1
 
-            def fill(batch: Batch, host: str = host, urls: list[str] = urls, legacy: str = legacy) -> None:
+            def fill(batch: Batch, host: str = host, urls: list[str] = urls) -> None:
                 for n, i in enumerate(range(0, len(urls), MAX_BLOCK)):
                     part = tuple(urls[i:i + MAX_BLOCK])
-                    self._ledger(batch, host, part, {first + n: deflate(part)})
-                batch.add(b"DEL", legacy)
+                    self._ledger(batch, host, part, first + n, deflate(part))
+                batch.add(b"DEL", self.store.key(f"{LEGACY_LEDGER}:{host}"))
             self.store.transact(fill)
 
     def _members(self, hosts: str) -> list[str]:
         return sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(hosts)))
 
     def _text_sets(self, hosts: str, per_host: str) -> dict[str, list[str]]:
-        """Host IP -> its set ``<per_host>:<host>`` of URLs (what moved from each re-issued host)."""
+        """Host IP -> its set ``<per_host>:<host>`` of URLs, sorted (what moved from each
+        re-issued host; a legacy ledger)."""
         names = self._members(hosts)
         if not names:
             return {}
