@@ -108,8 +108,8 @@ class Resume:
     tasks: dict[str, list[str]]  # task key "number:host" -> URLs
     sequences: dict[str, int] = field(default_factory=dict)  # host IP -> highest sequence stored
     hosts: dict[str, str] = field(default_factory=dict)  # host IP -> status address (known hosts)
-    #: host IP -> block id -> its URLs still on the host's ledger (center_host/ledger.py)
-    ledger: dict[str, dict[int, list[str]]] = field(default_factory=dict)
+    #: host IP -> block id -> (its text, its bits; None: all on the ledger): center_host/ledger.py
+    ledger: dict[str, dict[int, tuple[bytes, bytes | None]]] = field(default_factory=dict)
     moved: dict[str, list[str]] = field(default_factory=dict)  # re-issued host IP -> what moved from it
 
 
@@ -209,8 +209,8 @@ class DropTask:
 class Ledger:
     """These URLs were given to ``host``: on its ledger until it reports them finished
     or they move (docs/PROTOCOL.md section 12). Block ``block`` of the host's ledger
-    holds them (and any re-deflated into it with them), as ``data``
-    (center_host/ledger.py)."""
+    holds them (and any re-deflated into it with them), as ``data``, every one of its
+    URLs on the ledger (center_host/ledger.py)."""
 
     host: str
     urls: tuple[str, ...]
@@ -221,11 +221,14 @@ class Ledger:
 @dataclass(frozen=True)
 class Unledger:
     """These URLs leave ``host``'s ledger: reported finished, or moved to other hosts;
-    the blocks ``drop`` hold nothing on it any more."""
+    the blocks ``drop`` hold nothing on it any more, and ``bits`` are the new bits of
+    the others they left (block id, which of its URLs are still on it:
+    center_host/ledger.py)."""
 
     host: str
     urls: tuple[str, ...]
     drop: tuple[int, ...] = ()
+    bits: tuple[tuple[int, bytes], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -30,11 +30,8 @@ from dedupnet.codec.urls import fingerprint_many
 
 from .events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, LookupDone, NoteHost, NoteMoved,
                      NoteSequence, Resume, Save, SaveTask, Unledger)
-from .ledger import MAX_BLOCK, deflate, inflate
+from .ledger import MAX_BLOCK, StoredBlocks, deflate, inflate, on_ledger
 from .sets import task_parts
-
-#: Blocks whose URLs a load checks against the stored fingerprints in one round trip.
-LOAD_BLOCKS = 64
 
 #: number -> digest of the set it concluded (own sets): tells a reused number from a repeat.
 CONCLUDED_DIGEST = "concluded_digest"
@@ -46,12 +43,15 @@ HOSTS = "hosts"
 #: what tells a crawl that has nothing left to do from one that never started.
 ADMITTED_TOTAL = "admitted_total"
 #: The URLs given to a host it has not reported finished (docs/PROTOCOL.md section 12;
-#: center_host/ledger.py): ``ledger_fp:<host>`` their fingerprints (bucketed),
-#: ``ledger_blocks:<host>`` block id -> their text, deflated; ``ledger_hosts``: the
-#: hosts that have one. ``ledger:<host>``, a set of their text, is what earlier
-#: versions kept: turned into blocks when a center loads it.
-LEDGER_FP = "ledger_fp"
+#: center_host/ledger.py): ``ledger_blocks:<host>`` block id -> their text, deflated;
+#: ``ledger_live:<host>`` block id -> which of its URLs are still on the ledger, for the
+#: blocks some of whose URLs were taken off; ``ledger_hosts``: the hosts that have one.
+#: Earlier versions kept ``ledger:<host>`` (a set of their text) or ``ledger_fp:<host>``
+#: (the fingerprints of those on the ledger, bucketed, beside the blocks): either is
+#: turned into this layout when a center loads it.
 LEDGER_BLOCKS = "ledger_blocks"
+LEDGER_LIVE = "ledger_live"
+LEGACY_LEDGER_FP = "ledger_fp"
 LEDGER_HOSTS = "ledger_hosts"
 LEGACY_LEDGER = "ledger"
 #: ``moved:<host>``: a re-issued host's URLs that went to other hosts, until it is back
@@ -113,12 +113,13 @@ class CenterPools(CoreWrites):
             elif isinstance(a, DropTask):
                 batch.add(b"HDEL", key(TASK_URL), a.key)
             elif isinstance(a, Ledger):
-                self._ledger(batch, a.host, a.urls, a.block, a.data)
+                self._ledger(batch, a.host, a.block, a.data)
             elif isinstance(a, Unledger):
-                if a.urls:
-                    batch.fingerprints(b"SREM", key(f"{LEDGER_FP}:{a.host}"), fingerprint_many(a.urls))
+                if a.bits:
+                    batch.add(b"HSET", key(f"{LEDGER_LIVE}:{a.host}"), *[x for mark in a.bits for x in mark])
                 if a.drop:
                     batch.add(b"HDEL", key(f"{LEDGER_BLOCKS}:{a.host}"), *a.drop)
+                    batch.add(b"HDEL", key(f"{LEDGER_LIVE}:{a.host}"), *a.drop)
             elif isinstance(a, NoteMoved) and a.urls:
                 batch.add(b"SADD", key(f"{MOVED}:{a.host}"), *a.urls)
                 batch.add(b"SADD", key(MOVED_HOSTS), a.host)
@@ -155,34 +156,33 @@ class CenterPools(CoreWrites):
             ledger=self.ledger_blocks(), moved=self._text_sets(MOVED_HOSTS, MOVED),
         )
 
-    def _ledger(self, batch: Batch, host: str, urls: tuple[str, ...], block: int, data: bytes) -> None:
-        key = self.store.key
-        if urls:
-            batch.fingerprints(b"SADD", key(f"{LEDGER_FP}:{host}"), fingerprint_many(urls))
-        batch.add(b"HSET", key(f"{LEDGER_BLOCKS}:{host}"), block, data)
-        batch.add(b"SADD", key(LEDGER_HOSTS), host)
+    def _ledger(self, batch: Batch, host: str, block: int, data: bytes) -> None:
+        batch.add(b"HSET", self.store.key(f"{LEDGER_BLOCKS}:{host}"), block, data)
+        batch.add(b"SADD", self.store.key(LEDGER_HOSTS), host)
 
-    def ledger_blocks(self) -> dict[str, dict[int, list[str]]]:
-        """Every host's ledger: host IP -> block id -> its URLs on the ledger."""
-        self._upgrade_legacy_ledgers()
-        out: dict[str, dict[int, list[str]]] = {}
-        for host in self._members(LEDGER_HOSTS):
-            stored = sorted((int(b), inflate(data)) for b, data in
-                            _pairs(self.store.command(b"HGETALL", self.store.key(f"{LEDGER_BLOCKS}:{host}"))))
-            for i in range(0, len(stored), LOAD_BLOCKS):
-                part = stored[i:i + LOAD_BLOCKS]
-                urls = [u for _, block in part for u in block]
-                held = iter(self.store.fp_contains(f"{LEDGER_FP}:{host}", fingerprint_many(urls)).tolist())
-                for block, block_urls in part:
-                    if kept := [u for u, h in zip(block_urls, held) if h]:
-                        out.setdefault(host, {})[block] = kept
+    def ledger_blocks(self) -> dict[str, StoredBlocks]:
+        """Every host's ledger: host IP -> block id -> (its text, its bits; None: all on it)."""
+        self._upgrade_text_ledgers()
+        self._upgrade_fingerprint_ledgers()
+        hosts = self._members(LEDGER_HOSTS)
+        batch = self.store.batch()
+        for host in hosts:
+            batch.add(b"HGETALL", self.store.key(f"{LEDGER_BLOCKS}:{host}"))
+            batch.add(b"HGETALL", self.store.key(f"{LEDGER_LIVE}:{host}"))
+        replies = self.store.execute(batch)
+        out: dict[str, StoredBlocks] = {}
+        for host, blocks, live in zip(hosts, replies[::2], replies[1::2]):
+            bits = {int(b): v for b, v in _pairs(live)}
+            if held := {int(b): (data, bits.get(int(b))) for b, data in _pairs(blocks)}:
+                out[host] = held
         return out
 
     def ledger(self) -> dict[str, list[str]]:
         """Every host's ledger: host IP -> its unfinished URLs."""
-        return {host: sorted(u for urls in blocks.values() for u in urls) for host, blocks in self.ledger_blocks().items()}
+        return {host: sorted(u for data, bits in blocks.values() for u in on_ledger(data, bits))
+                for host, blocks in self.ledger_blocks().items()}
 
-    def _upgrade_legacy_ledgers(self) -> None:
+    def _upgrade_text_ledgers(self) -> None:
         """A store of an earlier version keeps each host's ledger as a set of text: it
         becomes blocks, in one transaction a host."""
         for host, urls in self._text_sets(LEDGER_HOSTS, LEGACY_LEDGER).items():
@@ -191,10 +191,48 @@ class CenterPools(CoreWrites):
 
             def fill(batch: Batch, host: str = host, urls: list[str] = urls) -> None:
                 for n, i in enumerate(range(0, len(urls), MAX_BLOCK)):
-                    part = tuple(urls[i:i + MAX_BLOCK])
-                    self._ledger(batch, host, part, first + n, deflate(part))
+                    self._ledger(batch, host, first + n, deflate(urls[i:i + MAX_BLOCK]))
                 batch.add(b"DEL", self.store.key(f"{LEGACY_LEDGER}:{host}"))
             self.store.transact(fill)
+
+    def _upgrade_fingerprint_ledgers(self) -> None:
+        """A store of an earlier version keeps which URLs of its blocks are on a host's
+        ledger as a fingerprint set beside them: that becomes the blocks' bits (in one
+        transaction a host), then the set goes. Until it has gone, a load does this again
+        from it, to the same result: nothing is taken off a ledger before the load ends."""
+        hosts = self._members(LEDGER_HOSTS)
+        buckets = 1 << self.store.bucket_bits
+        batch = self.store.batch()
+        for host in hosts:
+            base = self.store.fp_key(f"{LEGACY_LEDGER_FP}:{host}")
+            for bucket in range(buckets):
+                batch.add(b"EXISTS", f"{base}:{bucket}")
+        found = self.store.execute(batch)
+        for n, host in enumerate(hosts):
+            base = self.store.fp_key(f"{LEGACY_LEDGER_FP}:{host}")
+            present = [f"{base}:{b}" for b, there in enumerate(found[n * buckets:(n + 1) * buckets]) if there]
+            if not present:
+                continue
+            stored = [(block, inflate(data)) for block, data in
+                      _pairs(self.store.command(b"HGETALL", self.store.key(f"{LEDGER_BLOCKS}:{host}")))]
+            urls = [u for _, block_urls in stored for u in block_urls]
+            held = self.store.fp_contains(f"{LEGACY_LEDGER_FP}:{host}", fingerprint_many(urls))
+
+            def fill(batch: Batch, host: str = host) -> None:
+                at = 0
+                for block, block_urls in stored:
+                    live = held[at:at + len(block_urls)]
+                    at += len(block_urls)
+                    if not live.any():
+                        batch.add(b"HDEL", self.store.key(f"{LEDGER_BLOCKS}:{host}"), block)
+                    elif not live.all():
+                        batch.add(b"HSET", self.store.key(f"{LEDGER_LIVE}:{host}"), block,
+                                  np.packbits(live, bitorder="little").tobytes())
+            self.store.transact(fill)
+            drop = self.store.batch()
+            for key in present:
+                drop.add(b"DEL", key)
+            self.store.execute(drop)
 
     def _members(self, hosts: str) -> list[str]:
         return sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(hosts)))

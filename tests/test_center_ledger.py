@@ -8,8 +8,9 @@ import random
 import pytest
 
 from center_host.events import Unledger
-from center_host.ledger import SLACK, SMALL_RUN, HostLedger, Ledgers, inflate
-from center_host.pools import LEDGER_HOSTS, LEGACY_LEDGER, CenterPools
+from center_host.ledger import MAX_BLOCK, SLACK, SMALL_RUN, HostLedger, Ledgers, deflate, inflate, on_ledger
+from center_host.pools import LEDGER_BLOCKS, LEDGER_HOSTS, LEDGER_LIVE, LEGACY_LEDGER, LEGACY_LEDGER_FP, CenterPools
+from dedupnet.codec.urls import fingerprint_many
 from dedupnet.harness.dst.store import CenterStore, Journal, stored_ledger
 
 HOST = "127.0.1.10"
@@ -26,13 +27,12 @@ class Replay(CenterStore):
     def __init__(self) -> None:
         super().__init__(Journal(lambda: 0.0, 0.0, enabled=False))
 
-    @property
-    def members(self) -> dict[str, set[str]]:
-        return self.ledger
+    def stored(self) -> dict:
+        return stored_ledger(self.ledger_blocks, self.ledger_live)
 
-    @property
-    def blocks(self) -> dict[str, dict[int, tuple[str, ...]]]:
-        return self.ledger_blocks
+    def on_ledger(self) -> list[str]:
+        """Every URL a stored block has on the ledger (one in two blocks, twice)."""
+        return [u for data, bits in self.stored().get(HOST, {}).values() for u in on_ledger(data, bits)]
 
 
 def test_random_gives_and_takes_keep_the_ledger_exact_and_its_text_bounded():
@@ -60,9 +60,7 @@ def test_random_gives_and_takes_keep_the_ledger_exact_and_its_text_bounded():
             assert held.kept <= 2 * len(held) + SLACK + 300 and held.small < SMALL_RUN
         if step % 100 == 0:
             assert sorted(held or ()) == sorted(truth)
-            assert stored.members.get(HOST, set()) == truth
-            on_blocks = [u for urls in stored_ledger(stored.members, stored.blocks).get(HOST, {}).values() for u in urls]
-            assert sorted(on_blocks) == sorted(truth)  # each URL in exactly one stored block
+            assert sorted(stored.on_ledger()) == sorted(truth)  # each URL in exactly one stored block
     assert compactions >= 3
 
 
@@ -74,19 +72,21 @@ def test_a_restored_ledger_is_the_stored_one_and_new_blocks_take_new_ids():
     taken = rnd.sample(sorted(ledgers[HOST]), 700)
     stored.apply(ledgers.take(HOST, taken))
     again = Ledgers()
-    again.restore(stored_ledger(stored.members, stored.blocks))
+    again.restore(stored.stored())
     assert sorted(again[HOST]) == sorted(ledgers[HOST]) and len(again[HOST]) == len(ledgers[HOST])
     actions = again.give(HOST, ["http://new.example/1"])
-    assert actions[0].block > max(stored.blocks[HOST])
+    assert actions[0].block > max(stored.ledger_blocks[HOST])
     stored.apply(actions)
-    assert stored.members[HOST] == set(again[HOST])
+    rest = rnd.sample(sorted(again[HOST]), 300)  # bits of the restored blocks cleared as before the restart
+    stored.apply(again.take(HOST, rest))
+    assert sorted(stored.on_ledger()) == sorted(again[HOST]) and not set(rest) & set(again[HOST])
 
 
 def test_a_large_assignment_deflates_to_a_fraction_of_its_text():
     urls = urls_of(random.Random(1), 2000)
     held = HostLedger(HOST)
     (put,) = held.give(urls, iter(range(1, 10)))
-    assert sorted(inflate(put.data)) == sorted(urls)
+    assert inflate(put.data) == sorted(urls)
     assert len(put.data) < 0.5 * sum(map(len, urls))
 
 
@@ -118,7 +118,7 @@ def test_taking_everything_leaves_no_block_behind(n):
     urls = urls_of(random.Random(n), n)
     stored.apply(held.give(HOST, urls))
     stored.apply(held.take(HOST, urls))
-    assert HOST not in held and not stored.blocks[HOST] and not stored.members[HOST]
+    assert HOST not in held and not stored.ledger_blocks[HOST] and not stored.ledger_live.get(HOST)
 
 
 def test_blocks_mostly_taken_are_re_deflated_together():
@@ -131,4 +131,34 @@ def test_blocks_mostly_taken_are_re_deflated_together():
     for urls in given:
         stored.apply(held.take(HOST, urls[:85]))
     assert len(held[HOST]) == 1500 and held[HOST].kept <= 2 * 1500 + SLACK
-    assert len(stored.blocks[HOST]) < 100 and sorted(held[HOST]) == sorted(u for urls in given for u in urls[85:])
+    assert len(stored.ledger_blocks[HOST]) < 100 and sorted(held[HOST]) == sorted(u for urls in given for u in urls[85:])
+    assert sorted(stored.on_ledger()) == sorted(held[HOST])
+
+
+def test_a_ledger_kept_with_fingerprints_by_an_earlier_version_loads_as_bits_and_its_fingerprints_go(store):
+    pools = CenterPools(store)
+    rnd = random.Random(9)
+    blocks = [sorted(urls_of(rnd, n)) for n in (5, 300, 40)]
+    live = [blocks[0][:2], blocks[1][::3], []]  # the last block's URLs were all reported
+    for block, urls in enumerate(blocks, start=1):
+        store.command(b"HSET", store.key(f"{LEDGER_BLOCKS}:{HOST}"), block, deflate(urls))
+    store.fp_add(f"{LEGACY_LEDGER_FP}:{HOST}", fingerprint_many([u for urls in live for u in urls]))
+    store.command(b"SADD", store.key(LEDGER_HOSTS), HOST)
+    expected = sorted(u for urls in live for u in urls)
+    assert pools.ledger() == {HOST: expected}
+    assert store.fp_count(f"{LEGACY_LEDGER_FP}:{HOST}") == 0
+    assert sorted(int(b) for b in store.command(b"HKEYS", store.key(f"{LEDGER_BLOCKS}:{HOST}"))) == [1, 2]
+    assert len(store.command(b"HGET", store.key(f"{LEDGER_LIVE}:{HOST}"), 2)) == 300 // 8 + 1
+    again = Ledgers()
+    again.restore(pools.load().ledger)
+    assert sorted(again[HOST]) == expected == pools.ledger()[HOST]  # and loaded again: the same
+    pools.apply(again.take(HOST, blocks[1][::3]))
+    assert pools.ledger() == {HOST: sorted(blocks[0][:2])}
+
+
+def test_a_report_rewrites_at_most_an_eighth_of_a_url_a_block_it_touches():
+    held = Ledgers()
+    urls = urls_of(random.Random(2), MAX_BLOCK)
+    held.give(HOST, urls)
+    (off,) = held.take(HOST, urls[:3])
+    assert isinstance(off, Unledger) and len(off.bits) == 1 and len(off.bits[0][1]) == MAX_BLOCK // 8

@@ -343,7 +343,7 @@ async def test_centers_keep_nothing_per_url_for_other_networks_sets(redis_url):
             # last assignments per host, capped; the store watermarks: one entry per member;
             # fp_bucket_bits: the store's layout).
             assert families <= {"admitted", "concluded", "concluded_digest", "host_sequences", "hosts", "task_log",
-                                "watermark", "watermarks_heard", "fp_bucket_bits", "admitted_total", "ledger_fp",
+                                "watermark", "watermarks_heard", "fp_bucket_bits", "admitted_total", "ledger_live",
                                 "ledger_blocks", "ledger_hosts"}, families
         assert any(c.core.claims.held_elsewhere for c in system.centers.values())  # the early drop: memory only
 

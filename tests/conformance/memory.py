@@ -15,7 +15,6 @@ from center_host.events import (Admit, CancelTimer, Conclude, Drop, DropTask, Fo
                                 SetTimer, TimerFired, Unledger)
 from center_host.config import CenterConfig
 from center_host.protocol import CenterProtocol
-from center_host.ledger import inflate
 from dedupnet.codec import wire
 from dedupnet.harness.dst.store import stored_ledger
 from dedupnet.adapters.monitor.metrics import Counters
@@ -37,7 +36,8 @@ class MemoryCenter:
     admissions: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
     hosts: dict[str, str] = field(default_factory=dict)  # the known hosts (NoteHost)
     ledger: dict[str, set[str]] = field(default_factory=dict)  # host -> URLs given, not reported finished
-    ledger_blocks: dict[str, dict[int, tuple[str, ...]]] = field(default_factory=dict)  # host -> block -> its text
+    ledger_blocks: dict[str, dict[int, bytes]] = field(default_factory=dict)  # host -> block -> its text
+    ledger_live: dict[str, dict[int, bytes]] = field(default_factory=dict)  # host -> block -> its bits
     moved: dict[str, set[str]] = field(default_factory=dict)  # re-issued host -> what moved from it
 
     @classmethod
@@ -92,11 +92,13 @@ class MemoryCenter:
                 self.task_URL.pop(a.key, None)
             elif isinstance(a, Ledger):
                 self.ledger.setdefault(a.host, set()).update(a.urls)
-                self.ledger_blocks.setdefault(a.host, {})[a.block] = tuple(inflate(a.data))
+                self.ledger_blocks.setdefault(a.host, {})[a.block] = a.data
             elif isinstance(a, Unledger):
                 self.ledger.get(a.host, set()).difference_update(a.urls)
+                self.ledger_live.setdefault(a.host, {}).update(a.bits)
                 for block in a.drop:
                     self.ledger_blocks.get(a.host, {}).pop(block, None)
+                    self.ledger_live.get(a.host, {}).pop(block, None)
             elif isinstance(a, NoteMoved):
                 self.moved.setdefault(a.host, set()).update(a.urls)
             elif isinstance(a, ForgetMoved):
@@ -123,10 +125,11 @@ class MemoryCenter:
         fresh = MemoryCenter(CenterProtocol(dataclasses.replace(self.core.config, **changes), Counters()), self.local_reduce_pool,
                              self.dist_reduce_pool, self.task_URL, self.admitted, self.concluded,
                              self.digests, self.sequences, admissions=self.admissions, hosts=self.hosts,
-                             ledger=self.ledger, ledger_blocks=self.ledger_blocks, moved=self.moved)
+                             ledger=self.ledger, ledger_blocks=self.ledger_blocks, ledger_live=self.ledger_live,
+                             moved=self.moved)
         fresh.feed(Resume(list(self.local_reduce_pool.values()) + list(self.dist_reduce_pool.values()),
                              {k: list(v) for k, v in self.task_URL.items()}, dict(self.sequences), dict(self.hosts),
-                             stored_ledger(self.ledger, self.ledger_blocks),
+                             stored_ledger(self.ledger_blocks, self.ledger_live),
                              {h: sorted(u) for h, u in self.moved.items() if u}))
         return fresh
 

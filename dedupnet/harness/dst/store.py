@@ -25,20 +25,15 @@ import orjson
 
 from center_host.events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, Lookup, LookupDone,
                                 NoteHost, NoteMoved, NoteSequence, Resume, Save, SaveTask, Unledger)
-from center_host.ledger import inflate
+from center_host.ledger import StoredBlocks
 from local_host import protocol as hp
 
 
-def stored_ledger(members: dict[str, set[str]],
-                  blocks: dict[str, dict[int, tuple[str, ...]]]) -> dict[str, dict[int, list[str]]]:
+def stored_ledger(blocks: dict[str, dict[int, bytes]], bits: dict[str, dict[int, bytes]]) -> dict[str, StoredBlocks]:
     """What a center's load makes of its stored ledger (center_host/pools.py
-    ``ledger_blocks``): host -> block -> its URLs still on the ledger."""
-    out: dict[str, dict[int, list[str]]] = {}
-    for host, held in blocks.items():
-        for block, urls in held.items():
-            if kept := [u for u in urls if u in members.get(host, ())]:
-                out.setdefault(host, {})[block] = kept
-    return out
+    ``ledger_blocks``): host -> block -> (its text, its bits; None: all on the ledger)."""
+    return {host: {block: (data, bits.get(host, {}).get(block)) for block, data in held.items()}
+            for host, held in blocks.items() if held}
 
 
 class Journal:
@@ -240,8 +235,8 @@ class CenterStore(_Records):
         self.digests: dict[int, int] = {}  # concluded_digest
         self.sequences: dict[str, int] = {}  # host_sequences
         self.hosts: dict[str, str] = {}  # hosts: the LAN's known hosts
-        self.ledger: dict[str, set[str]] = {}  # ledger_fp:<host>
-        self.ledger_blocks: dict[str, dict[int, tuple[str, ...]]] = {}  # ledger_blocks:<host>, inflated
+        self.ledger_blocks: dict[str, dict[int, bytes]] = {}  # ledger_blocks:<host>
+        self.ledger_live: dict[str, dict[int, bytes]] = {}  # ledger_live:<host>
         self.moved: dict[str, set[str]] = {}  # moved:<host>
         self.journal.undo = []
 
@@ -277,12 +272,14 @@ class CenterStore(_Records):
             elif isinstance(a, DropTask):
                 _dict_pop(self.task_url, a.key, j)
             elif isinstance(a, Ledger):
-                _set_add(self.ledger.setdefault(a.host, set()), a.urls, j)
-                _dict_set(self.ledger_blocks.setdefault(a.host, {}), a.block, tuple(inflate(a.data)), j)
+                _dict_set(self.ledger_blocks.setdefault(a.host, {}), a.block, a.data, j)
             elif isinstance(a, Unledger):
-                _set_remove(self.ledger.setdefault(a.host, set()), a.urls, j)
+                live = self.ledger_live.setdefault(a.host, {})
+                for block, bits in a.bits:
+                    _dict_set(live, block, bits, j)
                 for block in a.drop:
                     _dict_pop(self.ledger_blocks.setdefault(a.host, {}), block, j)
+                    _dict_pop(live, block, j)
             elif isinstance(a, NoteMoved):
                 _set_add(self.moved.setdefault(a.host, set()), a.urls, j)
             elif isinstance(a, ForgetMoved):
@@ -297,5 +294,5 @@ class CenterStore(_Records):
 
         sets = [r for pool in (LOCAL_REDUCE_POOL, DIST_REDUCE_POOL) for r in self.pools.get(pool, {}).values()]
         return Resume(sets=sets, tasks={k: list(v) for k, v in self.task_url.items()}, sequences=dict(self.sequences),
-                         hosts=dict(self.hosts), ledger=stored_ledger(self.ledger, self.ledger_blocks),
+                         hosts=dict(self.hosts), ledger=stored_ledger(self.ledger_blocks, self.ledger_live),
                          moved={h: sorted(u) for h, u in self.moved.items() if u})
