@@ -27,6 +27,7 @@ below ``--min-available-gb``.
 
 from __future__ import annotations
 
+from pathlib import Path
 import argparse
 import json
 import sys
@@ -35,8 +36,10 @@ from contextlib import nullcontext
 
 import numpy as np
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import ADMITTED, Store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import ADMITTED, Store  # noqa: E402
 
 DEFAULT_CHECKPOINTS = "1e6,1e7,1e8,2.5e8,5e8,7.5e8,1e9"
 #: Present fingerprints kept from each inserted chunk to draw look-ups from: the whole

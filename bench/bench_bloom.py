@@ -20,14 +20,18 @@ crawls what, so it is looked at here, over many runs.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import time
 
 import numpy as np
 
-from dedupnet.adapters.storage.bloom import BloomSpec, attach
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import FINISH_URL, Store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.bloom import BloomSpec, attach  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Store  # noqa: E402
 
 
 def run(url: str, name: str, spec: BloomSpec | None, stored: np.ndarray, fresh: np.ndarray, batch: int) -> dict:

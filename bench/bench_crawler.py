@@ -62,13 +62,15 @@ from pathlib import Path
 import psutil
 import trio
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.monitor.metrics import Counters
-from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, Store
-from local_host.frontier.sites import task_count
-from dedupnet.codec.urls import fingerprint_many
-from dedupnet.harness.web import SyntheticWeb, WebSpec
-from local_host.crawler.crawl import FAILED, Crawler, CrawlerSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.monitor.metrics import Counters  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, TASK_POOL, Store  # noqa: E402
+from local_host.frontier.sites import task_count  # noqa: E402
+from dedupnet.codec.urls import fingerprint_many  # noqa: E402
+from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
+from local_host.crawler.crawl import FAILED, Crawler, CrawlerSettings  # noqa: E402
 
 TARGET = 200.0  # pages/s, one host
 

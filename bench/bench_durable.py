@@ -25,7 +25,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
 
 VARIANTS = {"everysec": ("everysec", False), "everysec+wait": ("everysec", True), "always+wait": ("always", True)}
 

@@ -27,6 +27,7 @@ Run: ``.venv/bin/python bench/bench_frontier.py [--networks 2] [--pages 5000]
 
 from __future__ import annotations
 
+import sys
 import argparse
 import logging
 import tempfile
@@ -35,9 +36,11 @@ from pathlib import Path
 import psutil
 import trio
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.harness.frontiercrawl import PATHS, crawl
-from dedupnet.harness.report import SimConfig
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness.frontiercrawl import PATHS, crawl  # noqa: E402
+from dedupnet.harness.report import SimConfig  # noqa: E402
 
 
 NAMES = {"crawler": "dedupnet crawler", "frontier": "URLFrontier client", "scrapy": "Scrapy spider"}

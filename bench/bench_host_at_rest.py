@@ -8,6 +8,8 @@ while nothing happens (docs/BENCHMARKS.md, "A host at rest: what polling costs")
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import random
 import time
@@ -15,9 +17,11 @@ import time
 import redis
 import trio
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.harness.cluster import open_cluster
-from local_host.crawler.settings import CrawlerSettings
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness.cluster import open_cluster  # noqa: E402
+from local_host.crawler.settings import CrawlerSettings  # noqa: E402
 
 #: Seconds the cluster runs before the count starts (start-up writes are not rest).
 SETTLE = 3.0

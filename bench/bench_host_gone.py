@@ -9,6 +9,7 @@ took after the kill, and the verdict's story meanwhile.
 
 from __future__ import annotations
 
+import sys
 import argparse
 import os
 import signal
@@ -18,12 +19,14 @@ from pathlib import Path
 
 import trio
 
-from dedupnet.adapters.monitor.census import survey
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import Store
-from dedupnet.harness import procdaemons, procplan, simproc
-from dedupnet.harness.report import SimConfig, assign_seeds
-from dedupnet.harness.web import SyntheticWeb, WebSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.monitor.census import survey  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import Store  # noqa: E402
+from dedupnet.harness import procdaemons, procplan, simproc  # noqa: E402
+from dedupnet.harness.report import SimConfig, assign_seeds  # noqa: E402
+from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
 
 async def run(args) -> None:

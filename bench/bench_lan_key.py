@@ -15,18 +15,22 @@ Run: ``.venv/bin/python bench/bench_lan_key.py [--runs 2] [--networks 3 --hosts 
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import statistics
 import time
 
 import trio
 
-from dedupnet.codec import wire
-from dedupnet.codec.auth import Keyring
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.codec.messages import Frame, Heartbeat
-from dedupnet.harness.report import SimConfig
-from dedupnet.harness.sim import simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.codec import wire  # noqa: E402
+from dedupnet.codec.auth import Keyring  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.codec.messages import Frame, Heartbeat  # noqa: E402
+from dedupnet.harness.report import SimConfig  # noqa: E402
+from dedupnet.harness.sim import simulate  # noqa: E402
 
 
 def per_op(fn, n: int, repeats: int = 5) -> float:

@@ -16,6 +16,7 @@ seeding to quiescence, sets concluded incomplete, and what the relays did.
 
 from __future__ import annotations
 
+from pathlib import Path
 import argparse
 import functools
 import sys
@@ -24,11 +25,13 @@ from collections import Counter
 import orjson
 import trio
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.harness.faults import LINK_FAULTS, Fault
-from dedupnet.harness.report import SimConfig
-from dedupnet.harness.sim import simulate
-from dedupnet.harness.simproc import simulate_processes
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness.faults import LINK_FAULTS, Fault  # noqa: E402
+from dedupnet.harness.report import SimConfig  # noqa: E402
+from dedupnet.harness.sim import simulate  # noqa: E402
+from dedupnet.harness.simproc import simulate_processes  # noqa: E402
 
 
 def relay_totals(report) -> str:

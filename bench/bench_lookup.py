@@ -22,6 +22,8 @@ Run: ``.venv/bin/python bench/bench_lookup.py [--stored N] [--lookups L] [--repe
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import hashlib
 import statistics
@@ -31,9 +33,11 @@ from contextlib import nullcontext
 import numpy as np
 from redis.exceptions import ResponseError
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import FINISH_URL, Store
-from dedupnet.adapters.storage.resp import MEMBER_DIGITS, MEMBER_OFFSET, MEMBER_RECORD, bulk
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Store  # noqa: E402
+from dedupnet.adapters.storage.resp import MEMBER_DIGITS, MEMBER_OFFSET, MEMBER_RECORD, bulk  # noqa: E402
 
 LUA_ARRAY = b"""
 local out, a = {}, #KEYS

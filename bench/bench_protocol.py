@@ -9,6 +9,8 @@ Run: ``.venv/bin/python bench/bench_protocol.py [--urls N] [--set-size S] [--mod
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import logging
 import random
@@ -17,9 +19,11 @@ import time
 import redis
 import trio
 
-from dedupnet.harness.cluster import open_cluster
-from dedupnet.harness.report import redis_memory
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.harness.cluster import open_cluster  # noqa: E402
+from dedupnet.harness.report import redis_memory  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
 
 
 async def run(url: str, args) -> None:

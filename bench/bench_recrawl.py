@@ -14,15 +14,19 @@ server's ``used_memory`` before and after gives bytes per URL.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import time
 
 import numpy as np
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.recrawl import SLICES, AgedSet
-from dedupnet.codec.ages import RecrawlPolicy
-from dedupnet.adapters.storage.store import FINISH_URL, Store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.recrawl import SLICES, AgedSet  # noqa: E402
+from dedupnet.codec.ages import RecrawlPolicy  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Store  # noqa: E402
 
 AGE = 86_400.0
 

@@ -13,15 +13,19 @@ one MULTI/EXEC. The cluster path is dedupnet's own (one pipelined round trip per
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import time
 
 import numpy as np
 
-from dedupnet.adapters.storage.store_choice import store_for
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.harness.embedded_cluster import EmbeddedCluster
-from dedupnet.adapters.storage.store import FINISH_URL
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.store_choice import store_for  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness.embedded_cluster import EmbeddedCluster  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL  # noqa: E402
 
 
 def measure(url: str, stored: np.ndarray, fresh: np.ndarray, batch: int, events: int) -> dict:

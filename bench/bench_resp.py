@@ -18,6 +18,8 @@ Timings depend on the machine and its load; compare the ratios.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import statistics
 import time
@@ -27,8 +29,10 @@ import numpy as np
 import redis
 from redis.utils import HIREDIS_AVAILABLE
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import MEMBER_OFFSET, FINISH_URL, Store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import MEMBER_OFFSET, FINISH_URL, Store  # noqa: E402
 
 
 def pipeline_op(client: redis.Redis, store: Store, command: str, fps: np.ndarray) -> np.ndarray | int:

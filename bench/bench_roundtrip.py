@@ -19,6 +19,8 @@ Run: ``.venv/bin/python bench/bench_roundtrip.py [--trips N] [--repeat R] [--red
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import statistics
 import time
@@ -27,9 +29,11 @@ from contextlib import nullcontext
 import numpy as np
 import trio
 
-from dedupnet.adapters.storage.aio import AsyncStore
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import FINISH_URL, Batch, Store
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.aio import AsyncStore  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Batch, Store  # noqa: E402
 
 
 def server_cpu(store: Store) -> float:

@@ -61,11 +61,13 @@ from pathlib import Path
 import redis
 import trio
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.harness import procdaemons, procplan
-from dedupnet.harness.report import SimConfig
-from dedupnet.harness.scrapyhost import EXAMPLE
-from dedupnet.harness.web import SyntheticWeb, WebSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness import procdaemons, procplan  # noqa: E402
+from dedupnet.harness.report import SimConfig  # noqa: E402
+from dedupnet.harness.scrapyhost import EXAMPLE  # noqa: E402
+from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 COMMON = ("-s", "CONCURRENT_REQUESTS=32", "-s", "DOWNLOAD_DELAY=0", "-s", "LOG_LEVEL=INFO",

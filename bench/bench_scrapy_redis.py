@@ -27,6 +27,8 @@ trip per request: 1 M take minutes; ``--scrapy-redis-urls`` runs it on the first
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import random
 import time
@@ -36,9 +38,11 @@ import redis
 from scrapy import Request
 from scrapy_redis.dupefilter import RFPDupeFilter
 
-from dedupnet.adapters.storage.embedded import INTSET_MAX_ENTRIES, EmbeddedRedis
-from dedupnet.adapters.storage.store import Store
-from dedupnet.codec.urls import URLGate, fingerprint_many
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import INTSET_MAX_ENTRIES, EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import Store  # noqa: E402
+from dedupnet.codec.urls import URLGate, fingerprint_many  # noqa: E402
 
 POOL = "seen"
 CHUNK = 10_000  # Request objects built at a time (not timed)

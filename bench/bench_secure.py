@@ -15,6 +15,7 @@ requests) and per URL found (links pushed into URL_pool).
 
 from __future__ import annotations
 
+from pathlib import Path
 import argparse
 import dataclasses
 import logging
@@ -23,9 +24,11 @@ import time
 
 import trio
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.harness.report import SimConfig
-from dedupnet.harness.sim import simulate
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.harness.report import SimConfig  # noqa: E402
+from dedupnet.harness.sim import simulate  # noqa: E402
 
 VARIANTS = {"plain": {}, "secure": {"secure": True}, "secure+lan": {"secure": True, "lan_tls": True}}
 

@@ -18,20 +18,24 @@ Run: ``.venv/bin/python bench/bench_state_bytes.py --urls 10000 100000 1000000``
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import collections
 import time
 
-from center_host.events import Admit, Conclude, DropTask, SaveTask
-from center_host.pools import CenterPools
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.monitor.status_page import key_family
-from dedupnet.adapters.storage.store_choice import store_for
-from dedupnet.codec.messages import Frame
-from dedupnet.codec.wire import encode_frame
-from local_host import protocol as hp
-from local_host.pools import HostPools
-from local_host.frontier.tasks import finish_tasks
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from center_host.events import Admit, Conclude, DropTask, SaveTask  # noqa: E402
+from center_host.pools import CenterPools  # noqa: E402
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.monitor.status_page import key_family  # noqa: E402
+from dedupnet.adapters.storage.store_choice import store_for  # noqa: E402
+from dedupnet.codec.messages import Frame  # noqa: E402
+from dedupnet.codec.wire import encode_frame  # noqa: E402
+from local_host import protocol as hp  # noqa: E402
+from local_host.pools import HostPools  # noqa: E402
+from local_host.frontier.tasks import finish_tasks  # noqa: E402
 
 LOG = 256  # rewind_log's default
 

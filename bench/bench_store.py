@@ -12,6 +12,8 @@ Figures depend on the machine and its load; compare ratios within one run.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import hashlib
 import time
@@ -20,9 +22,11 @@ from contextlib import nullcontext
 import numpy as np
 import redis
 
-from dedupnet.adapters.storage.embedded import EmbeddedRedis
-from dedupnet.adapters.storage.store import FINISH_URL, Store
-from dedupnet.codec.urls import fingerprint_many, normalize
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.adapters.storage.embedded import EmbeddedRedis  # noqa: E402
+from dedupnet.adapters.storage.store import FINISH_URL, Store  # noqa: E402
+from dedupnet.codec.urls import fingerprint_many, normalize  # noqa: E402
 
 
 def synthetic_urls(n: int, start: int = 0) -> list[str]:

@@ -8,9 +8,12 @@ table, optionally side by side with another checkout (``--baseline-python``).
 See dedupnet/harness/sweep.py (``dedupnet sim --sweep LAYOUTS`` runs the same).
 """
 
+from pathlib import Path
 import sys
 
-from dedupnet.harness.sweep import main
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.harness.sweep import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -17,14 +17,18 @@ broadcast). Run: ``.venv/bin/python bench/bench_wire.py [--repeat N]``.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
 import argparse
 import random
 import string
 import time
 
-from dedupnet.codec import wire
-from dedupnet.codec.messages import FLAG_NEW_SET, Frame
-from dedupnet.harness.web import SyntheticWeb, WebSpec
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.codec import wire  # noqa: E402
+from dedupnet.codec.messages import FLAG_NEW_SET, Frame  # noqa: E402
+from dedupnet.harness.web import SyntheticWeb, WebSpec  # noqa: E402
 
 SIZES = (20, 100, 400, 1000)
 WORDS = ("news world sport business tech science health travel food style culture opinion video live "

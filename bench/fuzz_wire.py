@@ -38,6 +38,7 @@ exit status 1 if anything but ProtocolError was raised or a bound was broken.
 
 from __future__ import annotations
 
+from pathlib import Path
 import argparse
 import json
 import os
@@ -48,10 +49,12 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
-from dedupnet.codec import wire
-from dedupnet.codec.auth import Keyring
-from dedupnet.codec.errors import ProtocolError
-from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Status, Task, Welcome
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # this checkout's code, whatever is installed
+
+from dedupnet.codec import wire  # noqa: E402
+from dedupnet.codec.auth import Keyring  # noqa: E402
+from dedupnet.codec.errors import ProtocolError  # noqa: E402
+from dedupnet.codec.messages import Ack, Error, Frame, Heartbeat, Register, Status, Task, Welcome  # noqa: E402
 
 MODES = ("plain", "compressed", "keyed", "stream")
 MAX_FRAME = 256 * 1024  # small enough to fuzz fast, large enough for every corpus message

@@ -218,7 +218,7 @@ class CenterPools(CoreWrites):
             urls = [u for _, block_urls in stored for u in block_urls]
             held = self.store.fp_contains(f"{LEGACY_LEDGER_FP}:{host}", fingerprint_many(urls))
 
-            def fill(batch: Batch, host: str = host) -> None:
+            def fill(batch: Batch, host: str = host, stored: list = stored, held: np.ndarray = held) -> None:
                 at = 0
                 for block, block_urls in stored:
                     live = held[at:at + len(block_urls)]
