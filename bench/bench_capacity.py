@@ -362,7 +362,8 @@ async def run(args, logdir: Path, store: dict | None) -> dict:
             feeders.append(p)
         t0 = time.perf_counter()
         marks = [args.urls * k // 10 for k in range(1, 11)]
-        checkpoints, timeline, last_print, last = [], [], 0.0, (0.0, {c.name: 0 for c in centers})
+        # The first poll prints and samples too: a short run's timeline is never empty.
+        checkpoints, timeline, last_print, last = [], [], -args.progress, (0.0, {c.name: 0 for c in centers})
         feed_cpu = {p.pid: 0.0 for p in feeders}
         moved = (0.0, 0)  # when the admitted total last grew, and to what
         while True:
