@@ -82,6 +82,11 @@ def live_places(bits: bytes | bytearray, n: int) -> np.ndarray:
     return np.unpackbits(np.frombuffer(bits, np.uint8), count=n, bitorder="little").astype(bool)
 
 
+def live_bits(live: np.ndarray) -> bytes:
+    """The bits of a block whose URLs ``live`` says are on the ledger (:func:`live_places`' inverse)."""
+    return np.packbits(live, bitorder="little").tobytes()
+
+
 def on_ledger(data: bytes, bits: bytes | bytearray | None) -> list[str]:
     """The URLs of a stored block still on the ledger (``bits`` None: all of them)."""
     urls = inflate(data)
@@ -243,13 +248,12 @@ class HostLedger:
         if not fresh.any():
             return
         self.index.add(fps[fresh], (block << PLACE_BITS) + places[fresh])
+        live[places[~fresh]] = False
         self.text[block] = data
         self.size[block] = len(urls)
         self.live[block] = int(fresh.sum())
         if self.live[block] < len(urls):
-            held = np.zeros(len(urls), bool)
-            held[places[fresh]] = True
-            self.bits[block] = bytearray(np.packbits(held, bitorder="little").tobytes())
+            self.bits[block] = bytearray(live_bits(live))
         self.kept += len(urls)
         self.small += len(urls) < SMALL_BLOCK
 
@@ -265,7 +269,9 @@ class HostLedger:
         for slot in taken[hit].tolist():
             block, place = slot >> PLACE_BITS, slot & _PLACE
             if (bits := touched.get(block)) is None:
-                bits = touched[block] = self.bits.get(block) or self.bits.setdefault(block, all_live(self.size[block]))
+                if (bits := self.bits.get(block)) is None:
+                    bits = self.bits[block] = all_live(self.size[block])
+                touched[block] = bits
             bits[place >> 3] &= ~(1 << (place & 7))
             self.live[block] -= 1
         emptied = [b for b in touched if not self.live[b]]

@@ -30,7 +30,7 @@ from dedupnet.codec.urls import fingerprint_many
 
 from .events import (Admit, Conclude, Drop, DropTask, ForgetHost, ForgetMoved, Ledger, LookupDone, NoteHost, NoteMoved,
                      NoteSequence, Resume, Save, SaveTask, Unledger)
-from .ledger import MAX_BLOCK, StoredBlocks, deflate, inflate, on_ledger
+from .ledger import MAX_BLOCK, StoredBlocks, deflate, inflate, live_bits, on_ledger
 from .sets import task_parts
 
 #: number -> digest of the set it concluded (own sets): tells a reused number from a repeat.
@@ -200,23 +200,14 @@ class CenterPools(CoreWrites):
         ledger as a fingerprint set beside them: that becomes the blocks' bits (in one
         transaction a host), then the set goes. Until it has gone, a load does this again
         from it, to the same result: nothing is taken off a ledger before the load ends."""
-        hosts = self._members(LEDGER_HOSTS)
-        buckets = 1 << self.store.bucket_bits
-        batch = self.store.batch()
-        for host in hosts:
-            base = self.store.fp_key(f"{LEGACY_LEDGER_FP}:{host}")
-            for bucket in range(buckets):
-                batch.add(b"EXISTS", f"{base}:{bucket}")
-        found = self.store.execute(batch)
-        for n, host in enumerate(hosts):
-            base = self.store.fp_key(f"{LEGACY_LEDGER_FP}:{host}")
-            present = [f"{base}:{b}" for b, there in enumerate(found[n * buckets:(n + 1) * buckets]) if there]
-            if not present:
+        for host in self._members(LEDGER_HOSTS):
+            legacy = f"{LEGACY_LEDGER_FP}:{host}"
+            if not self.store.fp_count(legacy):
                 continue
             stored = [(block, inflate(data)) for block, data in
                       _pairs(self.store.command(b"HGETALL", self.store.key(f"{LEDGER_BLOCKS}:{host}")))]
             urls = [u for _, block_urls in stored for u in block_urls]
-            held = self.store.fp_contains(f"{LEGACY_LEDGER_FP}:{host}", fingerprint_many(urls))
+            held = self.store.fp_contains(legacy, fingerprint_many(urls))
 
             def fill(batch: Batch, host: str = host, stored: list = stored, held: np.ndarray = held) -> None:
                 at = 0
@@ -226,12 +217,11 @@ class CenterPools(CoreWrites):
                     if not live.any():
                         batch.add(b"HDEL", self.store.key(f"{LEDGER_BLOCKS}:{host}"), block)
                     elif not live.all():
-                        batch.add(b"HSET", self.store.key(f"{LEDGER_LIVE}:{host}"), block,
-                                  np.packbits(live, bitorder="little").tobytes())
+                        batch.add(b"HSET", self.store.key(f"{LEDGER_LIVE}:{host}"), block, live_bits(live))
             self.store.transact(fill)
             drop = self.store.batch()
-            for key in present:
-                drop.add(b"DEL", key)
+            for bucket in range(1 << self.store.bucket_bits):
+                drop.add(b"DEL", f"{self.store.fp_key(legacy)}:{bucket}")
             self.store.execute(drop)
 
     def _members(self, hosts: str) -> list[str]:
