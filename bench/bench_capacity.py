@@ -194,6 +194,11 @@ class Server:
         info = self.r.info("cpu")
         return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
 
+    def command_usec(self) -> Counter:
+        """The server's time in each command so far (INFO commandstats), in µs."""
+        return Counter({name.removeprefix("cmdstat_"): int(v["usec"])
+                        for name, v in self.r.info("commandstats").items()})
+
     def keys(self) -> Counter:
         """MEMORY USAGE (SAMPLES 0) of every key of the daemon, by family."""
         fams: Counter = Counter()
@@ -239,6 +244,9 @@ def checkpoint(daemons: list[Daemon], servers: dict[str, Server], admitted: int,
         if keys:
             for d in mine:
                 fams.update(servers[d.name].keys())
+        usec: Counter = Counter()
+        for d in mine:
+            usec.update(servers[d.name].command_usec())
         row["roles"][role] = {
             "daemon_cpu_s": round(cpu, 2), "redis_cpu_s": round(rcpu, 2),
             "daemon_cpu_ms_per_1k": round(1000 * cpu / max(admitted, 1) * 1000, 2),
@@ -246,6 +254,7 @@ def checkpoint(daemons: list[Daemon], servers: dict[str, Server], admitted: int,
             "used_memory_growth_b_per_url": round(used / max(admitted, 1), 2),
             "rss_mb": {d.name: round(rss_mb(d.proc.pid), 1) for d in mine},
             "redis_rss_mb": {d.name: round(rss_mb(servers[d.name].pid), 1) for d in mine},
+            "redis_command_usec": dict(usec),
         }
         if keys:
             total = sum(fams.values())
@@ -265,6 +274,11 @@ def since(row: dict, before: dict | None) -> None:
         for k in ("daemon", "redis"):
             cpu = v[f"{k}_cpu_s"] - b[f"{k}_cpu_s"]
             v[f"interval_{k}_cpu_ms_per_1k"] = round(1e6 * cpu / n, 2) if n else 0.0
+        # Where the Redis CPU since the last went, by command: what grows with the store.
+        usec = Counter(v.get("redis_command_usec", {}))
+        usec.subtract(b.get("redis_command_usec", {}))
+        v["interval_redis_command_ms_per_1k"] = {c: round(u / n, 2) for c, u in usec.most_common(8)
+                                                 if n and u > 0}
 
 
 def print_checkpoint(row: dict) -> None:
@@ -275,6 +289,9 @@ def print_checkpoint(row: dict) -> None:
               f"{v['key_bytes_per_url']:.1f} B/URL keys, {v['used_memory_growth_b_per_url']:.1f} used_memory, "
               f"RSS MB {'/'.join(f'{x:.0f}' for x in v['rss_mb'].values())}"
               for r, v in row["roles"].items()), flush=True)
+    print("    their Redis since the last, ms/1k by command: " + "; ".join(
+        f"{r}s " + ", ".join(f"{c} {ms:.1f}" for c, ms in list(v["interval_redis_command_ms_per_1k"].items())[:5])
+        for r, v in row["roles"].items()), flush=True)
 
 
 def steady(timeline: list[dict], n: int) -> dict[str, int]:

@@ -38,3 +38,8 @@ def test_capacity_bench_admits_every_url_once_and_prints_its_costs():
     assert all(r > 0 for r in summary["admitted_per_s"].values())
     assert summary["store_bench"]["check_urls_per_s"] > 0
     assert summary["checkpoints"] and summary["timeline"]
+    # Where each role's Redis time went: a center looks its record up and adds to it.
+    first = summary["checkpoints"][0]["roles"]
+    assert {"smismember", "sadd"} <= set(first["center"]["interval_redis_command_ms_per_1k"])
+    assert all(ms > 0 for ms in first["host"]["interval_redis_command_ms_per_1k"].values())
+    assert "their Redis since the last, ms/1k by command: centers " in out.stdout
