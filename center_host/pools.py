@@ -163,8 +163,8 @@ class CenterPools(CoreWrites):
     def ledger_blocks(self) -> dict[str, StoredBlocks]:
         """Every host's ledger: host IP -> block id -> (its text, its bits; None: all on it)."""
         self._upgrade_text_ledgers()
-        self._upgrade_fingerprint_ledgers()
         hosts = self._members(LEDGER_HOSTS)
+        self._upgrade_fingerprint_ledgers(hosts)
         batch = self.store.batch()
         for host in hosts:
             batch.add(b"HGETALL", self.store.key(f"{LEDGER_BLOCKS}:{host}"))
@@ -195,12 +195,12 @@ class CenterPools(CoreWrites):
                 batch.add(b"DEL", self.store.key(f"{LEGACY_LEDGER}:{host}"))
             self.store.transact(fill)
 
-    def _upgrade_fingerprint_ledgers(self) -> None:
+    def _upgrade_fingerprint_ledgers(self, hosts: list[str]) -> None:
         """A store of an earlier version keeps which URLs of its blocks are on a host's
         ledger as a fingerprint set beside them: that becomes the blocks' bits (in one
         transaction a host), then the set goes. Until it has gone, a load does this again
         from it, to the same result: nothing is taken off a ledger before the load ends."""
-        for host in self._members(LEDGER_HOSTS):
+        for host in hosts:
             legacy = f"{LEGACY_LEDGER_FP}:{host}"
             if not self.store.fp_count(legacy):
                 continue
@@ -219,10 +219,7 @@ class CenterPools(CoreWrites):
                     elif not live.all():
                         batch.add(b"HSET", self.store.key(f"{LEDGER_LIVE}:{host}"), block, live_bits(live))
             self.store.transact(fill)
-            drop = self.store.batch()
-            for bucket in range(1 << self.store.bucket_bits):
-                drop.add(b"DEL", f"{self.store.fp_key(legacy)}:{bucket}")
-            self.store.execute(drop)
+            self.store.fp_delete(legacy)
 
     def _members(self, hosts: str) -> list[str]:
         return sorted(m.decode() for m in self.store.command(b"SMEMBERS", self.store.key(hosts)))

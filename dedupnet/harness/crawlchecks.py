@@ -120,8 +120,8 @@ def finished_twice(stores: list, skipped: set[str]) -> int:
     seen: Counter[tuple[int, bytes]] = Counter()
     for store in stores:
         batch = store.batch()
-        for bucket in range(1 << store.bucket_bits):
-            batch.add(b"SMEMBERS", f"{store.fp_key(FINISH_URL)}:{bucket}")
+        for bucket in store.fp_buckets(FINISH_URL):
+            batch.add(b"SMEMBERS", bucket)
         for bucket, members in enumerate(store.execute(batch)):
             seen.update((bucket, m) for m in members)
     excluded = set(stores[0].fp_members(fingerprint_many(sorted(skipped)))) if skipped else set()

@@ -564,13 +564,24 @@ class Store:
         mask = (1 << shift) - 1
         return [(int(fp) >> shift, b"%d" % ((int(fp) & mask) + MEMBER_OFFSET)) for fp in fps]
 
+    def fp_buckets(self, pool: str) -> list[str]:
+        """The keys of a fingerprint set's buckets, in bucket order."""
+        key = self.fp_key(pool)
+        return [f"{key}:{bucket}" for bucket in range(1 << self.bucket_bits)]
+
     def fp_count(self, pool: str) -> int:
         """Size of a fingerprint set (one SCARD per bucket, one round trip)."""
         batch = self.batch()
-        key = self.fp_key(pool)
-        for bucket in range(1 << self.bucket_bits):
-            batch.add(b"SCARD", f"{key}:{bucket}")
+        for bucket in self.fp_buckets(pool):
+            batch.add(b"SCARD", bucket)
         return int(sum(self.execute(batch)))
+
+    def fp_delete(self, pool: str) -> None:
+        """Delete a fingerprint set (one DEL per bucket, one round trip)."""
+        batch = self.batch()
+        for bucket in self.fp_buckets(pool):
+            batch.add(b"DEL", bucket)
+        self.execute(batch)
 
     # -- streams (URL_pool, task_pool, task_URL) ----------------------------------
     def stream_add(self, pool: str, urls: Iterable[str]) -> list[bytes]:
