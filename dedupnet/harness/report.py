@@ -687,7 +687,8 @@ def plot(report: Report, path: str) -> None:
     a.set_ylabel("requests")
     a.legend()
     for key in ("URL_pool", "task_pool", "reduce_pools", "task_URL"):
-        b.plot(t, [s.get(key, 0) for s in report.timeline], label=key)
+        read = [s for s in report.timeline if key in s]  # the samples that read the pools
+        b.plot([s["t"] for s in read], [s[key] for s in read], label=key)
     b.set_xlabel("seconds")
     b.set_ylabel("entries")
     b.legend()

@@ -25,6 +25,7 @@ baseline (dedupnet/harness/owner.py) on the same hosts and web.
 from __future__ import annotations
 
 import dataclasses
+import math
 import sys
 import time
 from collections import Counter
@@ -80,7 +81,7 @@ async def _simulate(cfg: SimConfig, redis_url: str, *, out, during, key_file: st
     server.config_resetstat()
     crawler = CrawlerSettings(concurrency=cfg.concurrency, per_site_concurrency=cfg.per_site_concurrency,
                               per_site_delay=cfg.per_site_delay, max_depth=cfg.max_depth, retry_base=0.05,
-                              block_timeout=0.2, progress_interval=3600)
+                              progress_interval=3600)
     observer = Observer()
     prefix = f"sim-{cfg.mode}-{cfg.seed}-{time.monotonic_ns() % 10**6}"
     async with trio.open_nursery() as nursery:
@@ -290,25 +291,39 @@ async def _run_windows(cfg: SimConfig, system, crawlers, web: SyntheticWeb, time
     return timed_out, windows if cfg.recrawl_after is not None else []
 
 
+#: Seconds between two reads of the hosts' pools while a crawler is busy: a read is a
+#: round trip to each host's Redis, and read at every sample they were a large part of
+#: a politeness-bound crawl's Redis commands. A sample with every crawler idle always
+#: reads them, so quiescence is judged on fresh sizes.
+SIZES_EVERY = 1.0
+
+
 async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, meter: CpuMeter | None = None,
                              links=None, harness_meter: CpuMeter | None = None) -> bool:
-    """Sample progress until nothing is left anywhere (twice in a row) or the timeout.
-    With link faults, a fault with an end must have ended (healed) first."""
+    """Sample progress every 0.1 s until nothing is left anywhere (twice in a row) or
+    the timeout; the samples with the pools' sizes are those of ``SIZES_EVERY``. With
+    link faults, a fault with an end must have ended (healed) first."""
     quiet = 0
     next_print = 0.0
+    sizes_at = -math.inf
     events: set[str] = set()
     with trio.move_on_after(cfg.timeout) as scope:
         while quiet < 2:
             await trio.sleep(0.1)
-            try:
-                sizes = await _pool_sizes(system, harness_meter)
-            except (DedupnetError, redis.RedisError) as e:  # Redis (a cluster node) is down: not done yet
-                sizes = {"store_unavailable": 1}
-                if out is not None:
-                    print(f"  Redis unavailable: {e}; waiting", file=out, flush=True)
             now = time.perf_counter() - t0
-            fetched = sum(web.answer_counts.values())
             current = crawlers if crawlers else {ip: h.crawler for ip, h in system.hosts.items()}
+            idle = all(c.idle for c in current.values() if c is not None)
+            sizes: dict[str, int] = {}
+            fresh = idle or now >= sizes_at + SIZES_EVERY
+            if fresh:
+                sizes_at = now
+                try:
+                    sizes = await _pool_sizes(system, harness_meter)
+                except (DedupnetError, redis.RedisError) as e:  # Redis (a cluster node) is down: not done yet
+                    sizes = {"store_unavailable": 1}
+                    if out is not None:
+                        print(f"  Redis unavailable: {e}; waiting", file=out, flush=True)
+            fetched = sum(web.answer_counts.values())
             sample = {"t": round(now, 2), "pages_fetched": fetched, "duplicates": web.duplicate_fetches(), **sizes,
                       "web_in_flight": web.in_flight, "slots_in_use": _slots_in_use(current)}
             timeline.append(sample)
@@ -318,11 +333,10 @@ async def _run_to_quiescence(cfg, system, crawlers, web, timeline, t0, out, mete
             if meter is not None:
                 for c in getattr(system, "centers", {}).values():
                     meter.attach(c)  # a restarted center is a new daemon
-            idle = all(c.idle for c in current.values() if c is not None)
             done = idle and not any(sizes.values()) and await system.quiescent()
             done = done and (links is None or links.settled)
             quiet = quiet + 1 if done else 0
-            if out is not None and now >= next_print:
+            if out is not None and now >= next_print and fresh:
                 next_print = now + cfg.progress_every
                 print(progress_line(sample), file=out, flush=True)
     return scope.cancelled_caught

@@ -239,7 +239,7 @@ class Crawler:
             raise
 
     async def _wait_for_work(self, taken: sites.Taken, until: float) -> None:
-        """Nothing could be taken: wait in Redis for a new task, at most until the next
+        """Nothing (more) could be taken: wait in Redis for a new task, at most until the next
         site's politeness allows one (or ``block_timeout``). With no site queued, a wait
         that ends with nothing new is begun again until ``until`` (trio's clock: the next
         look for pending entries): a take then would find nothing either, and an idle
@@ -323,7 +323,9 @@ class Crawler:
                 self.in_progress += 1
                 self._taken.add(eid)
                 nursery.start_soon(self._process, eid, url)
-            if taken is not None and not entries and cursor is None:
+            if taken is not None and len(entries) < n and cursor is None:
+                # Fewer than asked: no site was ready for more (a polite crawl's every
+                # take); taking again before the next one is would find nothing.
                 await self._wait_for_work(taken, rescan_at)
 
     # -- one task --------------------------------------------------------------------------
