@@ -181,7 +181,7 @@ class Crawler:
 
     @property
     def idle(self) -> bool:
-        """Nothing in progress, and the last read of task_pool found nothing new.
+        """Nothing in progress, and the last take left nothing queued in task_pool.
 
         Cheap and local; it can lag behind a task that has just arrived by up to one
         read. For quiescence, ``XLEN task_pool == 0`` is exact: an entry leaves the
@@ -312,7 +312,7 @@ class Crawler:
             else:
                 taken = await until_stored(self._reader, self.counters, self._take_ready, n)
                 entries = taken.entries
-                self._drained = not entries and taken.next_ready is None
+                self._drained = taken.next_ready is None  # nothing left queued: the wait below may be long
                 if self._drained and trio.current_time() >= rescan_at:
                     # Idle: look for entries delivered to this consumer whose reply never
                     # reached it (Redis went away mid-reply): pending, but not in progress.
